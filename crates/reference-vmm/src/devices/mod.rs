@@ -1,0 +1,7 @@
+//! Port-I/O devices and the bus that routes guest port accesses to them.
+
+mod bus;
+mod serial;
+
+pub use bus::{BusError, IoBus, PioDevice};
+pub use serial::{NoIrq, SerialConsole};

@@ -1,0 +1,319 @@
+//! Errors: what went wrong, on which vCPU, with the registers to debug it.
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use kvm_bindings::{kvm_regs, kvm_sregs};
+
+use crate::ucall::UcallError;
+
+/// Everything that can end a run early.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `/dev/kvm` is missing or cannot be opened.
+    #[error("cannot open /dev/kvm: {0}")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    /// A KVM ioctl failed.
+    #[error("{op} failed: {source}")]
+    Kvm {
+        /// The operation, named after its ioctl.
+        op: &'static str,
+        /// The error KVM returned.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// The configuration cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Guest memory could not be allocated.
+    #[error("cannot allocate guest memory: {0}")]
+    AllocateMemory(String),
+    /// Writing the VMM's own structures into guest memory failed.
+    #[error("cannot write {what} into guest memory: {source}")]
+    WriteMemory {
+        /// What was being written.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    /// The guest did something the VMM cannot handle; the run ends.
+    #[error("vCPU {vcpu}: {fault}\n{registers}")]
+    Guest {
+        /// The vCPU that did it.
+        vcpu: u32,
+        /// What it did.
+        fault: GuestFault,
+        /// Its registers at the time.
+        registers: RegisterDump,
+    },
+    /// A device failed on the VMM's side (its output, say).
+    #[error("vCPU {vcpu}: device at port {port:#x} failed: {source}")]
+    Device {
+        /// The vCPU whose access failed.
+        vcpu: u32,
+        /// The port it accessed.
+        port: u16,
+        /// The device's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Kicking vCPUs out of `KVM_RUN` could not be set up.
+    #[error("cannot set up vCPU kicks: {0}")]
+    Kick(String),
+    /// A vCPU thread could not be started.
+    #[error("cannot start the thread of vCPU {vcpu}: {source}")]
+    SpawnThread {
+        /// The vCPU.
+        vcpu: u32,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A vCPU thread panicked: a bug in the VMM, never the guest's doing.
+    #[error("the thread of vCPU {0} panicked")]
+    VcpuPanicked(u32),
+    /// The run did not finish in time; every vCPU was kicked out and stopped.
+    #[error("the guest did not finish within {0:?}; stopped every vCPU")]
+    Timeout(Duration),
+}
+
+/// A configuration that cannot work, with the accepted values.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Too few or too many vCPUs.
+    #[error("the number of vCPUs must be between 1 and {max}, not {requested}")]
+    VcpuCount {
+        /// What was asked for.
+        requested: u32,
+        /// The most this VMM and this KVM allow.
+        max: u32,
+    },
+    /// Guest memory size out of range or not a whole number of 2 MiB pages.
+    #[error("guest memory must be an even number of MiB between {min} and {max}, not {requested}")]
+    MemorySize {
+        /// What was asked for, in MiB.
+        requested: u64,
+        /// Smallest accepted size in MiB.
+        min: u64,
+        /// Largest accepted size in MiB.
+        max: u64,
+    },
+    /// No built-in guest program has this name.
+    #[error("no guest program is called {name:?}; the built-in ones are: {known}")]
+    UnknownGuest {
+        /// The name given.
+        name: String,
+        /// The names there are, comma-separated.
+        known: String,
+    },
+}
+
+/// What a guest did that ends its run.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GuestFault {
+    /// Port I/O where no device lives.
+    #[error("port {} of {} byte(s) at port {port:#x}, where no device lives{}",
+        if *write { "write" } else { "read" }, data.len(), hex_data(*write, data))]
+    UnknownPort {
+        /// The port.
+        port: u16,
+        /// Whether it was an `out`.
+        write: bool,
+        /// The bytes written (or a buffer of the read's size).
+        data: Vec<u8>,
+    },
+    /// MMIO where no device lives.
+    #[error("MMIO {} of {len} byte(s) at {addr:#x}, where no device lives",
+        if *write { "write" } else { "read" })]
+    UnknownMmio {
+        /// Guest physical address.
+        addr: u64,
+        /// Whether it was a write.
+        write: bool,
+        /// Access size.
+        len: usize,
+    },
+    /// The vCPU shut down: a triple fault (KVM_EXIT_SHUTDOWN).
+    #[error("triple fault: the vCPU shut down (KVM_EXIT_SHUTDOWN)")]
+    TripleFault,
+    /// An exception the guest runtime has no handler for.
+    #[error("unhandled exception {} (vector {vector}), error code {error_code:#x}, at rip {rip:#x}, cr2 {cr2:#x}",
+        exception_name(*vector))]
+    Exception {
+        /// Exception vector.
+        vector: u64,
+        /// Error code.
+        error_code: u64,
+        /// Faulting instruction.
+        rip: u64,
+        /// CR2 at the time.
+        cr2: u64,
+    },
+    /// A guest assertion failed.
+    #[error("guest assertion failed: {message} (a = {a:#x}, b = {b:#x})")]
+    AssertFailed {
+        /// The assertion.
+        message: String,
+        /// First value.
+        a: u64,
+        /// Second value.
+        b: u64,
+    },
+    /// A ucall that cannot be decoded.
+    #[error("bad ucall: {0}")]
+    BadUcall(#[from] UcallError),
+    /// `hlt` with nothing that could ever wake the vCPU.
+    #[error("halted (KVM_EXIT_HLT), and this VMM has no interrupt source that could wake it")]
+    HaltedForever,
+    /// KVM could not enter the guest.
+    #[error("KVM_EXIT_FAIL_ENTRY: hardware reason {reason:#x} on host CPU {cpu}")]
+    FailEntry {
+        /// Hardware entry failure reason.
+        reason: u64,
+        /// Host CPU.
+        cpu: u32,
+    },
+    /// Any other exit this VMM does not handle.
+    #[error("unhandled exit {0}")]
+    UnhandledExit(String),
+}
+
+fn hex_data(write: bool, data: &[u8]) -> String {
+    if !write {
+        return String::new();
+    }
+    let bytes: Vec<String> = data.iter().map(|b| format!("{b:02x}")).collect();
+    format!(", data [{}]", bytes.join(" "))
+}
+
+/// The architectural mnemonic of exception `vector`.
+pub fn exception_name(vector: u64) -> &'static str {
+    const NAMES: [&str; 32] = [
+        "#DE",
+        "#DB",
+        "NMI",
+        "#BP",
+        "#OF",
+        "#BR",
+        "#UD",
+        "#NM",
+        "#DF",
+        "CSO",
+        "#TS",
+        "#NP",
+        "#SS",
+        "#GP",
+        "#PF",
+        "(reserved)",
+        "#MF",
+        "#AC",
+        "#MC",
+        "#XM",
+        "#VE",
+        "#CP",
+        "(reserved)",
+        "(reserved)",
+        "(reserved)",
+        "(reserved)",
+        "(reserved)",
+        "(reserved)",
+        "#HV",
+        "#VC",
+        "#SX",
+        "(reserved)",
+    ];
+    usize::try_from(vector)
+        .ok()
+        .and_then(|v| NAMES.get(v))
+        .copied()
+        .unwrap_or("(not an exception)")
+}
+
+/// A vCPU's registers when something went wrong, or why they could not be read.
+#[derive(Debug)]
+pub struct RegisterDump(pub Result<Box<(kvm_regs, kvm_sregs)>, kvm_ioctls::Error>);
+
+impl fmt::Display for RegisterDump {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (r, s) = match &self.0 {
+            Ok(regs) => &**regs,
+            Err(e) => return write!(f, "  (registers unavailable: {e})"),
+        };
+        writeln!(
+            f,
+            "  rip {:#018x} rsp {:#018x} rflags {:#010x} cpl {}",
+            r.rip, r.rsp, r.rflags, s.cs.dpl
+        )?;
+        writeln!(
+            f,
+            "  rax {:#018x} rbx {:#018x} rcx {:#018x} rdx {:#018x}",
+            r.rax, r.rbx, r.rcx, r.rdx
+        )?;
+        writeln!(
+            f,
+            "  rsi {:#018x} rdi {:#018x} rbp {:#018x} r8  {:#018x}",
+            r.rsi, r.rdi, r.rbp, r.r8
+        )?;
+        writeln!(
+            f,
+            "  r9  {:#018x} r10 {:#018x} r11 {:#018x} r12 {:#018x}",
+            r.r9, r.r10, r.r11, r.r12
+        )?;
+        writeln!(
+            f,
+            "  r13 {:#018x} r14 {:#018x} r15 {:#018x}",
+            r.r13, r.r14, r.r15
+        )?;
+        write!(
+            f,
+            "  cr0 {:#x} cr2 {:#x} cr3 {:#x} cr4 {:#x} efer {:#x}",
+            s.cr0, s.cr2, s.cr3, s.cr4, s.efer
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_say_what_happened() {
+        let port = GuestFault::UnknownPort {
+            port: 0x1234,
+            write: true,
+            data: vec![0x5a],
+        };
+        assert_eq!(
+            port.to_string(),
+            "port write of 1 byte(s) at port 0x1234, where no device lives, data [5a]"
+        );
+        let exc = GuestFault::Exception {
+            vector: 13,
+            error_code: 0,
+            rip: 0x10_0040,
+            cr2: 0,
+        };
+        assert!(
+            exc.to_string()
+                .starts_with("unhandled exception #GP (vector 13)")
+        );
+        assert_eq!(exception_name(99), "(not an exception)");
+    }
+
+    #[test]
+    fn register_dump_shows_rip_and_cpl() {
+        let regs = kvm_regs {
+            rip: 0x10_0000,
+            ..Default::default()
+        };
+        let mut sregs = kvm_sregs::default();
+        sregs.cs.dpl = 3;
+        let dump = RegisterDump(Ok(Box::new((regs, sregs)))).to_string();
+        assert!(dump.contains("rip 0x0000000000100000"), "{dump}");
+        assert!(dump.contains("cpl 3"), "{dump}");
+        let missing = RegisterDump(Err(kvm_ioctls::Error::new(libc::EBADF))).to_string();
+        assert!(missing.contains("registers unavailable"), "{missing}");
+    }
+}

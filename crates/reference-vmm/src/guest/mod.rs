@@ -1,0 +1,192 @@
+//! Guest programs: readable assembly in this folder, assembled by rustc into one
+//! image that the VMM copies into guest memory.
+//!
+//! `runtime.s` holds what every program shares: the CPL0 exception stubs (the
+//! IDT points at them), the CPL3 → CPL0 service call, and a CPL3 library for
+//! the serial console and ucalls. Each program is an entry point in the same image,
+//! so programs call the library with ordinary relative `call`s. The image is
+//! position-independent: it is built into this binary's read-only data and only
+//! ever executed by the guest, at [`IMAGE_ADDR`](crate::layout::IMAGE_ADDR).
+//!
+//! Every program starts at CPL3 in 64-bit mode with
+//! `rdi` = vCPU index, `rsi` = vCPU count, `rdx` = the vCPU's data block, and its
+//! own stack; see [`x86::boot`](crate::x86::boot).
+
+use std::fmt;
+
+use crate::layout::{SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR};
+use crate::ucall::{self, UCALL_PORT};
+
+/// Port of the 16550 serial console (COM1).
+pub const SERIAL_PORT: u16 = 0x3f8;
+/// `ud2` service number (in `eax`) that runs CPUID at CPL0, where KVM answers it.
+pub const SYS_CPUID: u32 = 1;
+/// `ud2` service number (in `eax`) that triple-faults the vCPU.
+pub const SYS_SHUTDOWN: u32 = 2;
+/// Number of exception vectors the runtime has a stub for.
+pub const EXCEPTION_VECTORS: u8 = 32;
+/// Distance between two exception stubs in the image.
+const EXCEPTION_STUB_SIZE: u64 = 16;
+
+core::arch::global_asm!(
+    include_str!("runtime.s"),
+    include_str!("hello.s"),
+    include_str!("faults.s"),
+    ".globl reference_vmm_guest_image_end",
+    "reference_vmm_guest_image_end:",
+    ".popsection",
+    ucall_port = const UCALL_PORT,
+    ucall_report = const ucall::CMD_REPORT,
+    ucall_assert = const ucall::CMD_ASSERT_FAIL,
+    ucall_done = const ucall::CMD_DONE,
+    ucall_exception = const ucall::CMD_EXCEPTION,
+    serial_port = const SERIAL_PORT,
+    serial_lock = const SHARED_DATA_ADDR + SERIAL_LOCK_OFFSET,
+    sys_cpuid = const SYS_CPUID,
+    sys_shutdown = const SYS_SHUTDOWN,
+);
+
+// SAFETY: these symbols are labels in the read-only image emitted by the
+// `global_asm!` above; they are never written, so reading them is always sound.
+unsafe extern "C" {
+    safe static reference_vmm_guest_image_start: u8;
+    safe static reference_vmm_guest_image_end: u8;
+    safe static reference_vmm_guest_exception_stubs: u8;
+    safe static reference_vmm_guest_hello: u8;
+    safe static reference_vmm_guest_triple_fault: u8;
+    safe static reference_vmm_guest_bad_port: u8;
+    safe static reference_vmm_guest_bad_ucall: u8;
+    safe static reference_vmm_guest_gp_fault: u8;
+    safe static reference_vmm_guest_assert_fail: u8;
+    safe static reference_vmm_guest_spin: u8;
+}
+
+/// The whole guest image: runtime and every program.
+pub fn image() -> &'static [u8] {
+    let start = &raw const reference_vmm_guest_image_start;
+    let len = offset_of(&reference_vmm_guest_image_end) as usize;
+    // SAFETY: start and end label the beginning and end of one contiguous,
+    // immutable section emitted by the `global_asm!` above, end after start.
+    unsafe { std::slice::from_raw_parts(start, len) }
+}
+
+/// Offset of an image label from the start of the image.
+fn offset_of(label: &'static u8) -> u64 {
+    let start = &raw const reference_vmm_guest_image_start as usize;
+    (label as *const u8 as usize - start) as u64
+}
+
+/// Offset in the image of the runtime's stub for exception `vector` (< 32).
+pub fn exception_stub_offset(vector: u8) -> u64 {
+    debug_assert!(vector < EXCEPTION_VECTORS);
+    offset_of(&reference_vmm_guest_exception_stubs) + u64::from(vector) * EXCEPTION_STUB_SIZE
+}
+
+/// A guest program built into the VMM.
+#[derive(Clone, Copy)]
+pub struct GuestProgram {
+    /// Name used on the command line.
+    pub name: &'static str,
+    /// One line on what it does.
+    pub about: &'static str,
+    entry: &'static u8,
+}
+
+impl GuestProgram {
+    /// Offset of the program's entry point in the [`image`].
+    pub fn entry_offset(&self) -> u64 {
+        offset_of(self.entry)
+    }
+}
+
+impl fmt::Debug for GuestProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuestProgram")
+            .field("name", &self.name)
+            .field("entry_offset", &self.entry_offset())
+            .finish()
+    }
+}
+
+/// Every built-in guest program.
+pub static PROGRAMS: &[GuestProgram] = &[
+    GuestProgram {
+        name: "hello",
+        about: "each vCPU prints its id on serial, reports its APIC id and a TSC reading",
+        entry: &reference_vmm_guest_hello,
+    },
+    GuestProgram {
+        name: "spin",
+        about: "each vCPU spins in guest mode until stopped (use with --timeout-ms)",
+        entry: &reference_vmm_guest_spin,
+    },
+    GuestProgram {
+        name: "triple-fault",
+        about: "loads an empty IDT and faults: the vCPU shuts down",
+        entry: &reference_vmm_guest_triple_fault,
+    },
+    GuestProgram {
+        name: "bad-port",
+        about: "vCPU 0 writes to port 0x1234, where no device lives; the others spin",
+        entry: &reference_vmm_guest_bad_port,
+    },
+    GuestProgram {
+        name: "bad-ucall",
+        about: "sends a ucall with an unknown command",
+        entry: &reference_vmm_guest_bad_ucall,
+    },
+    GuestProgram {
+        name: "gp-fault",
+        about: "executes hlt at CPL3, which raises #GP",
+        entry: &reference_vmm_guest_gp_fault,
+    },
+    GuestProgram {
+        name: "assert-fail",
+        about: "fails a guest assertion (1 == 2)",
+        entry: &reference_vmm_guest_assert_fail,
+    },
+];
+
+/// The built-in program called `name`.
+pub fn find(name: &str) -> Option<&'static GuestProgram> {
+    PROGRAMS.iter().find(|p| p.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::IMAGE_MAX_SIZE;
+
+    #[test]
+    fn image_fits_and_every_entry_is_inside_it() {
+        let len = image().len() as u64;
+        assert!(len > 0 && len <= IMAGE_MAX_SIZE);
+        for p in PROGRAMS {
+            assert!(p.entry_offset() < len, "{}", p.name);
+        }
+    }
+
+    #[test]
+    fn exception_stubs_are_16_bytes_apart_and_start_with_a_push_or_jmp() {
+        let image = image();
+        for v in 0..EXCEPTION_VECTORS {
+            let at = exception_stub_offset(v) as usize;
+            assert_eq!(at % 16, 0);
+            // push imm8 (0x6a) for every vector but #UD, which jumps (0xe9 / 0xeb).
+            let expected: &[u8] = if v == 6 { &[0xe9, 0xeb] } else { &[0x6a] };
+            assert!(
+                expected.contains(&image[at]),
+                "vector {v}: {:#x}",
+                image[at]
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_found() {
+        for p in PROGRAMS {
+            assert_eq!(find(p.name).unwrap().entry_offset(), p.entry_offset());
+        }
+        assert!(find("no-such-guest").is_none());
+    }
+}

@@ -1,0 +1,225 @@
+// The guest runtime: CPL0 exception stubs and a small CPL3 library that every
+// guest program is assembled together with, into one position-independent image.
+//
+// Conventions
+// - Intel syntax; names in braces are constants substituted from Rust (guest/mod.rs),
+//   so this file must not contain other braces.
+// - Only RIP-relative references inside the image and absolute guest-physical
+//   constants: the image is copied to guest memory, so it must not need relocating.
+// - Library routines follow the System V calling convention: arguments in rdi, rsi,
+//   rdx, rcx, r8; rax, rcx, rdx, rsi, rdi, r8-r11 are clobbered.
+// - CPL0 code is emulated instruction by instruction on PVM: keep it short.
+
+    .pushsection .rodata.reference_vmm_guest_image, "a"
+    .balign 4096
+    .globl reference_vmm_guest_image_start
+reference_vmm_guest_image_start:
+
+// ---------------------------------------------------------------------------
+// CPL0: one 16-byte entry stub per exception vector 0..31, vector 0 first.
+// Each pushes a zero error code where the CPU pushes none, then its vector.
+
+.macro exception_stub vector, has_error_code
+    .balign 16
+    .if \has_error_code == 0
+    push 0
+    .endif
+    push \vector
+    jmp rt_exception_common
+.endm
+
+    .balign 16
+    .globl reference_vmm_guest_exception_stubs
+reference_vmm_guest_exception_stubs:
+    exception_stub 0, 0
+    exception_stub 1, 0
+    exception_stub 2, 0
+    exception_stub 3, 0
+    exception_stub 4, 0
+    exception_stub 5, 0
+    .balign 16
+    jmp rt_ud_dispatch          // vector 6, #UD: also the CPL3 -> CPL0 service call
+    exception_stub 7, 0
+    exception_stub 8, 1
+    exception_stub 9, 0
+    exception_stub 10, 1
+    exception_stub 11, 1
+    exception_stub 12, 1
+    exception_stub 13, 1
+    exception_stub 14, 1
+    exception_stub 15, 0
+    exception_stub 16, 0
+    exception_stub 17, 1
+    exception_stub 18, 0
+    exception_stub 19, 0
+    exception_stub 20, 0
+    exception_stub 21, 1
+    exception_stub 22, 0
+    exception_stub 23, 0
+    exception_stub 24, 0
+    exception_stub 25, 0
+    exception_stub 26, 0
+    exception_stub 27, 0
+    exception_stub 28, 0
+    exception_stub 29, 1
+    exception_stub 30, 1
+    exception_stub 31, 0
+
+// Reports an unexpected exception to the VMM, which ends the run.
+// Stack: vector, error code, then the CPU's frame (rip, cs, rflags, rsp, ss).
+rt_exception_common:
+    mov rax, cr2
+    sub rsp, 40                 // ucall frame: cmd, vector, error code, rip, cr2
+    mov qword ptr [rsp], {ucall_exception}
+    mov rcx, [rsp + 40]
+    mov [rsp + 8], rcx
+    mov rcx, [rsp + 48]
+    mov [rsp + 16], rcx
+    mov rcx, [rsp + 56]
+    mov [rsp + 24], rcx
+    mov [rsp + 32], rax
+    mov eax, esp
+    mov dx, {ucall_port}
+    out dx, eax
+1:  jmp 1b                      // the VMM never resumes a vCPU after this
+
+// #UD from CPL3 is how guest programs ask for a CPL0 service: `int N` raises #UD
+// on PVM even through a DPL3 gate, and `syscall` does not change privilege.
+// eax holds the service number. #UD at CPL0, or an unknown service, is a real #UD.
+rt_ud_dispatch:
+    test byte ptr [rsp + 8], 3  // the faulting CS: CPL3?
+    jz 1f
+    cmp eax, {sys_cpuid}
+    je rt_sys_cpuid
+    cmp eax, {sys_shutdown}
+    je rt_sys_shutdown
+1:  push 0
+    push 6
+    jmp rt_exception_common
+
+// Service `sys_cpuid`: CPUID leaf edi, subleaf esi, at CPL0. On PVM a CPL3 `cpuid`
+// runs natively and returns the host's values; at CPL0 KVM answers with the CPUID
+// the VMM set (the vCPU's own APIC ID, for one).
+rt_sys_cpuid:
+    mov eax, edi
+    mov ecx, esi
+    cpuid
+    add qword ptr [rsp], 2      // return past the ud2
+    iretq
+
+// Service `sys_shutdown`: load an empty IDT and fault. Every exception then
+// faults again (#GP, #DF): a triple fault, the way firmware resets a machine.
+rt_sys_shutdown:
+    lidt [rip + rt_null_idtr]
+    ud2
+
+rt_null_idtr:
+    .word 0
+    .quad 0
+
+// ---------------------------------------------------------------------------
+// CPL3 library.
+
+// rt_ucall(cmd, arg0, arg1, arg2, arg3): reports to the VMM. The frame is built on
+// the stack and its address goes out on the ucall port (stacks are below 4 GiB).
+rt_ucall:
+    sub rsp, 40
+    mov [rsp], rdi
+    mov [rsp + 8], rsi
+    mov [rsp + 16], rdx
+    mov [rsp + 24], rcx
+    mov [rsp + 32], r8
+    mov eax, esp
+    mov dx, {ucall_port}
+    out dx, eax
+    add rsp, 40
+    ret
+
+// rt_cpuid(leaf, subleaf) -> eax, ebx, ecx, edx as the VMM configured them.
+rt_cpuid:
+    mov eax, {sys_cpuid}
+    ud2
+    ret
+
+// rt_report(name: *const c_char, value: u64): a named value for the VMM's report.
+rt_report:
+    mov rdx, rsi
+    mov rsi, rdi
+    mov edi, {ucall_report}
+    jmp rt_ucall
+
+// rt_assert_fail(message: *const c_char, a: u64, b: u64): ends the run with an error.
+rt_assert_fail:
+    mov rcx, rdx
+    mov rdx, rsi
+    mov rsi, rdi
+    mov edi, {ucall_assert}
+    call rt_ucall
+    jmp rt_spin_forever
+
+// rt_done(): this vCPU has finished; the VMM stops running it.
+rt_done:
+    mov edi, {ucall_done}
+    call rt_ucall
+    // fall through: the VMM does not resume a vCPU after done
+
+// rt_spin_forever(): spins at CPL3 until the VMM stops the vCPU.
+rt_spin_forever:
+    pause
+    jmp rt_spin_forever
+
+// rt_serial_lock() / rt_serial_unlock(): one writer at a time on the console, so
+// lines from different vCPUs do not interleave.
+rt_serial_lock:
+    mov eax, {serial_lock}
+1:  lock bts dword ptr [rax], 0
+    jnc 2f
+    pause
+    jmp 1b
+2:  ret
+
+rt_serial_unlock:
+    mov eax, {serial_lock}
+    mov dword ptr [rax], 0      // x86 stores have release semantics
+    ret
+
+// rt_serial_putc(c: u8)
+rt_serial_putc:
+    mov eax, edi
+    mov dx, {serial_port}
+    out dx, al
+    ret
+
+// rt_serial_puts(s: *const c_char)
+rt_serial_puts:
+    mov dx, {serial_port}
+1:  mov al, [rdi]
+    test al, al
+    jz 2f
+    out dx, al
+    inc rdi
+    jmp 1b
+2:  ret
+
+// rt_serial_put_dec(value: u64): writes value in decimal.
+rt_serial_put_dec:
+    sub rsp, 24                 // digit buffer, filled from the end
+    lea rsi, [rsp + 24]
+    mov rax, rdi
+    mov ecx, 10
+1:  xor edx, edx
+    div rcx
+    add dl, 48                  // '0'
+    dec rsi
+    mov [rsi], dl
+    test rax, rax
+    jnz 1b
+    lea rcx, [rsp + 24]
+    mov dx, {serial_port}
+2:  mov al, [rsi]
+    out dx, al
+    inc rsi
+    cmp rsi, rcx
+    jne 2b
+    add rsp, 24
+    ret

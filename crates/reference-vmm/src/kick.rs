@@ -1,0 +1,131 @@
+//! Kicking a vCPU thread out of `KVM_RUN`, without a lost kick and without writing
+//! `kvm_run` from a signal handler.
+//!
+//! # Strategy
+//! The kick is a real-time signal ([`kick_signal`]) sent with `pthread_kill`. Each
+//! vCPU thread keeps it **blocked** at all times, and tells KVM, with
+//! `KVM_SET_SIGNAL_MASK`, to unblock it only while the thread is inside `KVM_RUN`:
+//!
+//! - kick while the thread is in the guest: KVM sees the pending signal, leaves
+//!   the guest and `KVM_RUN` returns `EINTR`;
+//! - kick while the thread is in the VMM (even a moment before it calls `KVM_RUN`):
+//!   the signal stays pending, so the next `KVM_RUN` returns `EINTR` at once
+//!   instead of entering the guest. No kick is ever lost.
+//!
+//! After `EINTR` the thread consumes the pending signal ([`acknowledge`]) and looks
+//! at its requests. The requester sets its request flag *before* sending the
+//! signal, so a thread that consumes the signal always sees the flag.
+//!
+//! This is QEMU's original scheme. The alternative, setting `kvm_run.immediate_exit`
+//! from the signal handler, needs a second mutable path to the `kvm_run` page that
+//! kvm-ioctls' `VcpuFd::set_kvm_immediate_exit(&mut self)` cannot offer soundly
+//! (rust-vmm/kvm issue 373); this scheme needs no access to `kvm_run` at all.
+
+use std::os::raw::c_int;
+use std::sync::OnceLock;
+
+use kvm_ioctls::VcpuFd;
+use vmm_sys_util::ioctl::ioctl_with_ref;
+use vmm_sys_util::signal::{self, Killable, SIGRTMIN};
+
+/// The one vCPU ioctl this needs that kvm-ioctls does not wrap.
+mod ioctls {
+    use kvm_bindings::{KVMIO, kvm_signal_mask};
+    vmm_sys_util::ioctl_iow_nr!(KVM_SET_SIGNAL_MASK, KVMIO, 0x8b, kvm_signal_mask);
+}
+
+/// Bytes of the kernel's `sigset_t` on x86-64 (64 signals).
+const KERNEL_SIGSET_BYTES: usize = 8;
+
+/// `struct kvm_signal_mask` followed by its sigset, as the ioctl reads it.
+#[repr(C)]
+struct SignalMask {
+    len: u32,
+    sigset: [u8; KERNEL_SIGSET_BYTES],
+}
+
+/// The signal that kicks vCPU threads: the first real-time signal.
+pub fn kick_signal() -> c_int {
+    SIGRTMIN()
+}
+
+/// Prepares the calling thread, which runs `vcpu`, to be kicked.
+///
+/// Call it on the vCPU's own thread before its first `KVM_RUN`.
+pub fn prepare_vcpu_thread(vcpu: &VcpuFd) -> Result<(), String> {
+    install_handler()?;
+    let sig = kick_signal();
+    match signal::block_signal(sig) {
+        Ok(()) | Err(signal::Error::SignalAlreadyBlocked(_)) => {}
+        Err(e) => return Err(format!("cannot block signal {sig}: {e}")),
+    }
+    let mut mask = current_blocked_signals()?;
+    // SAFETY: `mask` is a valid, initialized sigset and `sig` a valid signal.
+    unsafe { libc::sigdelset(&mut mask, sig) };
+    set_run_signal_mask(vcpu, &mask)
+}
+
+/// Consumes a pending kick after `KVM_RUN` returned `EINTR`.
+pub fn acknowledge() -> Result<(), String> {
+    signal::clear_signal(kick_signal()).map_err(|e| format!("cannot consume the kick signal: {e}"))
+}
+
+/// Kicks the vCPU thread `thread` out of `KVM_RUN` (or keeps it from entering).
+///
+/// Set the request the kick is for before calling this.
+pub fn kick(thread: &impl Killable) -> Result<(), String> {
+    thread
+        .kill(kick_signal())
+        .map_err(|e| format!("cannot signal a vCPU thread: {e}"))
+}
+
+/// The handler never runs on a prepared vCPU thread (the signal is blocked outside
+/// `KVM_RUN`); it only replaces the default action, which would end the process.
+extern "C" fn ignore_kick(_: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+fn install_handler() -> Result<(), String> {
+    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            signal::register_signal_handler(kick_signal(), ignore_kick)
+                .map_err(|e| format!("cannot install the kick signal handler: {e}"))
+        })
+        .clone()
+}
+
+fn current_blocked_signals() -> Result<libc::sigset_t, String> {
+    // SAFETY: sigset_t is plain data; pthread_sigmask fills it below.
+    let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new set only reads the current mask into `mask`.
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask) };
+    match ret {
+        0 => Ok(mask),
+        e => Err(format!(
+            "cannot read the signal mask: {}",
+            std::io::Error::from_raw_os_error(e)
+        )),
+    }
+}
+
+/// `KVM_SET_SIGNAL_MASK`: the signals blocked while `vcpu` is in `KVM_RUN`.
+fn set_run_signal_mask(vcpu: &VcpuFd, mask: &libc::sigset_t) -> Result<(), String> {
+    // glibc's sigset_t starts with the kernel's 64-bit signal set.
+    // SAFETY: sigset_t is at least KERNEL_SIGSET_BYTES long and plain data.
+    let bytes: [u8; KERNEL_SIGSET_BYTES] =
+        unsafe { std::ptr::read_unaligned(mask as *const _ as *const _) };
+    let arg = SignalMask {
+        len: KERNEL_SIGSET_BYTES as u32,
+        sigset: bytes,
+    };
+    // SAFETY: `vcpu` is a vCPU fd and `arg` is a kvm_signal_mask followed by `len`
+    // bytes of sigset, which is all the ioctl reads; the return value is checked.
+    let ret = unsafe { ioctl_with_ref(vcpu, ioctls::KVM_SET_SIGNAL_MASK(), &arg) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "KVM_SET_SIGNAL_MASK failed: {}",
+            std::io::Error::last_os_error()
+        ))
+    }
+}

@@ -1,0 +1,131 @@
+//! Where everything lives in guest physical memory.
+//!
+//! Guest physical addresses are identity-mapped to guest virtual addresses, so
+//! every address here is both. Everything the VMM builds (descriptor tables,
+//! page tables, the guest image, per-vCPU stacks) lives below 16 MiB; guest
+//! programs own the memory from [`FREE_MEMORY_START`] to the end.
+//!
+//! ```text
+//! 0x0000_1000  GDT (shared): fixed segments, then one 16-byte TSS descriptor per vCPU
+//! 0x0000_2000  PML4, 0x3000 PDPT, 0x4000.. one page directory per GiB (2 MiB pages)
+//! 0x0010_0000  guest image: runtime (CPL0 stubs, CPL3 library) and programs
+//! 0x0020_0000  per-vCPU areas, VCPU_AREA_SIZE each:
+//!                +0x0_0000 TSS with an all-zero I/O permission bitmap
+//!                +0x0_3000 IDT
+//!                +0x0_4000 kernel stack (RSP0), top at +0x0_8000
+//!                +0x0_8000 user stack, top at +0x1_8000
+//!                +0x1_8000 per-vCPU data (guest program scratch)
+//! 0x0100_0000  shared data page (serial lock, program mailboxes)
+//! 0x0110_0000  free memory for guest programs, up to the end of RAM
+//! ```
+//!
+//! The guest's ucall frames live on its stacks, so everything a ucall can
+//! point at is below 4 GiB and fits the 32-bit value of an `out` instruction.
+
+/// Size of a small page.
+pub const PAGE_SIZE: u64 = 0x1000;
+/// Size of the large pages the identity map is built from.
+pub const LARGE_PAGE_SIZE: u64 = 0x20_0000;
+
+/// Guest physical address of the global descriptor table.
+pub const GDT_ADDR: u64 = 0x1000;
+/// Guest physical address of the top-level page table.
+pub const PML4_ADDR: u64 = 0x2000;
+/// Guest physical address of the page-directory-pointer table.
+pub const PDPT_ADDR: u64 = 0x3000;
+/// Guest physical address of the first page directory (one per GiB follows).
+pub const PD_ADDR: u64 = 0x4000;
+
+/// Guest physical address the guest image is loaded at.
+pub const IMAGE_ADDR: u64 = 0x10_0000;
+/// Largest guest image that fits below the per-vCPU areas.
+pub const IMAGE_MAX_SIZE: u64 = VCPU_AREA_BASE - IMAGE_ADDR;
+
+/// Guest physical address of vCPU 0's area.
+pub const VCPU_AREA_BASE: u64 = 0x20_0000;
+/// Size of one vCPU's area.
+pub const VCPU_AREA_SIZE: u64 = 0x2_0000;
+/// Offset of the task-state segment in a vCPU area.
+pub const TSS_OFFSET: u64 = 0;
+/// Offset of the interrupt descriptor table in a vCPU area.
+pub const IDT_OFFSET: u64 = 0x3000;
+/// Offset of the top of the kernel (CPL0) stack in a vCPU area.
+pub const KERNEL_STACK_TOP_OFFSET: u64 = 0x8000;
+/// Offset of the top of the user (CPL3) stack in a vCPU area.
+pub const USER_STACK_TOP_OFFSET: u64 = 0x1_8000;
+/// Offset of the per-vCPU data block in a vCPU area.
+pub const VCPU_DATA_OFFSET: u64 = 0x1_8000;
+
+/// Most vCPUs the layout has room for.
+pub const MAX_VCPUS: u32 = 64;
+
+/// Guest physical address of the page shared by all vCPUs.
+pub const SHARED_DATA_ADDR: u64 = 0x100_0000;
+/// Offset of the serial-console spinlock in the shared page.
+pub const SERIAL_LOCK_OFFSET: u64 = 0;
+/// First guest physical address that guest programs may use freely.
+pub const FREE_MEMORY_START: u64 = 0x110_0000;
+
+/// Smallest guest memory the layout fits in, in MiB.
+pub const MIN_MEM_MIB: u64 = 32;
+/// Largest guest memory, in MiB: RAM stays below the 32-bit MMIO hole at 3 GiB.
+pub const MAX_MEM_MIB: u64 = 3072;
+
+/// Guest physical address of vCPU `index`'s area.
+pub const fn vcpu_area(index: u32) -> u64 {
+    VCPU_AREA_BASE + index as u64 * VCPU_AREA_SIZE
+}
+
+/// Guest physical address of vCPU `index`'s task-state segment.
+pub const fn tss_addr(index: u32) -> u64 {
+    vcpu_area(index) + TSS_OFFSET
+}
+
+/// Guest physical address of vCPU `index`'s interrupt descriptor table.
+pub const fn idt_addr(index: u32) -> u64 {
+    vcpu_area(index) + IDT_OFFSET
+}
+
+/// Initial kernel stack pointer (TSS.RSP0) of vCPU `index`.
+pub const fn kernel_stack_top(index: u32) -> u64 {
+    vcpu_area(index) + KERNEL_STACK_TOP_OFFSET
+}
+
+/// Initial user stack pointer of vCPU `index`.
+pub const fn user_stack_top(index: u32) -> u64 {
+    vcpu_area(index) + USER_STACK_TOP_OFFSET
+}
+
+/// Guest physical address of vCPU `index`'s data block.
+pub const fn vcpu_data(index: u32) -> u64 {
+    vcpu_area(index) + VCPU_DATA_OFFSET
+}
+
+// The fixed layout must not overlap; these fail the build if it ever does.
+const _: () = assert!(PD_ADDR + 3 * PAGE_SIZE <= IMAGE_ADDR);
+const _: () = assert!(vcpu_area(MAX_VCPUS) <= SHARED_DATA_ADDR);
+const _: () = assert!(SHARED_DATA_ADDR + PAGE_SIZE <= FREE_MEMORY_START);
+const _: () = assert!(FREE_MEMORY_START < MIN_MEM_MIB << 20);
+const _: () = assert!(MAX_MEM_MIB << 20 <= 3 << 30);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vcpu_areas_are_disjoint_and_ordered() {
+        for i in 0..MAX_VCPUS {
+            assert!(tss_addr(i) < idt_addr(i));
+            assert!(idt_addr(i) + PAGE_SIZE <= kernel_stack_top(i) - 0x1000);
+            assert!(kernel_stack_top(i) <= user_stack_top(i) - 0x1000);
+            assert!(user_stack_top(i) <= vcpu_data(i));
+            assert!(vcpu_data(i) < vcpu_area(i + 1));
+        }
+    }
+
+    #[test]
+    fn everything_a_ucall_can_point_at_is_below_4_gib() {
+        assert!(user_stack_top(MAX_VCPUS - 1) < 1 << 32);
+        assert!(kernel_stack_top(MAX_VCPUS - 1) < 1 << 32);
+    }
+}

@@ -1,0 +1,40 @@
+//! A thin VMM on real KVM that runs small guest programs, and the place where the
+//! vm-latency crates meet on a real vCPU exit path.
+//!
+//! # What it does
+//! [`Vm::new`] creates a KVM VM with [vm-memory](vm_memory) guest memory, builds
+//! 4-level page tables, a GDT, and each vCPU's IDT and TSS in guest memory, and
+//! starts each vCPU directly in 64-bit mode at CPL3. [`Vm::run`] runs a built-in
+//! [guest program](guest) on every vCPU, one thread each, with a 16550 serial
+//! console from vm-superio and a [ucall](ucall) channel through which the guest
+//! reports values, failed assertions and completion, the way KVM selftests do.
+//!
+//! Guest hot code runs at CPL3 because this machine's KVM (PVM) emulates CPL0 code
+//! one instruction at a time; CPL0 runs only short exception stubs. Anything the
+//! guest does wrong ends the run with an [`Error::Guest`] that names the vCPU, what
+//! it did and its registers; guest input never panics the VMM.
+//!
+//! # Example
+//! ```
+//! use reference_vmm::{Vm, VmConfig, guest};
+//!
+//! # if !std::path::Path::new("/dev/kvm").exists() { return; }
+//! let config = VmConfig { vcpus: 2, ..VmConfig::default() };
+//! let vm = Vm::new(&config).unwrap();
+//! let report = vm.run(guest::find("hello").unwrap(), Box::new(std::io::sink())).unwrap();
+//! assert_eq!(report.value(1, "apic_id"), Some(1));
+//! ```
+
+pub mod devices;
+pub mod error;
+pub mod exit;
+pub mod guest;
+pub mod kick;
+pub mod layout;
+pub mod ucall;
+pub mod vcpu;
+pub mod vm;
+pub mod x86;
+
+pub use error::{ConfigError, Error, GuestFault};
+pub use vm::{RunReport, Vm, VmConfig};

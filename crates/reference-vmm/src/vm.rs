@@ -1,0 +1,409 @@
+//! A VM: guest memory with the boot structures, vCPUs, devices, and a run.
+
+use std::fmt;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::devices::{IoBus, SerialConsole};
+use crate::error::{ConfigError, Error};
+use crate::exit::Report;
+use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
+use crate::kick;
+use crate::layout::*;
+use crate::vcpu::{VcpuRunner, VcpuSummary, VmShared};
+use crate::x86::boot::{VcpuBootInfo, entry_regs, long_mode_sregs, set_apic_id};
+use crate::x86::gdt::{IO_BITMAP_SIZE, TSS_HEADER_SIZE, build_gdt, tss_header};
+use crate::x86::idt::{IDT_SIZE, build_idt};
+use crate::x86::paging::identity_map;
+
+/// How to build a VM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmConfig {
+    /// Number of vCPUs, 1 to [`MAX_VCPUS`].
+    pub vcpus: u32,
+    /// Guest memory in MiB: even, [`MIN_MEM_MIB`] to [`MAX_MEM_MIB`].
+    pub mem_mib: u64,
+    /// Stop every vCPU and fail if the guest has not finished by then.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        Self {
+            vcpus: 1,
+            mem_mib: 64,
+            timeout: None,
+        }
+    }
+}
+
+/// Checks a vCPU count against the most this VMM (and a KVM allowing `kvm_max`) runs.
+pub fn check_vcpus(vcpus: u32, kvm_max: u32) -> Result<u32, ConfigError> {
+    let max = MAX_VCPUS.min(kvm_max);
+    if (1..=max).contains(&vcpus) {
+        Ok(vcpus)
+    } else {
+        Err(ConfigError::VcpuCount {
+            requested: vcpus,
+            max,
+        })
+    }
+}
+
+/// Checks a guest memory size in MiB.
+pub fn check_mem_mib(mem_mib: u64) -> Result<u64, ConfigError> {
+    if (MIN_MEM_MIB..=MAX_MEM_MIB).contains(&mem_mib) && mem_mib % 2 == 0 {
+        Ok(mem_mib)
+    } else {
+        Err(ConfigError::MemorySize {
+            requested: mem_mib,
+            min: MIN_MEM_MIB,
+            max: MAX_MEM_MIB,
+        })
+    }
+}
+
+/// The outcome of a run that finished.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunReport {
+    /// The guest program that ran.
+    pub guest: &'static str,
+    /// Each vCPU's summary, by index.
+    pub vcpus: Vec<VcpuSummary>,
+    /// Wall time from starting the first vCPU to the last one finishing.
+    pub elapsed: Duration,
+}
+
+impl RunReport {
+    /// The first value called `name` that vCPU `vcpu` reported.
+    pub fn value(&self, vcpu: u32, name: &str) -> Option<u64> {
+        let summary = self.vcpus.iter().find(|s| s.index == vcpu)?;
+        summary
+            .reports
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.value)
+    }
+}
+
+impl fmt::Display for RunReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "guest {}: {} vCPU(s) finished in {:.3?}",
+            self.guest,
+            self.vcpus.len(),
+            self.elapsed
+        )?;
+        for s in &self.vcpus {
+            write!(f, "\n  vcpu {}: {} exits", s.index, s.exits)?;
+            for Report { name, value } in &s.reports {
+                write!(f, ", {name} = {value}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A VM ready to run a guest program: memory, boot structures and vCPUs set up.
+pub struct Vm {
+    vcpus: Vec<VcpuFd>,
+    _vm: VmFd,
+    memory: GuestMemoryMmap,
+    timeout: Option<Duration>,
+}
+
+impl Vm {
+    /// Creates the VM on `/dev/kvm`.
+    pub fn new(config: &VmConfig) -> Result<Self, Error> {
+        let kvm = Kvm::new().map_err(Error::OpenKvm)?;
+        let kvm_max = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
+        let vcpus = check_vcpus(config.vcpus, kvm_max)?;
+        let mem_size = check_mem_mib(config.mem_mib)? << 20;
+        let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+        let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
+            .map_err(|e| Error::AllocateMemory(e.to_string()))?;
+        register_memory(&vm, &memory)?;
+        write_boot_structures(&memory, vcpus, mem_size)?;
+        let cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let vcpu_fds = (0..vcpus)
+            .map(|i| create_vcpu(&vm, &cpuid, i, vcpus))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            vcpus: vcpu_fds,
+            _vm: vm,
+            memory,
+            timeout: config.timeout,
+        })
+    }
+
+    /// Runs `program` on every vCPU, each on its own thread, until all have
+    /// finished, one fails, or the timeout passes. Serial output goes to `serial_out`.
+    pub fn run(
+        self,
+        program: &GuestProgram,
+        serial_out: Box<dyn Write + Send>,
+    ) -> Result<RunReport, Error> {
+        let count = self.vcpus.len() as u32;
+        let entry = IMAGE_ADDR + program.entry_offset();
+        for (i, fd) in (0..count).zip(&self.vcpus) {
+            let regs = entry_regs(entry, user_stack_top(i), i, count, vcpu_data(i));
+            fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
+        }
+        let mut io_bus = IoBus::new();
+        io_bus
+            .insert(SERIAL_PORT, 8, Arc::new(SerialConsole::new(serial_out)))
+            .expect("the serial console is the first device on an empty bus");
+        let shared = Arc::new(VmShared::new(self.memory, io_bus));
+
+        let start = Instant::now();
+        let (tx, rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        for (i, fd) in (0..count).zip(self.vcpus) {
+            let runner = VcpuRunner::new(i, fd, shared.clone());
+            let tx = tx.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("vcpu{i}"))
+                .spawn(move || tx.send((i, runner.run())).unwrap_or(()));
+            match spawned {
+                Ok(handle) => threads.push(handle),
+                Err(source) => {
+                    stop_all(&shared, &threads);
+                    join_all(threads);
+                    return Err(Error::SpawnThread { vcpu: i, source });
+                }
+            }
+        }
+        drop(tx);
+        let outcome = collect(&rx, &shared, &threads, self.timeout);
+        let panicked = join_all(threads);
+        let mut vcpus = outcome?;
+        if let Some(i) = panicked {
+            return Err(Error::VcpuPanicked(i));
+        }
+        vcpus.sort_by_key(|s| s.index);
+        Ok(RunReport {
+            guest: program.name,
+            vcpus,
+            elapsed: start.elapsed(),
+        })
+    }
+}
+
+/// Waits for every vCPU thread's result; on the first error or at the timeout,
+/// stops the others. Returns the summaries, or the first error.
+fn collect(
+    rx: &mpsc::Receiver<(u32, Result<VcpuSummary, Error>)>,
+    shared: &VmShared,
+    threads: &[JoinHandle<()>],
+    timeout: Option<Duration>,
+) -> Result<Vec<VcpuSummary>, Error> {
+    let deadline = timeout.map(|t| (Instant::now() + t, t));
+    let mut summaries = Vec::new();
+    let mut first_error = None;
+    let mut stopped = false;
+    for _ in 0..threads.len() {
+        let received = match deadline.filter(|_| !stopped) {
+            Some((at, _)) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        };
+        let result = match received {
+            Ok((_, result)) => result,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                first_error.get_or_insert(Error::Timeout(deadline.map_or(Duration::ZERO, |d| d.1)));
+                stop_all(shared, threads);
+                stopped = true;
+                match rx.recv() {
+                    Ok((_, result)) => result,
+                    Err(_) => break,
+                }
+            }
+            // A thread that panicked never sends; the join reports it.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        match result {
+            Ok(summary) => summaries.push(summary),
+            Err(e) => {
+                if !stopped {
+                    stop_all(shared, threads);
+                    stopped = true;
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(summaries), Err)
+}
+
+fn stop_all(shared: &VmShared, threads: &[JoinHandle<()>]) {
+    shared.request_stop();
+    for t in threads {
+        // A thread that already returned cannot be kicked and needs no kick.
+        let _ = kick::kick(t);
+    }
+}
+
+/// Joins every thread; returns the index of the first that panicked.
+fn join_all(threads: Vec<JoinHandle<()>>) -> Option<u32> {
+    let mut panicked = None;
+    for (i, t) in threads.into_iter().enumerate() {
+        if t.join().is_err() {
+            panicked.get_or_insert(i as u32);
+        }
+    }
+    panicked
+}
+
+fn kvm_err(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> Error {
+    move |source| Error::Kvm { op, source }
+}
+
+fn register_memory(vm: &VmFd, memory: &GuestMemoryMmap) -> Result<(), Error> {
+    for (slot, region) in memory.iter().enumerate() {
+        let host = memory
+            .get_host_address(region.start_addr())
+            .map_err(|source| Error::WriteMemory {
+                what: "the memory map",
+                source,
+            })?;
+        let region = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the region is a live mapping owned by `memory`, which the VM's
+        // owner keeps alive as long as the VM can run (Vm and then VmShared hold it).
+        unsafe { vm.set_user_memory_region(region) }
+            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(())
+}
+
+/// Writes the GDT, page tables, guest image, and each vCPU's TSS and IDT.
+fn write_boot_structures(memory: &GuestMemoryMmap, vcpus: u32, mem_size: u64) -> Result<(), Error> {
+    let write = |what, bytes: &[u8], addr: u64| {
+        memory
+            .write_slice(bytes, GuestAddress(addr))
+            .map_err(|source| Error::WriteMemory { what, source })
+    };
+    write("the GDT", &build_gdt(vcpus, tss_addr), GDT_ADDR)?;
+    for table in identity_map(mem_size, PML4_ADDR, PD_ADDR) {
+        write("a page table", &table.to_bytes(), table.addr)?;
+    }
+    write("the guest image", guest::image(), IMAGE_ADDR)?;
+    let idt = build_idt(
+        (0..EXCEPTION_VECTORS).map(|v| (v, IMAGE_ADDR + guest::exception_stub_offset(v))),
+    );
+    let io_bitmap = vec![0u8; IO_BITMAP_SIZE as usize];
+    for i in 0..vcpus {
+        write("a TSS", &tss_header(kernel_stack_top(i)), tss_addr(i))?;
+        write("an I/O bitmap", &io_bitmap, tss_addr(i) + TSS_HEADER_SIZE)?;
+        write(
+            "an I/O bitmap",
+            &[0xff],
+            tss_addr(i) + TSS_HEADER_SIZE + IO_BITMAP_SIZE,
+        )?;
+        write("an IDT", &idt, idt_addr(i))?;
+    }
+    write(
+        "the shared page",
+        &[0u8; PAGE_SIZE as usize],
+        SHARED_DATA_ADDR,
+    )
+}
+
+fn create_vcpu(
+    vm: &VmFd,
+    cpuid: &kvm_bindings::CpuId,
+    index: u32,
+    count: u32,
+) -> Result<VcpuFd, Error> {
+    let fd = vm
+        .create_vcpu(u64::from(index))
+        .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+    let mut cpuid = cpuid.clone();
+    set_apic_id(&mut cpuid, index);
+    fd.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
+    let mut sregs = fd.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+    let gdt_len = build_gdt(count, tss_addr).len();
+    let boot = VcpuBootInfo {
+        index,
+        gdt: (GDT_ADDR, (gdt_len - 1) as u16),
+        idt: (idt_addr(index), (IDT_SIZE - 1) as u16),
+        tss: tss_addr(index),
+        cr3: PML4_ADDR,
+    };
+    long_mode_sregs(&mut sregs, &boot);
+    fd.set_sregs(&sregs).map_err(kvm_err("KVM_SET_SREGS"))?;
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vcpu_count_is_checked_against_the_layout_and_kvm() {
+        assert_eq!(check_vcpus(4, 1024), Ok(4));
+        assert_eq!(
+            check_vcpus(0, 1024),
+            Err(ConfigError::VcpuCount {
+                requested: 0,
+                max: MAX_VCPUS
+            })
+        );
+        assert_eq!(
+            check_vcpus(65, 1024),
+            Err(ConfigError::VcpuCount {
+                requested: 65,
+                max: 64
+            })
+        );
+        assert_eq!(
+            check_vcpus(3, 2),
+            Err(ConfigError::VcpuCount {
+                requested: 3,
+                max: 2
+            })
+        );
+    }
+
+    #[test]
+    fn memory_size_is_even_and_in_range() {
+        assert_eq!(check_mem_mib(64), Ok(64));
+        for bad in [0, 30, 33, 3074, u64::MAX] {
+            assert!(check_mem_mib(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn report_finds_values_by_vcpu_and_name() {
+        let report = RunReport {
+            guest: "hello",
+            vcpus: vec![VcpuSummary {
+                index: 1,
+                finished: true,
+                exits: 3,
+                reports: vec![Report {
+                    name: "apic_id".into(),
+                    value: 1,
+                }],
+            }],
+            elapsed: Duration::from_millis(2),
+        };
+        assert_eq!(report.value(1, "apic_id"), Some(1));
+        assert_eq!(report.value(0, "apic_id"), None);
+        assert!(report.to_string().contains("vcpu 1: 3 exits, apic_id = 1"));
+    }
+}

@@ -1,0 +1,131 @@
+//! The `reference-vmm` command line, as a user runs it.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::kvm_available;
+
+fn vmm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_reference-vmm"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn bad_arguments_get_a_clear_error_and_status_2() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["run"], "--guest <GUEST>"),
+        (
+            &["run", "--guest", "nope"],
+            "no guest program is called \"nope\"; the built-in ones are: hello",
+        ),
+        (
+            &["run", "--guest", "hello", "--vcpus", "0"],
+            "number of vCPUs must be between 1 and 64, not 0",
+        ),
+        (
+            &["run", "--guest", "hello", "--vcpus", "many"],
+            "\"many\" is not a number",
+        ),
+        (
+            &["run", "--guest", "hello", "--mem-mib", "33"],
+            "even number of MiB between 32 and 3072, not 33",
+        ),
+        (&["fly"], "unrecognized subcommand 'fly'"),
+    ];
+    for (args, expected) in cases {
+        let out = vmm(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn guests_lists_every_program() {
+    let out = vmm(&["guests"]);
+    assert!(out.status.success());
+    for p in reference_vmm::guest::PROGRAMS {
+        assert!(text(&out.stdout).contains(p.name), "{}", p.name);
+    }
+}
+
+#[test]
+fn run_prints_serial_output_and_the_report() {
+    if !kvm_available("run_prints_serial_output_and_the_report") {
+        return;
+    }
+    let out = vmm(&[
+        "run",
+        "--guest",
+        "hello",
+        "--vcpus",
+        "2",
+        "--timeout-ms",
+        "60000",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("hello from vcpu 0\n") && stdout.contains("hello from vcpu 1\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("vcpu 1: ") && stdout.contains("apic_id = 1"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn serial_output_can_go_to_a_file() {
+    if !kvm_available("serial_output_can_go_to_a_file") {
+        return;
+    }
+    let path =
+        std::env::temp_dir().join(format!("reference-vmm-serial-{}.txt", std::process::id()));
+    let out = vmm(&[
+        "run",
+        "--guest",
+        "hello",
+        "--serial-out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let serial = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(serial, "hello from vcpu 0\n");
+    assert!(!text(&out.stdout).contains("hello from vcpu"));
+}
+
+#[test]
+fn guest_errors_exit_1_with_the_vcpu_exit_and_registers() {
+    if !kvm_available("guest_errors_exit_1_with_the_vcpu_exit_and_registers") {
+        return;
+    }
+    let out = vmm(&[
+        "run",
+        "--guest",
+        "bad-port",
+        "--vcpus",
+        "2",
+        "--timeout-ms",
+        "60000",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("error: vCPU 0: port write of 1 byte(s) at port 0x1234"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("rip 0x") && stderr.contains("rflags"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,20 @@
+//! Shared by the integration tests: skip, loudly, where the machine has no usable KVM.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+
+/// Whether `/dev/kvm` can be used; if not, says so on stderr and appends
+/// `<test>: <reason>` to the file named by `SKIPPED_TESTS_LOG` (`.ci/run` prints it).
+pub fn kvm_available(test: &str) -> bool {
+    let reason = match kvm_ioctls::Kvm::new() {
+        Ok(_) => return true,
+        Err(e) => format!("cannot open /dev/kvm ({e})"),
+    };
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Some(path) = std::env::var_os("SKIPPED_TESTS_LOG") {
+        if let Ok(mut log) = OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(log, "{}::{test}: {reason}", env!("CARGO_PKG_NAME"));
+        }
+    }
+    false
+}
