@@ -6,7 +6,7 @@
 //! 4-level page tables, a GDT, and each vCPU's IDT and TSS in guest memory, and
 //! starts each vCPU directly in 64-bit mode at CPL3. [`Vm::run`] runs a built-in
 //! [guest program](guest) on every vCPU, one thread each, with a 16550 serial
-//! console from vm-superio and a [ucall](ucall) channel through which the guest
+//! console from vm-superio and a [ucall] channel through which the guest
 //! reports values, failed assertions and completion, the way KVM selftests do.
 //!
 //! Guest hot code runs at CPL3 because this machine's KVM (PVM) emulates CPL0 code
@@ -25,6 +25,8 @@
 //! assert_eq!(report.value(1, "apic_id"), Some(1));
 //! ```
 
+#![deny(missing_docs)]
+
 pub mod devices;
 pub mod error;
 pub mod exit;
@@ -38,3 +40,8 @@ pub mod x86;
 
 pub use error::{ConfigError, Error, GuestFault};
 pub use vm::{RunReport, Vm, VmConfig};
+
+// The README's examples are doctests too.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -9,7 +9,7 @@
 //! }
 //! ```
 //! The exit handling itself is [`exit::handle_exit`](crate::exit::handle_exit);
-//! kicks follow the strategy in [`kick`](crate::kick).
+//! kicks follow the strategy described in [`crate::kick`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,204 @@
+//! A dirty bitmap: one bit per page of a memory slot.
+
+/// Bits in one word of KVM's dirty bitmap.
+const WORD_BITS: u64 = 64;
+
+/// Why a bitmap operation was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BitmapError {
+    /// A page number past the end of the slot.
+    #[error("page {page} is outside a slot of {pages} pages")]
+    PageOutOfRange {
+        /// The page asked for.
+        page: u64,
+        /// Pages in the slot.
+        pages: u64,
+    },
+    /// Word data whose length does not match the slot size.
+    #[error("a slot of {pages} pages needs {expected} words, got {actual}")]
+    WrongLength {
+        /// Pages in the slot.
+        pages: u64,
+        /// Words needed.
+        expected: usize,
+        /// Words given.
+        actual: usize,
+    },
+    /// Two bitmaps of different slot sizes.
+    #[error("cannot merge a bitmap of {other} pages into one of {pages}")]
+    SizeMismatch {
+        /// Pages in this bitmap.
+        pages: u64,
+        /// Pages in the other.
+        other: u64,
+    },
+}
+
+/// One bit per page of a memory slot, bit `p % 64` of word `p / 64` for page `p`:
+/// the layout of `KVM_GET_DIRTY_LOG`. Bits past the last page are always clear.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirtyBitmap {
+    pages: u64,
+    words: Vec<u64>,
+}
+
+impl DirtyBitmap {
+    /// An all-clean bitmap for a slot of `pages` pages.
+    pub fn new(pages: u64) -> Self {
+        Self {
+            pages,
+            words: vec![0; words_for(pages)],
+        }
+    }
+
+    /// A bitmap from KVM's words; bits past the last page are ignored.
+    pub fn from_kvm_words(pages: u64, mut words: Vec<u64>) -> Result<Self, BitmapError> {
+        let expected = words_for(pages);
+        if words.len() != expected {
+            return Err(BitmapError::WrongLength {
+                pages,
+                expected,
+                actual: words.len(),
+            });
+        }
+        if let (Some(last), tail @ 1..) = (words.last_mut(), pages % WORD_BITS) {
+            *last &= (1 << tail) - 1;
+        }
+        Ok(Self { pages, words })
+    }
+
+    /// Pages in the slot.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    /// Marks `page` dirty.
+    pub fn set(&mut self, page: u64) -> Result<(), BitmapError> {
+        self.check(page)?;
+        self.words[(page / WORD_BITS) as usize] |= 1 << (page % WORD_BITS);
+        Ok(())
+    }
+
+    /// Whether `page` is dirty; pages outside the slot are not.
+    pub fn is_dirty(&self, page: u64) -> bool {
+        self.check(page).is_ok()
+            && self.words[(page / WORD_BITS) as usize] & (1 << (page % WORD_BITS)) != 0
+    }
+
+    /// Number of dirty pages.
+    pub fn count(&self) -> u64 {
+        self.words.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
+    /// Adds every page dirty in `other` (same slot size) to this bitmap.
+    pub fn merge(&mut self, other: &DirtyBitmap) -> Result<(), BitmapError> {
+        if other.pages != self.pages {
+            return Err(BitmapError::SizeMismatch {
+                pages: self.pages,
+                other: other.pages,
+            });
+        }
+        self.words
+            .iter_mut()
+            .zip(&other.words)
+            .for_each(|(a, b)| *a |= b);
+        Ok(())
+    }
+
+    /// The bitmap in KVM's layout.
+    pub fn as_kvm_words(&self) -> &[u64] {
+        &self.words
+    }
+
+    fn check(&self, page: u64) -> Result<(), BitmapError> {
+        if page < self.pages {
+            Ok(())
+        } else {
+            Err(BitmapError::PageOutOfRange {
+                page,
+                pages: self.pages,
+            })
+        }
+    }
+}
+
+fn words_for(pages: u64) -> usize {
+    pages.div_ceil(WORD_BITS) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_map_to_kvm_bits() {
+        let mut b = DirtyBitmap::new(130);
+        for p in [0, 63, 64, 129] {
+            b.set(p).unwrap();
+        }
+        assert_eq!(b.as_kvm_words(), &[1 | 1 << 63, 1, 1 << 1]);
+        assert!(b.is_dirty(63) && !b.is_dirty(62) && !b.is_dirty(130));
+        assert_eq!(b.count(), 4);
+    }
+
+    #[test]
+    fn out_of_range_pages_are_errors_not_panics() {
+        let mut b = DirtyBitmap::new(10);
+        assert_eq!(
+            b.set(10),
+            Err(BitmapError::PageOutOfRange {
+                page: 10,
+                pages: 10
+            })
+        );
+        assert_eq!(
+            b.set(u64::MAX),
+            Err(BitmapError::PageOutOfRange {
+                page: u64::MAX,
+                pages: 10
+            })
+        );
+        assert!(!b.is_dirty(u64::MAX));
+    }
+
+    #[test]
+    fn kvm_words_round_trip_and_bits_past_the_end_are_dropped() {
+        let b = DirtyBitmap::from_kvm_words(70, vec![0xf0, u64::MAX]).unwrap();
+        assert_eq!(b.as_kvm_words(), &[0xf0, 0x3f]);
+        assert_eq!(b.count(), 4 + 6);
+        let wrong = DirtyBitmap::from_kvm_words(70, vec![0]);
+        assert_eq!(
+            wrong,
+            Err(BitmapError::WrongLength {
+                pages: 70,
+                expected: 2,
+                actual: 1
+            })
+        );
+        assert_eq!(
+            DirtyBitmap::from_kvm_words(128, vec![1, 1])
+                .unwrap()
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn merge_is_a_union_of_equal_sized_slots() {
+        let mut a = DirtyBitmap::new(100);
+        let mut b = DirtyBitmap::new(100);
+        a.set(1).unwrap();
+        b.set(1).unwrap();
+        b.set(99).unwrap();
+        a.merge(&b).unwrap();
+        assert_eq!(a.count(), 2);
+        assert!(a.is_dirty(99));
+        assert_eq!(
+            a.merge(&DirtyBitmap::new(50)),
+            Err(BitmapError::SizeMismatch {
+                pages: 100,
+                other: 50
+            })
+        );
+    }
+}
