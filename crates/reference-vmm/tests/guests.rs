@@ -2,48 +2,29 @@
 
 mod common;
 
-use std::io::{self, Write};
-use std::sync::{Arc, Mutex};
+use std::io;
 use std::time::Duration;
 
 use common::kvm_available;
+use reference_vmm::devices::SharedBuffer;
 use reference_vmm::ucall::UcallError;
 use reference_vmm::{Error, GuestFault, RunReport, Vm, VmConfig, guest};
 
-/// Serial output captured for inspection.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8(self.0.lock().unwrap().clone())
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect()
-    }
+fn lines(serial: &SharedBuffer) -> Vec<String> {
+    let text = String::from_utf8(serial.contents()).unwrap();
+    text.lines().map(String::from).collect()
 }
 
 /// A generous bound, so that a broken kick fails the test instead of hanging it.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-fn run(name: &str, vcpus: u32) -> (Result<RunReport, Error>, Capture) {
+fn run(name: &str, vcpus: u32) -> (Result<RunReport, Error>, SharedBuffer) {
     let config = VmConfig {
         vcpus,
         timeout: Some(TIMEOUT),
         ..VmConfig::default()
     };
-    let serial = Capture::default();
+    let serial = SharedBuffer::default();
     let result = Vm::new(&config)
         .unwrap()
         .run(guest::find(name).unwrap(), Box::new(serial.clone()));
@@ -53,7 +34,7 @@ fn run(name: &str, vcpus: u32) -> (Result<RunReport, Error>, Capture) {
 fn check_hello(vcpus: u32) {
     let (result, serial) = run("hello", vcpus);
     let report = result.unwrap();
-    let mut lines = serial.lines();
+    let mut lines = lines(&serial);
     lines.sort();
     let mut expected: Vec<String> = (0..vcpus).map(|i| format!("hello from vcpu {i}")).collect();
     expected.sort();

@@ -4,4 +4,4 @@ mod bus;
 mod serial;
 
 pub use bus::{BusError, IoBus, PioDevice};
-pub use serial::{NoIrq, SerialConsole};
+pub use serial::{NoIrq, SerialConsole, SharedBuffer};

@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 use std::io::{self, Write};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use vm_superio::{Serial, Trigger};
 
@@ -59,23 +59,38 @@ impl PioDevice for SerialConsole {
     }
 }
 
+/// A writer whose bytes can be read back from a clone: captures a guest's serial
+/// output for a test or a tool.
+#[derive(Clone, Debug, Default)]
+pub struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl SharedBuffer {
+    /// Everything written so far.
+    pub fn contents(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Write for SharedBuffer {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Shared {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
 
     struct Broken;
 
@@ -90,17 +105,17 @@ mod tests {
 
     #[test]
     fn bytes_written_to_thr_reach_the_output() {
-        let out = Shared::default();
+        let out = SharedBuffer::default();
         let console = SerialConsole::new(Box::new(out.clone()));
         for b in b"hi\n" {
             console.write(0, &[*b]).unwrap();
         }
-        assert_eq!(&*out.0.lock().unwrap(), b"hi\n");
+        assert_eq!(out.contents(), b"hi\n");
     }
 
     #[test]
     fn line_status_says_the_transmitter_is_empty() {
-        let console = SerialConsole::new(Box::new(Shared::default()));
+        let console = SerialConsole::new(Box::new(SharedBuffer::default()));
         let mut lsr = [0u8; 1];
         console.read(5, &mut lsr);
         assert_eq!(lsr[0] & 0x20, 0x20);
