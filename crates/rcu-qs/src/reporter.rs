@@ -1,4 +1,4 @@
-//! The per-thread side of QSBR: what a reader thread announces.
+//! The per-thread side of QSBR, as a trait a run loop can be generic over.
 
 /// What a reader thread tells RCU about itself.
 ///
@@ -6,14 +6,15 @@
 /// [`online`](QsReporter::online) after it, and
 /// [`quiescent`](QsReporter::quiescent) whenever it holds no RCU-protected
 /// reference, so that writers' grace periods end without waiting for the guest.
+/// [`Reader`](crate::Reader) implements it; [`NoQs`] does nothing.
 pub trait QsReporter {
     /// The thread holds no RCU-protected reference right now.
-    fn quiescent(&self);
+    fn quiescent(&mut self);
     /// The thread will hold none until [`online`](QsReporter::online): writers
     /// need not wait for it at all (an extended quiescent state).
-    fn offline(&self);
+    fn offline(&mut self);
     /// The thread may hold RCU-protected references again.
-    fn online(&self);
+    fn online(&mut self);
 }
 
 /// A reporter for VMMs that use no RCU: every call does nothing and costs nothing.
@@ -21,19 +22,19 @@ pub trait QsReporter {
 pub struct NoQs;
 
 impl QsReporter for NoQs {
-    fn quiescent(&self) {}
-    fn offline(&self) {}
-    fn online(&self) {}
+    fn quiescent(&mut self) {}
+    fn offline(&mut self) {}
+    fn online(&mut self) {}
 }
 
-impl<R: QsReporter + ?Sized> QsReporter for &R {
-    fn quiescent(&self) {
+impl<R: QsReporter + ?Sized> QsReporter for &mut R {
+    fn quiescent(&mut self) {
         (**self).quiescent()
     }
-    fn offline(&self) {
+    fn offline(&mut self) {
         (**self).offline()
     }
-    fn online(&self) {
+    fn online(&mut self) {
         (**self).online()
     }
 }
@@ -41,35 +42,34 @@ impl<R: QsReporter + ?Sized> QsReporter for &R {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
 
     /// Records the calls, to check that generic code forwards them.
     #[derive(Default)]
-    struct Recorder(RefCell<Vec<&'static str>>);
+    struct Recorder(Vec<&'static str>);
 
     impl QsReporter for Recorder {
-        fn quiescent(&self) {
-            self.0.borrow_mut().push("quiescent");
+        fn quiescent(&mut self) {
+            self.0.push("quiescent");
         }
-        fn offline(&self) {
-            self.0.borrow_mut().push("offline");
+        fn offline(&mut self) {
+            self.0.push("offline");
         }
-        fn online(&self) {
-            self.0.borrow_mut().push("online");
+        fn online(&mut self) {
+            self.0.push("online");
         }
     }
 
-    fn one_exit(qs: impl QsReporter) {
+    fn one_exit(mut qs: impl QsReporter) {
         qs.offline();
         qs.online();
         qs.quiescent();
     }
 
     #[test]
-    fn references_forward_every_call() {
-        let r = Recorder::default();
-        one_exit(&r);
-        assert_eq!(*r.0.borrow(), ["offline", "online", "quiescent"]);
+    fn mutable_references_forward_every_call() {
+        let mut r = Recorder::default();
+        one_exit(&mut r);
+        assert_eq!(r.0, ["offline", "online", "quiescent"]);
     }
 
     #[test]

@@ -1,0 +1,364 @@
+//! The RCU domain: the global grace-period counter, the registry of readers, and
+//! grace periods.
+//!
+//! # Protocol (liburcu's QSBR flavour)
+//! The domain's counter `gp` is odd and grows by 2 per grace period. Each reader
+//! has a slot holding either [`OFFLINE`] (0) or the value of `gp` it last saw. A
+//! grace period increments `gp` and waits until every slot is [`OFFLINE`] or
+//! equal to the new value. A reader publishes `gp` in a quiescent state, or
+//! [`OFFLINE`] for an extended one.
+//!
+//! Memory ordering:
+//! - A reader publishes its slot with Release, and a writer reads slots with
+//!   Acquire: a writer that sees a reader quiescent or offline also sees that
+//!   the reader's earlier reads are over.
+//! - A writer publishes a new pointer, then advances `gp` with Release; a reader
+//!   loads `gp` with Acquire before publishing it: once its slot says it saw
+//!   the new grace period, it also sees the new pointer.
+//! - Two store-then-load handshakes need a SeqCst fence on each side (Dekker): a
+//!   reader coming online stores its slot then loads pointers, while a writer
+//!   stores a pointer then loads the slots (either the writer sees the reader
+//!   online or the reader sees the new pointer); and a reader storing its slot
+//!   then loading its `waiting` flag, while a blocking writer stores `waiting`
+//!   then re-reads the slot (no lost wake-up).
+//!
+//! Fences rather than SeqCst accesses, because loom models SeqCst fences exactly
+//! but treats SeqCst accesses as AcqRel: the code loom checks is the code that
+//! runs. The quiescent-state fast path is one Acquire load (a plain load on x86
+//! and arm64) and a compare.
+
+use std::sync::atomic::AtomicU64 as StdAtomicU64;
+use std::time::{Duration, Instant};
+
+use crossbeam_utils::CachePadded;
+
+use crate::error::RcuError;
+use crate::events::{GracePeriod, NoEvents, RcuEvents};
+use crate::reader::Reader;
+use crate::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use crate::sync::{
+    Arc, AtomicBool, AtomicU64, Condvar, Mutex, ThreadId, current_thread, fence, lock, spin_hint,
+    wait,
+};
+
+/// A slot value meaning "this reader is in an extended quiescent state".
+pub(crate) const OFFLINE: u64 = 0;
+/// The first value of the grace-period counter (odd, so never [`OFFLINE`]).
+const GP_START: u64 = 1;
+/// How much each grace period adds to the counter.
+const GP_STEP: u64 = 2;
+
+/// How long a writer spins re-checking the readers before it blocks, by default.
+///
+/// Long enough to catch readers that note a quiescent state every few tens of
+/// microseconds without a sleep/wake round trip (tens of microseconds on a busy
+/// host), short enough not to matter next to a vCPU's time slice.
+#[cfg(not(loom))]
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// Under loom there is no time: block at once.
+#[cfg(loom)]
+pub const DEFAULT_SPIN: Duration = Duration::ZERO;
+
+/// Default bound on the bytes of values waiting for reclamation.
+pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 << 20;
+
+/// One reader's published state, on its own cache line.
+#[derive(Debug)]
+pub(crate) struct ReaderSlot {
+    state: CachePadded<SlotState>,
+    /// The thread that registered the reader.
+    pub(crate) owner: ThreadId,
+}
+
+#[derive(Debug)]
+struct SlotState {
+    ctr: AtomicU64,
+    /// Set by a writer about to block on this reader.
+    waiting: AtomicBool,
+}
+
+impl ReaderSlot {
+    pub(crate) fn new(owner: ThreadId) -> Self {
+        let state = SlotState {
+            ctr: AtomicU64::new(OFFLINE),
+            waiting: AtomicBool::new(false),
+        };
+        Self {
+            state: CachePadded::new(state),
+            owner,
+        }
+    }
+
+    pub(crate) fn is_online(&self) -> bool {
+        self.state.ctr.load(Acquire) != OFFLINE
+    }
+
+    /// Publishes `ctr`; returns whether a blocked writer must be woken.
+    ///
+    /// The fence orders the store before the caller's next loads: the `waiting`
+    /// flag here, and RCU-protected pointers after coming online.
+    pub(crate) fn publish(&self, ctr: u64) -> bool {
+        self.state.ctr.store(ctr, Release);
+        fence(SeqCst);
+        self.state.waiting.load(Relaxed) && self.state.waiting.swap(false, Relaxed)
+    }
+
+    /// Whether this reader has no reference from before grace period `gp`.
+    fn passed(&self, gp: u64) -> bool {
+        let ctr = self.state.ctr.load(Acquire);
+        ctr == OFFLINE || ctr == gp
+    }
+}
+
+/// Grace periods requested and finished, to batch concurrent callers.
+#[derive(Debug, Default)]
+struct GpSequence {
+    started: u64,
+    completed: u64,
+}
+
+/// Everything grace periods need; shared with the reclaim thread.
+pub(crate) struct GpState {
+    gp: CachePadded<AtomicU64>,
+    registry: Mutex<Vec<Arc<ReaderSlot>>>,
+    sequence: Mutex<GpSequence>,
+    sequence_done: Condvar,
+    /// A writer waiting for readers blocks here; readers wake it.
+    writer: Mutex<()>,
+    writer_wake: Condvar,
+    spin: Duration,
+    pub(crate) events: std::sync::Arc<dyn RcuEvents>,
+}
+
+impl GpState {
+    /// The current grace-period counter, with Acquire: everything the writer
+    /// published before advancing it is visible after.
+    pub(crate) fn counter(&self) -> u64 {
+        self.gp.load(Acquire)
+    }
+
+    pub(crate) fn register(&self, slot: Arc<ReaderSlot>) {
+        lock(&self.registry).push(slot);
+    }
+
+    pub(crate) fn unregister(&self, slot: &Arc<ReaderSlot>) {
+        lock(&self.registry).retain(|s| !Arc::ptr_eq(s, slot));
+    }
+
+    /// Wakes a writer blocked in a grace period.
+    pub(crate) fn wake_writer(&self) {
+        let _guard = lock(&self.writer);
+        self.writer_wake.notify_all();
+    }
+
+    /// Whether the calling thread has an online reader in this domain.
+    pub(crate) fn caller_is_online(&self) -> bool {
+        let me = current_thread().id();
+        lock(&self.registry)
+            .iter()
+            .any(|s| s.owner == me && s.is_online())
+    }
+
+    /// Waits for a grace period that starts after this call, sharing it with
+    /// concurrent callers. The caller must not be an online reader.
+    pub(crate) fn wait_for_grace_period(&self) {
+        let mut seq = lock(&self.sequence);
+        // A grace period already running may have started before this call.
+        let needed = seq.started + 1;
+        while seq.completed < needed {
+            if seq.started == seq.completed {
+                seq.started += 1;
+                let this = seq.started;
+                drop(seq);
+                let gp = self.run_grace_period();
+                self.events.grace_period(&gp);
+                seq = lock(&self.sequence);
+                seq.completed = this;
+                self.sequence_done.notify_all();
+            } else {
+                seq = wait(&self.sequence_done, seq);
+            }
+        }
+    }
+
+    /// Advances the counter and waits until every reader passed a quiescent state.
+    fn run_grace_period(&self) -> GracePeriod {
+        let start = Instant::now();
+        let readers = lock(&self.registry).clone();
+        let gp = self.gp.fetch_add(GP_STEP, Release) + GP_STEP;
+        // Pairs with the fence of a reader coming online (see the module docs).
+        fence(SeqCst);
+        let mut active: Vec<&ReaderSlot> = readers
+            .iter()
+            .map(|s| &**s)
+            .filter(|s| !s.passed(gp))
+            .collect();
+        let readers_waited_on = active.len();
+        let mut blocked = false;
+        while !active.is_empty() {
+            if start.elapsed() < self.spin {
+                spin_hint();
+            } else {
+                blocked = true;
+                self.block_until_progress(&active, gp);
+            }
+            active.retain(|s| !s.passed(gp));
+        }
+        GracePeriod {
+            wait: start.elapsed(),
+            readers_waited_on,
+            blocked,
+        }
+    }
+
+    /// Blocks until one of `active` may have passed a quiescent state.
+    fn block_until_progress(&self, active: &[&ReaderSlot], gp: u64) {
+        let guard = lock(&self.writer);
+        for s in active {
+            s.state.waiting.store(true, Relaxed);
+        }
+        // Pairs with the fence in `publish`: a reader that published before
+        // seeing `waiting` is seen here.
+        fence(SeqCst);
+        if active.iter().any(|s| s.passed(gp)) {
+            return;
+        }
+        drop(wait(&self.writer_wake, guard));
+    }
+}
+
+/// An RCU domain: readers register with it, writers wait for its grace periods,
+/// and its reclaim thread frees what writers retire.
+///
+/// Cheap to clone: clones are handles to the same domain. The reclaim thread
+/// starts with the first deferred value, and finishes every pending reclamation
+/// before the last handle (domain, reader or cell) is gone.
+#[derive(Clone)]
+pub struct Domain {
+    pub(crate) inner: Arc<DomainInner>,
+}
+
+pub(crate) struct DomainInner {
+    pub(crate) gp: std::sync::Arc<GpState>,
+    /// Identifies the domain, so a cell can tell its readers from others'.
+    pub(crate) id: u64,
+    #[cfg(not(loom))]
+    pub(crate) reclaim: crate::reclaim::Reclaimer,
+}
+
+/// How to build a [`Domain`].
+#[derive(Clone)]
+pub struct DomainBuilder {
+    spin: Duration,
+    max_pending_bytes: usize,
+    events: std::sync::Arc<dyn RcuEvents>,
+}
+
+impl Default for DomainBuilder {
+    fn default() -> Self {
+        Self {
+            spin: DEFAULT_SPIN,
+            max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
+            events: std::sync::Arc::new(NoEvents),
+        }
+    }
+}
+
+impl DomainBuilder {
+    /// How long a writer spins before blocking ([`DEFAULT_SPIN`]).
+    pub fn spin(mut self, spin: Duration) -> Self {
+        self.spin = spin;
+        self
+    }
+
+    /// Bound on bytes of deferred values not yet reclaimed
+    /// ([`DEFAULT_MAX_PENDING_BYTES`]); beyond it, deferring waits.
+    pub fn max_pending_bytes(mut self, bytes: usize) -> Self {
+        self.max_pending_bytes = bytes;
+        self
+    }
+
+    /// Where metrics go (none by default).
+    pub fn events(mut self, events: std::sync::Arc<dyn RcuEvents>) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// The domain.
+    pub fn build(self) -> Domain {
+        static NEXT_ID: StdAtomicU64 = StdAtomicU64::new(1);
+        let gp = std::sync::Arc::new(GpState {
+            gp: CachePadded::new(AtomicU64::new(GP_START)),
+            registry: Mutex::new(Vec::new()),
+            sequence: Mutex::new(GpSequence::default()),
+            sequence_done: Condvar::new(),
+            writer: Mutex::new(()),
+            writer_wake: Condvar::new(),
+            spin: self.spin,
+            events: self.events,
+        });
+        #[cfg(not(loom))]
+        let reclaim = crate::reclaim::Reclaimer::new(gp.clone(), self.max_pending_bytes);
+        #[cfg(loom)]
+        let _ = self.max_pending_bytes;
+        let inner = DomainInner {
+            gp,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            #[cfg(not(loom))]
+            reclaim,
+        };
+        Domain {
+            inner: Arc::new(inner),
+        }
+    }
+}
+
+impl Default for Domain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Domain {
+    /// A domain with the default settings.
+    pub fn new() -> Self {
+        DomainBuilder::default().build()
+    }
+
+    /// Settings for a new domain.
+    pub fn builder() -> DomainBuilder {
+        DomainBuilder::default()
+    }
+
+    /// Registers the calling thread as a reader; the reader starts online.
+    pub fn register_reader(&self) -> Reader {
+        Reader::register(self.clone())
+    }
+
+    /// Waits until every reader online when the call began has passed a quiescent
+    /// state; offline readers never delay it. Concurrent callers share one grace
+    /// period. The writer spins for a while, then blocks until readers wake it.
+    ///
+    /// # Errors
+    /// [`RcuError::OnlineReader`] if the calling thread has an online reader of
+    /// this domain: the grace period would wait for the caller itself. Use
+    /// [`Reader::synchronize`] from reader threads.
+    pub fn synchronize(&self) -> Result<(), RcuError> {
+        if self.inner.gp.caller_is_online() {
+            return Err(RcuError::OnlineReader);
+        }
+        self.inner.gp.wait_for_grace_period();
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let readers = lock(&self.inner.gp.registry).len();
+        f.debug_struct("Domain")
+            .field("id", &self.inner.id)
+            .field("gp", &self.inner.gp.counter())
+            .field("readers", &readers)
+            .finish()
+    }
+}
