@@ -293,3 +293,69 @@ fn grace_period_events_report_wait_and_readers() {
     let gp = last.0.lock().unwrap().unwrap();
     assert_eq!((gp.readers_waited_on, gp.blocked), (0, false));
 }
+
+#[test]
+fn a_run_loop_generic_over_qs_reporter_drives_a_reader() {
+    use rcu_qs::QsReporter;
+    fn exits(qs: &mut impl QsReporter, n: usize) {
+        for _ in 0..n {
+            qs.offline();
+            qs.online();
+            qs.quiescent();
+        }
+    }
+    let domain = Domain::default();
+    let mut reader = domain.register_reader();
+    exits(&mut reader, 3);
+    assert!(reader.is_online());
+    // Offline through the trait lets a writer's grace period end.
+    QsReporter::offline(&mut reader);
+    assert_eq!(domain.synchronize(), Ok(()));
+    assert_eq!(reader.domain().synchronize(), Ok(()));
+}
+
+#[test]
+fn a_writer_that_never_spins_blocks_and_is_woken() {
+    let counters = Arc::new(RcuCounters::default());
+    let domain = Domain::builder()
+        .spin(Duration::ZERO)
+        .events(counters.clone())
+        .build();
+    let mut reader = domain.register_reader();
+    let d = domain.clone();
+    let writer = thread::spawn(move || d.synchronize().unwrap());
+    while counters.grace_periods.load(Ordering::SeqCst) == 0 && !writer.is_finished() {
+        reader.quiescent();
+        thread::yield_now();
+    }
+    writer.join().unwrap();
+    assert_eq!(counters.blocked_grace_periods.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn counters_track_pending_reclamation() {
+    let counters = Arc::new(RcuCounters::default());
+    let domain = Domain::builder().events(counters.clone()).build();
+    let mut reader = domain.register_reader();
+    domain.defer([0u8; 100]);
+    assert_eq!(counters.pending_reclaim_bytes.load(Ordering::SeqCst), 100);
+    reader.offline();
+    domain.barrier().unwrap();
+    assert_eq!(counters.pending_reclaim_bytes.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn exclusive_access_and_debug_output() {
+    let domain = Domain::new();
+    let mut cell = RcuCell::new(&domain, vec![1, 2]);
+    cell.get_mut().push(3);
+    let reader = domain.register_reader();
+    assert_eq!(cell.read(&reader), &[1, 2, 3]);
+    assert!(format!("{reader:?}").contains("online: true"));
+    assert!(format!("{domain:?}").contains("readers: 1"));
+    assert!(format!("{cell:?}").starts_with("RcuCell"));
+    let rejected = cell.replace(vec![]).unwrap_err();
+    assert_eq!(rejected.to_string(), RcuError::OnlineReader.to_string());
+    assert!(std::error::Error::source(&rejected).is_some());
+    assert!(format!("{rejected:?}").contains("OnlineReader"));
+}
