@@ -2,48 +2,129 @@
 
 use std::time::Duration;
 
+/// The phase of a halt in which the wake-up was seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WokenDuring {
+    /// During the hybrid sleep before polling (a timed block).
+    Sleep,
+    /// While polling, or already pending when the halt began: the thread never
+    /// blocked.
+    #[default]
+    Poll,
+    /// While blocked after the poll window.
+    Block,
+}
+
 /// What happened during one halt: the input every policy learns from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HaltOutcome {
-    /// Time from the start of the halt to the wake-up.
+    /// Time from the start of the halt until the thread resumed (KVM's `halt_ns`).
     pub halt: Duration,
-    /// Time spent polling (the rest, if any, was spent blocked).
+    /// Time spent in the hybrid sleep before polling.
+    pub slept: Duration,
+    /// Time spent polling.
     pub polled: Duration,
-    /// Whether the wake-up came while polling, so the thread never blocked.
-    pub woken_while_polling: bool,
+    /// The phase the wake-up came in.
+    pub woken: WokenDuring,
+    /// Whether the wake-up was a real event (KVM's `vcpu_valid_wakeup`); a
+    /// spurious one makes KVM shrink its window.
+    pub valid: bool,
+    /// Whether polling stopped early because another thread needed the CPU.
+    pub preempted: bool,
 }
 
 impl HaltOutcome {
-    /// A halt woken `after` its start while still polling.
+    /// A halt woken `after` its start while polling.
     pub fn woken_while_polling(after: Duration) -> Self {
         Self {
             halt: after,
             polled: after,
-            woken_while_polling: true,
+            woken: WokenDuring::Poll,
+            valid: true,
+            ..Self::default()
         }
     }
 
-    /// A halt that polled for `polled`, then blocked until woken `halt` after its start.
+    /// A halt that polled for `polled`, then blocked until it resumed `halt` after its start.
     pub fn woken_after_blocking(polled: Duration, halt: Duration) -> Self {
         Self {
             halt,
             polled,
-            woken_while_polling: false,
+            woken: WokenDuring::Block,
+            valid: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the thread never blocked (KVM counts such a poll as successful).
+    pub fn poll_succeeded(&self) -> bool {
+        self.woken == WokenDuring::Poll
+    }
+
+    /// Time blocked after the poll window (the haltpoll governor's residency).
+    pub fn blocked(&self) -> Duration {
+        self.halt.saturating_sub(self.slept + self.polled)
+    }
+}
+
+/// What to do at the start of a halt: optionally sleep, then poll, then block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollPlan {
+    /// Sleep this long first (hybrid polling); a wake-up ends the sleep early.
+    pub sleep: Duration,
+    /// Then poll this long.
+    pub window: Duration,
+}
+
+impl PollPlan {
+    /// Poll for `window` from the start of the halt.
+    pub fn poll(window: Duration) -> Self {
+        Self {
+            sleep: Duration::ZERO,
+            window,
+        }
+    }
+
+    /// The plan covering both: the shorter sleep and polling until the later end.
+    pub fn union(self, other: PollPlan) -> PollPlan {
+        let sleep = self.sleep.min(other.sleep);
+        let end = (self.sleep + self.window).max(other.sleep + other.window);
+        PollPlan {
+            sleep,
+            window: end.saturating_sub(sleep),
         }
     }
 }
 
 /// Decides how long a halted thread polls before it blocks.
 ///
-/// The mechanism asks for [`window`](PollPolicy::window) at the start of every
-/// halt, polls for at most that long, blocks if nothing woke it, and reports the
-/// halt through [`learn`](PollPolicy::learn).
+/// The mechanism asks for a [`plan`](PollPolicy::plan) at the start of every
+/// halt, carries it out, and reports the halt through [`learn`](PollPolicy::learn).
 pub trait PollPolicy {
+    /// How the next halt should wait. By default: poll for [`window`](PollPolicy::window).
+    fn plan(&self) -> PollPlan {
+        PollPlan::poll(self.window())
+    }
+
     /// How long to poll at the start of the next halt; zero means block at once.
     fn window(&self) -> Duration;
 
     /// Learns from a finished halt.
     fn learn(&mut self, outcome: &HaltOutcome);
+}
+
+impl<P: PollPolicy + ?Sized> PollPolicy for Box<P> {
+    fn plan(&self) -> PollPlan {
+        (**self).plan()
+    }
+
+    fn window(&self) -> Duration {
+        (**self).window()
+    }
+
+    fn learn(&mut self, outcome: &HaltOutcome) {
+        (**self).learn(outcome)
+    }
 }
 
 /// Never poll: block at once (KVM with `halt_poll_ns=0`).
@@ -80,7 +161,7 @@ mod tests {
     fn never_blocks_at_once_whatever_it_learns() {
         let mut p = Never;
         p.learn(&HaltOutcome::woken_while_polling(3 * US));
-        assert_eq!(p.window(), Duration::ZERO);
+        assert_eq!(p.plan(), PollPlan::poll(Duration::ZERO));
     }
 
     #[test]
@@ -96,16 +177,29 @@ mod tests {
     }
 
     #[test]
-    fn outcome_constructors_fill_every_field() {
+    fn outcome_helpers() {
         let polled = HaltOutcome::woken_while_polling(7 * US);
-        assert_eq!(
-            (polled.halt, polled.polled, polled.woken_while_polling),
-            (7 * US, 7 * US, true)
-        );
+        assert!(polled.poll_succeeded() && polled.valid);
+        assert_eq!(polled.blocked(), Duration::ZERO);
         let blocked = HaltOutcome::woken_after_blocking(2 * US, 9 * US);
+        assert!(!blocked.poll_succeeded());
+        assert_eq!(blocked.blocked(), 7 * US);
+    }
+
+    #[test]
+    fn union_of_plans_covers_both() {
+        let a = PollPlan {
+            sleep: 10 * US,
+            window: 5 * US,
+        };
+        let b = PollPlan::poll(8 * US);
         assert_eq!(
-            (blocked.halt, blocked.polled, blocked.woken_while_polling),
-            (9 * US, 2 * US, false)
+            a.union(b),
+            PollPlan {
+                sleep: Duration::ZERO,
+                window: 15 * US
+            }
         );
+        assert_eq!(b.union(b), b);
     }
 }
