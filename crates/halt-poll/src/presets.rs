@@ -314,7 +314,7 @@ mod tests {
         windows(&mut kvm, &[blocked(0, 30 * US); 3]); // 40 µs
         let invalid = HaltOutcome {
             valid: false,
-            ..polled(1 * US)
+            ..polled(US)
         };
         assert_eq!(windows(&mut kvm, &[invalid]), [20 * US]);
         let mut off = KvmGrowShrink::new().with_max(Duration::ZERO);
