@@ -4,8 +4,9 @@
 //!
 //! # How
 //! - Every halt's wake time goes into a histogram of 64 log-spaced buckets
-//!   (256 ns to about 14 ms, four per octave) whose counts decay by `1/memory`
-//!   per halt, so the distribution follows the workload. There are two: one for
+//!   (256 ns to about 16 ms, four per octave) whose counts decay by `1/memory`
+//!   per halt (in O(1): newer samples weigh more), so the distribution follows
+//!   the workload. There are two: one for
 //!   halts that follow a short halt, one for halts that follow a long one, so a
 //!   workload whose halts alternate is predicted rather than averaged.
 //! - Every few halts it evaluates, for every poll start `a` (0, or the end of a
@@ -26,10 +27,8 @@ use std::time::Duration;
 use crate::policy::{HaltOutcome, PollPlan, PollPolicy, WokenDuring};
 
 const BUCKETS: usize = 64;
-/// Lower edge of bucket 1 (bucket 0 is everything below it).
-const FIRST_EDGE_NS: f64 = 256.0;
-/// Four buckets per octave.
-const BUCKET_RATIO: f64 = 1.189_207_115_002_721;
+/// Lower edge of bucket 1 (bucket 0 is everything below it): 2^8 ns.
+const FIRST_EDGE_SHIFT: u32 = 8;
 /// Samples before the first learned plan.
 const WARM_UP: u32 = 8;
 
@@ -50,6 +49,9 @@ pub struct PredictiveConfig {
     pub replan_every: u32,
     /// Whether it may sleep before polling (hybrid polling).
     pub hybrid: bool,
+    /// Shortest poll window when it polls at all: wake-ups a little later than
+    /// any seen so far (a host interrupt, a cache miss) are still caught.
+    pub min_window: Duration,
 }
 
 impl Default for PredictiveConfig {
@@ -62,55 +64,70 @@ impl Default for PredictiveConfig {
             memory: 128,
             replan_every: 8,
             hybrid: true,
+            min_window: Duration::from_micros(10),
         }
     }
 }
 
-/// The lower edge of bucket `i`, in ns.
+/// The lower edge of bucket `i`, in ns: buckets split each octave from 256 ns
+/// into four equal parts (an integer log with two mantissa bits).
 fn edge_ns(i: usize) -> f64 {
     if i == 0 {
-        0.0
-    } else {
-        FIRST_EDGE_NS * BUCKET_RATIO.powi(i as i32 - 1)
+        return 0.0;
     }
+    let (octave, quarter) = ((i - 1) / 4, (i - 1) % 4);
+    f64::from(1u32 << FIRST_EDGE_SHIFT) * 2f64.powi(octave as i32) * (1.0 + quarter as f64 / 4.0)
 }
 
-/// A representative wake time of bucket `i`, in ns.
+/// A representative wake time of bucket `i`, in ns: the middle of its range.
 fn mid_ns(i: usize) -> f64 {
-    if i == 0 {
-        FIRST_EDGE_NS / 2.0
-    } else {
-        edge_ns(i) * BUCKET_RATIO.sqrt()
-    }
+    (edge_ns(i) + edge_ns(i + 1)) / 2.0
 }
 
 fn bucket_of(ns: f64) -> usize {
-    if ns < FIRST_EDGE_NS {
+    let ns = ns as u64;
+    if ns < 1 << FIRST_EDGE_SHIFT {
         return 0;
     }
-    let i = 1 + ((ns / FIRST_EDGE_NS).ln() / BUCKET_RATIO.ln()) as usize;
-    i.min(BUCKETS - 1)
+    let msb = 63 - ns.leading_zeros();
+    let quarter = (ns >> (msb - 2)) & 3;
+    (1 + 4 * (msb - FIRST_EDGE_SHIFT) as usize + quarter as usize).min(BUCKETS - 1)
 }
 
 fn as_ns(d: Duration) -> f64 {
     d.as_nanos() as f64
 }
 
-/// Decayed counts of wake times, and the longest wake seen in each bucket.
+/// Decayed counts of wake times, and the shortest and longest wake seen in each
+/// bucket (windows start and end there, not at bucket edges).
+///
+/// Decay is O(1): each sample is added with a weight that grows by
+/// `1/(1 - 1/memory)` per sample, which is the same as shrinking all older
+/// counts; the counts are rescaled before the weight grows too large. A bitmask
+/// tracks the buckets with samples, so planning looks only at those.
 #[derive(Clone, Debug)]
 struct Histogram {
     counts: [f64; BUCKETS],
+    shortest_ns: [f64; BUCKETS],
     longest_ns: [f64; BUCKETS],
+    occupied: u64,
+    weight: f64,
     samples: u32,
     since_replan: u32,
     plan: PollPlan,
 }
 
+/// A bucket whose share falls below this is forgotten.
+const NEGLIGIBLE: f64 = 1e-6;
+
 impl Histogram {
     fn new(initial: PollPlan) -> Self {
         Self {
             counts: [0.0; BUCKETS],
+            shortest_ns: [f64::INFINITY; BUCKETS],
             longest_ns: [0.0; BUCKETS],
+            occupied: 0,
+            weight: 1.0,
             samples: 0,
             since_replan: 0,
             plan: initial,
@@ -118,75 +135,84 @@ impl Histogram {
     }
 
     fn record(&mut self, wake_ns: f64, memory: u32) {
-        let keep = 1.0 - 1.0 / f64::from(memory.max(1));
-        self.counts.iter_mut().for_each(|c| *c *= keep);
         let k = bucket_of(wake_ns);
-        self.counts[k] += 1.0;
+        self.counts[k] += self.weight;
+        self.shortest_ns[k] = self.shortest_ns[k].min(wake_ns);
         self.longest_ns[k] = self.longest_ns[k].max(wake_ns);
+        self.occupied |= 1 << k;
+        self.weight /= 1.0 - 1.0 / f64::from(memory.max(2));
+        if self.weight > 1e100 {
+            self.counts.iter_mut().for_each(|c| *c /= self.weight);
+            self.weight = 1.0;
+        }
         self.samples = self.samples.saturating_add(1);
         self.since_replan += 1;
     }
 
-    /// Where a window covering buckets below `j` ends: the longest wake seen in
-    /// them, not the bucket edge, so the window is no longer than needed.
-    fn end_ns(&self, j: usize) -> f64 {
-        (0..j)
-            .rev()
-            .find(|&k| self.counts[k] > 0.0)
-            .map_or(edge_ns(j), |k| self.longest_ns[k] + 1.0)
+    /// The occupied buckets, in order, after forgetting negligible ones.
+    fn occupied_buckets(&mut self) -> ([usize; BUCKETS], usize) {
+        let total: f64 = (0..BUCKETS).filter(|&k| self.occupied & (1 << k) != 0).map(|k| self.counts[k]).sum();
+        let (mut list, mut n) = ([0; BUCKETS], 0);
+        for k in 0..BUCKETS {
+            if self.occupied & (1 << k) == 0 {
+                continue;
+            }
+            if self.counts[k] < NEGLIGIBLE * total {
+                (self.counts[k], self.shortest_ns[k], self.longest_ns[k]) = (0.0, f64::INFINITY, 0.0);
+                self.occupied &= !(1 << k);
+                continue;
+            }
+            list[n] = k;
+            n += 1;
+        }
+        (list, n)
     }
 
     /// The cheapest plan under this distribution (see the module docs).
-    fn best_plan(&self, c: &PredictiveConfig, sleep_lateness_ns: f64) -> PollPlan {
-        let total: f64 = self.counts.iter().sum();
+    ///
+    /// A window ends just after the longest wake of an occupied bucket, and a
+    /// poll starts at 0 or at the shortest wake of an occupied bucket: the
+    /// search is quadratic in the number of occupied buckets, usually a handful.
+    fn best_plan(&mut self, c: &PredictiveConfig, sleep_lateness_ns: f64) -> PollPlan {
+        let (list, n) = self.occupied_buckets();
+        let used = &list[..n];
+        let total: f64 = used.iter().map(|&k| self.counts[k]).sum();
         if total <= 0.0 {
             return self.plan;
         }
-        // prob[k], moment[k]: mass and sum of wake times in buckets below k.
-        let mut prob = [0.0; BUCKETS + 1];
-        let mut moment = [0.0; BUCKETS + 1];
-        for k in 0..BUCKETS {
-            prob[k + 1] = prob[k] + self.counts[k] / total;
-            moment[k + 1] = moment[k] + self.counts[k] / total * mid_ns(k);
+        // below[x]: mass and sum of wake times in the occupied buckets before used[x].
+        let mut below = [(0.0, 0.0); BUCKETS + 1];
+        for (x, &k) in used.iter().enumerate() {
+            let p = self.counts[k] / total;
+            below[x + 1] = (below[x].0 + p, below[x].1 + p * mid_ns(k));
         }
-        let (block, poll_lat, weight) =
-            (as_ns(c.block_latency), as_ns(c.poll_latency), c.cpu_weight);
-        let max_poll = as_ns(c.max_poll);
+        let (block, poll_lat, weight) = (as_ns(c.block_latency), as_ns(c.poll_latency), c.cpu_weight);
+        let (max_poll, min_window) = (as_ns(c.max_poll), as_ns(c.min_window));
         let mut best = (block, PollPlan::default()); // blocking at once
-        let starts = if c.hybrid { BUCKETS } else { 1 };
-        for i in 0..starts {
-            let a = edge_ns(i);
+        // Poll starts: at 0 (x = 0 buckets below), or after a sleep, at the
+        // shortest wake of occupied bucket x.
+        let starts = std::iter::once((0, 0.0))
+            .chain((0..n).filter(|_| c.hybrid).map(|x| (x, self.shortest_ns[used[x]])));
+        for (x, a) in starts {
             let sleep = a - sleep_lateness_ns;
-            if i > 0 && sleep <= 0.0 {
+            if a > 0.0 && sleep <= 0.0 {
                 continue; // a sleep that short would end after the poll start
             }
-            for j in i + 1..=BUCKETS {
-                if self.counts[j - 1] <= 0.0 && j < BUCKETS {
-                    continue; // ending in an empty bucket never beats ending below it
-                }
-                let b = self.end_ns(j).max(a);
+            for y in x..n {
+                let b = (self.longest_ns[used[y]] + 1.0).max(a + min_window);
                 if b - a > max_poll {
                     break;
                 }
-                let inside = prob[j] - prob[i];
-                let cost = block * prob[i]
-                    + poll_lat * inside
-                    + weight * ((moment[j] - moment[i]) - a * inside)
-                    + (1.0 - prob[j]) * (block + weight * (b - a));
+                let (p_in, m_in) = (below[y + 1].0 - below[x].0, below[y + 1].1 - below[x].1);
+                let p_after = 1.0 - below[y + 1].0;
+                let cost = block * below[x].0
+                    + poll_lat * p_in
+                    + weight * (m_in - a * p_in)
+                    + p_after * (block + weight * (b - a));
                 // Only a clear gain (1 ns) beats the simpler plan found first.
                 if cost < best.0 - 1.0 {
-                    let sleep = if i == 0 {
-                        Duration::ZERO
-                    } else {
-                        Duration::from_nanos(sleep as u64)
-                    };
-                    best = (
-                        cost,
-                        PollPlan {
-                            sleep,
-                            window: Duration::from_nanos((b - a) as u64),
-                        },
-                    );
+                    let sleep = if a > 0.0 { Duration::from_nanos(sleep as u64) } else { Duration::ZERO };
+                    best = (cost, PollPlan { sleep, window: Duration::from_nanos((b - a) as u64) });
                 }
             }
         }
@@ -329,6 +355,11 @@ mod tests {
         assert_eq!(bucket_of(0.0), 0);
         assert_eq!(bucket_of(1e12), BUCKETS - 1);
         assert!(edge_ns(BUCKETS - 1) > 10e6, "covers beyond 10 ms");
+        assert_eq!(bucket_of(255.0), 0);
+        assert_eq!(bucket_of(256.0), 1);
+        assert_eq!(bucket_of(320.0), 2, "a quarter octave up");
+        assert_eq!(bucket_of(511.0), 4);
+        assert_eq!(bucket_of(512.0), 5);
     }
 
     #[test]
@@ -337,18 +368,16 @@ mod tests {
         learn_n(&mut p, 200, HaltOutcome::woken_while_polling(5 * US));
         let plan = p.plan();
         assert_eq!(plan.sleep, Duration::ZERO);
-        assert!(plan.window >= 5 * US && plan.window <= 7 * US, "{plan:?}");
+        assert!(plan.window >= 5 * US && plan.window <= 11 * US, "min_window 10 µs: {plan:?}");
     }
 
     #[test]
-    fn long_wakes_are_not_polled() {
-        let mut p = Predictive::default();
-        learn_n(
-            &mut p,
-            200,
-            HaltOutcome::woken_after_blocking(Duration::ZERO, 5_000 * US),
-        );
-        assert_eq!(p.plan(), PollPlan::default());
+    fn long_unpredictable_wakes_are_not_polled() {
+        // Memoryless wakes averaging 5 ms: no window or sleep pays for itself.
+        let trace = Trace::exponential(2000, 5_000 * US, 7);
+        let r = simulate("own", &mut Predictive::default(), &trace, &SimParams::default());
+        assert!(r.polled_percent < 2.0, "{r:?}");
+        assert!(r.poll_cpu < US, "{r:?}");
     }
 
     #[test]
@@ -422,10 +451,10 @@ mod tests {
             p.learn(&HaltOutcome::woken_while_polling(5 * US));
             p.learn(&HaltOutcome::woken_after_blocking(Duration::ZERO, 430 * US));
         }
-        // After a long halt comes a short one: poll just past 5 µs.
+        // After a long halt comes a short one: poll (at least min_window).
         let after_long = p.plan();
         assert!(
-            after_long.window >= 5 * US && after_long.window < 6 * US,
+            after_long.window >= 5 * US && after_long.window <= 11 * US,
             "{after_long:?}"
         );
         p.learn(&HaltOutcome::woken_while_polling(5 * US));
