@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use halt_poll::{
-    AioPoll, Fixed, FutexWake, GuestHaltpoll, HaltOutcome, KvmGrowShrink, PollPolicy, Predictive, WakeSource,
+    AioPoll, Fixed, FutexWake, GuestHaltpoll, HaltOutcome, KvmGrowShrink, PollPolicy, Predictive,
+    WakeSource,
 };
 
 /// A halt woken while polling after about 200 ns, jittered so histograms see
 /// several buckets.
 fn outcomes() -> Vec<HaltOutcome> {
-    (0..64).map(|i| HaltOutcome::woken_while_polling(Duration::from_nanos(150 + 37 * (i % 9)))).collect()
+    (0..64)
+        .map(|i| HaltOutcome::woken_while_polling(Duration::from_nanos(150 + 37 * (i % 9))))
+        .collect()
 }
 
 fn per_halt<P: PollPolicy>(c: &mut Criterion, name: &str, mut policy: P) {
@@ -39,7 +42,9 @@ fn policies(c: &mut Criterion) {
 
 fn wake(c: &mut Criterion) {
     let w = FutexWake::new();
-    c.bench_function("FutexWake::take, nothing pending", |b| b.iter(|| black_box(w.take())));
+    c.bench_function("FutexWake::take, nothing pending", |b| {
+        b.iter(|| black_box(w.take()))
+    });
     c.bench_function("FutexWake::wake + take, nobody blocked", |b| {
         b.iter(|| {
             w.wake(0);
@@ -49,7 +54,10 @@ fn wake(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    Criterion::default().warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(30)
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(30)
 }
 
 criterion_group! { name = benches; config = config(); targets = policies, wake }

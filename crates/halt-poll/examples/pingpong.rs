@@ -1,15 +1,16 @@
 //! Two threads ping-pong through `HaltPoller`s, as the seed's contextswitch
 //! benchmark does: round-trip time and CPU time per round trip for each policy,
 //! with block-only as the baseline, on an idle machine and with one CPU-hog
-//! thread per core.
+//! thread per core, the latter once without and once with the poller's check
+//! for threads waiting for the CPU (`yield_to_waiting_threads`).
 //!
 //! `cargo run --release -p halt-poll --example pingpong [-- SECONDS [TRACE_FILE]]`
 //!
 //! Each configuration runs SECONDS (default 5) per policy, in five rounds that
 //! take turns between the policies (the machine is shared and noisy); the table
-//! gives the median of the rounds. With TRACE_FILE, the halts of the "always
-//! poll" runs on the idle machine (the first 20 000) are recorded there for
-//! `--example simulate`.
+//! gives the median of the rounds. The hogs run for the whole configuration.
+//! With TRACE_FILE, the halts of the "always poll" runs on the idle machine (the
+//! first 20 000) are recorded there for `--example simulate`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -17,14 +18,19 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use halt_poll::{
-    AioPoll, Fixed, FutexWake, GuestHaltpoll, HaltEvents, HaltPoller, HaltStats, KvmGrowShrink, Never, NoEvents,
-    PollPolicy, Predictive, TraceRecorder, set_timer_slack,
+    AioPoll, Fixed, FutexWake, GuestHaltpoll, HaltEvents, HaltPoller, HaltStats, KvmGrowShrink,
+    Never, NoEvents, PollPolicy, Predictive, TraceRecorder, set_timer_slack,
 };
 
-fn policies() -> Vec<(&'static str, fn() -> Box<dyn PollPolicy + Send>)> {
+/// Makes a fresh policy for each thread of a run.
+type MakePolicy = fn() -> Box<dyn PollPolicy + Send>;
+
+fn policies() -> Vec<(&'static str, MakePolicy)> {
     vec![
         ("never (block only)", || Box::new(Never)),
-        ("fixed 200 µs (always poll)", || Box::new(Fixed(Duration::from_micros(200)))),
+        ("fixed 200 µs (always poll)", || {
+            Box::new(Fixed(Duration::from_micros(200)))
+        }),
         ("KvmGrowShrink", || Box::new(KvmGrowShrink::new())),
         ("GuestHaltpoll", || Box::new(GuestHaltpoll::new())),
         ("AioPoll", || Box::new(AioPoll::new())),
@@ -32,14 +38,58 @@ fn policies() -> Vec<(&'static str, fn() -> Box<dyn PollPolicy + Send>)> {
     ]
 }
 
+const ROUNDS: usize = 5;
+
 fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-const ROUNDS: usize = 5;
+/// CPU-hog threads that count their iterations, running until dropped.
+struct Hogs {
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicU64>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    fn start(n: usize) -> Self {
+        let (stop, count) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let threads = (0..n)
+            .map(|_| {
+                let (stop, count) = (stop.clone(), count.clone());
+                thread::spawn(move || {
+                    while !stop.load(Relaxed) {
+                        for i in 0..1024u64 {
+                            std::hint::black_box(i);
+                        }
+                        count.fetch_add(1024, Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            count,
+            threads,
+        }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        self.threads.drain(..).for_each(|t| t.join().unwrap());
+    }
+}
 
 #[derive(Clone, Copy)]
 struct Run {
@@ -49,31 +99,25 @@ struct Run {
     hog_rate: f64,
 }
 
-/// Ping-pongs for `secs` with `make()` policies on both sides.
-fn run(make: fn() -> Box<dyn PollPolicy + Send>, secs: f64, hogs: usize, events: Arc<dyn HaltEvents + Send + Sync>) -> Run {
+/// Ping-pongs for `secs` with `make()` policies on both sides, beside `hogs`.
+fn run(
+    make: MakePolicy,
+    secs: f64,
+    hogs: &Hogs,
+    probe: bool,
+    events: Arc<dyn HaltEvents + Send + Sync>,
+) -> Run {
     let (a, b) = (Arc::new(FutexWake::new()), Arc::new(FutexWake::new()));
     let stop = Arc::new(AtomicBool::new(false));
-    let hog_count = Arc::new(AtomicU64::new(0));
-    let hog_threads: Vec<_> = (0..hogs)
-        .map(|_| {
-            let (stop, count) = (stop.clone(), hog_count.clone());
-            thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(Relaxed) {
-                    n += 1;
-                    std::hint::black_box(n);
-                }
-                count.fetch_add(n, Relaxed);
-            })
-        })
-        .collect();
     let stats = Arc::new(HaltStats::default());
     let responder = {
         let (a, b, stop, stats) = (a.clone(), b.clone(), stop.clone(), stats.clone());
         thread::spawn(move || {
             let _ = set_timer_slack(Duration::from_nanos(1));
             let cpu0 = thread_cpu();
-            let mut poller = HaltPoller::new(b, make()).with_events(stats);
+            let mut poller = HaltPoller::new(b, make())
+                .yield_to_waiting_threads(probe)
+                .with_events(stats);
             loop {
                 poller.halt();
                 if stop.load(Relaxed) {
@@ -85,8 +129,11 @@ fn run(make: fn() -> Box<dyn PollPolicy + Send>, secs: f64, hogs: usize, events:
         })
     };
     let _ = set_timer_slack(Duration::from_nanos(1));
+    let hog_start = hogs.count.load(Relaxed);
     let cpu0 = thread_cpu();
-    let mut poller = HaltPoller::new(a, make()).with_events(events);
+    let mut poller = HaltPoller::new(a, make())
+        .yield_to_waiting_threads(probe)
+        .with_events(events);
     let (start, mut rounds) = (Instant::now(), 0u64);
     let limit = Duration::from_secs_f64(secs);
     while start.elapsed() < limit {
@@ -96,20 +143,20 @@ fn run(make: fn() -> Box<dyn PollPolicy + Send>, secs: f64, hogs: usize, events:
     }
     let elapsed = start.elapsed();
     let cpu = thread_cpu() - cpu0;
+    let hog_iterations = hogs.count.load(Relaxed) - hog_start;
     stop.store(true, Relaxed);
     b.wake(0);
     let cpu = cpu + responder.join().unwrap();
-    hog_threads.into_iter().for_each(|t| t.join().unwrap());
-    let halts = rounds.max(1) as f64;
+    let n = rounds.max(1);
     Run {
-        round_trip: elapsed / rounds.max(1) as u32,
-        cpu_per_round_trip: cpu / rounds.max(1) as u32,
-        polled_percent: 100.0 * stats.halt_successful_poll.load(Relaxed) as f64 / halts,
-        hog_rate: hog_count.load(Relaxed) as f64 / elapsed.as_secs_f64() / 1e6,
+        round_trip: elapsed / n as u32,
+        cpu_per_round_trip: cpu / n as u32,
+        polled_percent: 100.0 * stats.halt_successful_poll.load(Relaxed) as f64 / n as f64,
+        hog_rate: hog_iterations as f64 / elapsed.as_secs_f64() / 1e6,
     }
 }
 
-fn median(runs: &mut [Run], key: impl Fn(&Run) -> f64) -> f64 {
+fn median(runs: &[Run], key: impl Fn(&Run) -> f64) -> f64 {
     let mut v: Vec<f64> = runs.iter().map(key).collect();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -128,21 +175,32 @@ fn main() {
     let record = args.next();
     let cores = thread::available_parallelism().map_or(2, |n| n.get());
     let recorder = Arc::new(TraceRecorder::new(Duration::from_micros(30), 20_000));
-    for hogs in [0, cores] {
+    for (hogs, probe) in [(0, true), (cores, false), (cores, true)] {
         let mut runs: Vec<Vec<Run>> = vec![Vec::new(); policies().len()];
+        let hog_threads = Hogs::start(hogs);
         for _ in 0..ROUNDS {
             for (i, (name, make)) in policies().into_iter().enumerate() {
                 let events: Arc<dyn HaltEvents + Send + Sync> =
-                    if hogs == 0 && name.starts_with("fixed") { recorder.clone() } else { Arc::new(NoEvents) };
-                runs[i].push(run(make, secs / ROUNDS as f64, hogs, events));
+                    if hogs == 0 && name.starts_with("fixed") {
+                        recorder.clone()
+                    } else {
+                        Arc::new(NoEvents)
+                    };
+                runs[i].push(run(make, secs / ROUNDS as f64, &hog_threads, probe, events));
             }
         }
-        println!("\n**{hogs} CPU-hog thread(s)**, {cores} cores, {secs} s per policy (median of {ROUNDS} rounds)\n");
-        println!("| policy | round trip µs | vs block only | CPU µs per round trip | vs block only | responder woken polling | hog M iterations/s |");
+        drop(hog_threads);
+        let check = if probe { "on" } else { "off" };
+        println!(
+            "\n**{hogs} CPU-hog thread(s), waiting-thread check {check}**, {cores} cores, {secs} s per policy (median of {ROUNDS} rounds)\n"
+        );
+        println!(
+            "| policy | round trip µs | vs block only | CPU µs per round trip | vs block only | responder woken polling | hog M iterations/s |"
+        );
         println!("|---|---|---|---|---|---|---|");
-        let base_rt = median(&mut runs[0], |r| r.round_trip.as_secs_f64());
-        let base_cpu = median(&mut runs[0], |r| r.cpu_per_round_trip.as_secs_f64());
-        for ((name, _), r) in policies().into_iter().zip(&mut runs) {
+        let base_rt = median(&runs[0], |r| r.round_trip.as_secs_f64());
+        let base_cpu = median(&runs[0], |r| r.cpu_per_round_trip.as_secs_f64());
+        for ((name, _), r) in policies().into_iter().zip(&runs) {
             let rt = median(r, |r| r.round_trip.as_secs_f64());
             let cpu = median(r, |r| r.cpu_per_round_trip.as_secs_f64());
             println!(

@@ -46,12 +46,16 @@ pub struct FakeClock {
 impl FakeClock {
     /// A clock at zero that advances `step` per reading.
     pub fn new(step: Duration) -> Self {
-        Self { now_ns: AtomicU64::new(0), step_ns: step.as_nanos() as u64 }
+        Self {
+            now_ns: AtomicU64::new(0),
+            step_ns: step.as_nanos() as u64,
+        }
     }
 
     /// Moves the clock forward.
     pub fn advance(&self, by: Duration) {
-        self.now_ns.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+        self.now_ns
+            .fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
     }
 }
 
@@ -83,7 +87,8 @@ mod tests {
         std::thread::spawn(|| {
             set_timer_slack(Duration::from_nanos(1)).unwrap();
             // SAFETY: PR_GET_TIMERSLACK takes no arguments.
-            assert_eq!(unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) }, 1);
+            let slack = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+            assert_eq!(slack, 1);
         })
         .join()
         .unwrap();
@@ -95,6 +100,10 @@ mod tests {
         assert_eq!(c.now(), Duration::ZERO);
         assert_eq!(c.now(), Duration::from_nanos(10));
         c.advance(Duration::from_micros(1));
-        assert_eq!((&c).now(), Duration::from_nanos(1020));
+        assert_eq!(
+            Clock::now(&&c),
+            Duration::from_nanos(1020),
+            "through &C too"
+        );
     }
 }

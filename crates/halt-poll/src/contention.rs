@@ -39,7 +39,9 @@ impl RunDelayProbe {
     /// Whether other threads have been waiting for this thread's CPU; `now` is
     /// the caller's clock.
     pub fn contended(&mut self, now: Duration) -> bool {
-        let due = self.last_check.is_none_or(|t| now.saturating_sub(t) >= CHECK_INTERVAL);
+        let due = self
+            .last_check
+            .is_none_or(|t| now.saturating_sub(t) >= CHECK_INTERVAL);
         if due {
             if let Some(delay_ns) = self.read_run_delay() {
                 self.observe(now, delay_ns);
@@ -83,7 +85,12 @@ impl RunDelayProbe {
 
 /// The second field of a schedstat line: "<on-cpu ns> <run_delay ns> <slices>".
 fn parse_run_delay(text: &[u8]) -> Option<u64> {
-    std::str::from_utf8(text).ok()?.split_whitespace().nth(1)?.parse().ok()
+    std::str::from_utf8(text)
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -101,12 +108,18 @@ mod tests {
     #[test]
     fn reads_this_threads_run_delay() {
         let mut probe = RunDelayProbe::new();
-        assert!(probe.read_run_delay().is_some(), "/proc/thread-self/schedstat is readable here");
+        assert!(
+            probe.read_run_delay().is_some(),
+            "/proc/thread-self/schedstat is readable here"
+        );
     }
 
     #[test]
     fn a_share_above_the_threshold_holds_contention() {
-        let mut probe = RunDelayProbe { unavailable: true, ..RunDelayProbe::new() };
+        let mut probe = RunDelayProbe {
+            unavailable: true,
+            ..RunDelayProbe::new()
+        };
         let ms = Duration::from_millis(1);
         probe.observe(ms, 0);
         probe.observe(3 * ms, 40_000); // waited 2% of 2 ms: fine

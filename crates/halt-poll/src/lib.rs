@@ -1,9 +1,53 @@
 //! Adaptive poll-before-block for halted vCPUs and other VMM waits.
+//!
+//! When a vCPU halts, the thread that runs it can block (cheap in CPU, but the
+//! wake-up pays a futex wake and a scheduler round trip: tens of microseconds on
+//! a virtualized host) or poll (the wake-up is seen in nanoseconds, but the CPU
+//! burns meanwhile). KVM polls for an adaptive window before blocking; the guest's
+//! cpuidle-haltpoll governor and QEMU's AioContext do the same with their own
+//! rules. A userspace VMM without an in-kernel irqchip sees `KVM_EXIT_HLT` on its
+//! vCPU threads and needs the same mechanism itself.
+//!
+//! # Pieces
+//! - [`PollPolicy`]: *what* to do. A [`PollPlan`] (optional sleep, then a poll
+//!   window) before each halt, and [`learn`](PollPolicy::learn) from each
+//!   [`HaltOutcome`]. Reference presets reproduce their sources exactly:
+//!   [`KvmGrowShrink`], [`GuestHaltpoll`], [`AioPoll`], [`Fixed`], [`Never`].
+//!   [`Predictive`] is this crate's own: it learns the distribution of wake
+//!   times, predicts from the previous halt, may sleep before polling (hybrid
+//!   polling), and backs off when polling costs another thread its CPU.
+//! - [`HaltPoller`]: *how*. Generic over the policy (one per event source), a
+//!   [`WakeSource`] ([`FutexWake`], [`EventFdWake`]), a [`Clock`] and
+//!   [`HaltEvents`] ([`HaltStats`] counts with KVM's stat names).
+//! - [`sim`]: a deterministic simulator that scores any policy on a trace of
+//!   wake times beside the oracle; [`TraceRecorder`] records traces from real runs.
+//! - [`kvm`] (feature `kvm`, on by default): KVM's own halt polling for VMMs
+//!   with the in-kernel irqchip: `KVM_CAP_HALT_POLL` and vCPU binary stats.
+//!
+//! # Example: a vCPU thread halts until another thread delivers an interrupt
+//! ```
+//! use std::sync::Arc;
+//! use halt_poll::{FutexWake, HaltPoller, Predictive, WokenDuring};
+//!
+//! let wake = Arc::new(FutexWake::new());
+//! let mut poller = HaltPoller::new(wake.clone(), Predictive::default());
+//!
+//! // Another thread delivers an interrupt (source 0) to the halted vCPU.
+//! let sender = std::thread::spawn(move || wake.wake(0));
+//! let halt = poller.halt(); // KVM_EXIT_HLT: poll or block until woken
+//! sender.join().unwrap();
+//! assert_eq!(halt.events, 1);
+//! assert!(matches!(halt.outcome.woken, WokenDuring::Poll | WokenDuring::Block));
+//! ```
 
 #![deny(missing_docs)]
 
 pub mod clock;
 pub mod contention;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod invariants;
+#[cfg(feature = "kvm")]
+pub mod kvm;
 pub mod policy;
 pub mod poller;
 pub mod predictive;
@@ -19,3 +63,8 @@ pub use predictive::{Predictive, PredictiveConfig};
 pub use presets::{AioPoll, GuestHaltpoll, KvmGrowShrink};
 pub use stats::{HaltEvents, HaltStats, NoEvents, TraceRecorder};
 pub use wake::{EventFdWake, Events, FutexWake, WakeSource};
+
+// The README's examples are doctests too.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

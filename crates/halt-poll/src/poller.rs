@@ -74,14 +74,41 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
     /// The contention probe measures real time, so it is switched off: a poller
     /// on a fake clock is fully deterministic.
     pub fn with_clock<C2: Clock>(self, clock: C2) -> HaltPoller<P, W, C2, E> {
-        let Self { policies, source, events, preempt_gap, .. } = self;
-        HaltPoller { policies, source, clock, events, preempt_gap, contention: None }
+        let Self {
+            policies,
+            source,
+            events,
+            preempt_gap,
+            ..
+        } = self;
+        HaltPoller {
+            policies,
+            source,
+            clock,
+            events,
+            preempt_gap,
+            contention: None,
+        }
     }
 
     /// The same poller reporting every halt to `events`.
     pub fn with_events<E2: HaltEvents>(self, events: E2) -> HaltPoller<P, W, C, E2> {
-        let Self { policies, source, clock, preempt_gap, contention, .. } = self;
-        HaltPoller { policies, source, clock, events, preempt_gap, contention }
+        let Self {
+            policies,
+            source,
+            clock,
+            preempt_gap,
+            contention,
+            ..
+        } = self;
+        HaltPoller {
+            policies,
+            source,
+            clock,
+            events,
+            preempt_gap,
+            contention,
+        }
     }
 
     /// The same poller with or without the check for threads waiting for this
@@ -118,16 +145,25 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
     pub fn halt(&mut self) -> Halt {
         let plan = self.plan();
         let start = self.clock.now();
-        let mut outcome = HaltOutcome { valid: true, ..HaltOutcome::default() };
+        let mut outcome = HaltOutcome {
+            valid: true,
+            ..HaltOutcome::default()
+        };
         let mut events = self.source.take();
-        if events == 0 && plan.sleep > Duration::ZERO {
+        // While other threads wait for this CPU, neither poll nor sleep-then-poll:
+        // block, and let them run (a sleep that ends would only queue behind them).
+        let contended = events == 0
+            && plan.window > Duration::ZERO
+            && self
+                .contention
+                .as_mut()
+                .is_some_and(|c| c.contended(self.clock.now()));
+        outcome.preempted = contended;
+        if events == 0 && plan.sleep > Duration::ZERO && !contended {
             events = self.source.wait(Some(plan.sleep));
             outcome.slept = self.clock.now().saturating_sub(start);
             outcome.woken = WokenDuring::Sleep;
         }
-        let contended = plan.window > Duration::ZERO
-            && self.contention.as_mut().is_some_and(|c| c.contended(self.clock.now()));
-        outcome.preempted = contended;
         if events == 0 && plan.window > Duration::ZERO && !contended {
             let (fired, polled, preempted) = self.poll(plan.window);
             (events, outcome.polled, outcome.preempted) = (fired, polled, preempted);
@@ -224,7 +260,12 @@ mod tests {
     }
 
     fn source(clock: &FakeClock, at: Duration, fire: u64) -> FiresAt<'_> {
-        FiresAt { clock, at, fire, fired: std::cell::Cell::new(false) }
+        FiresAt {
+            clock,
+            at,
+            fire,
+            fired: std::cell::Cell::new(false),
+        }
     }
 
     #[test]
@@ -234,13 +275,17 @@ mod tests {
         let halt = p.halt();
         assert_eq!(halt.events, 1);
         assert_eq!(halt.outcome.woken, WokenDuring::Poll);
-        assert!(halt.outcome.polled >= 19 * US && halt.outcome.polled < 25 * US, "{halt:?}");
+        assert!(
+            halt.outcome.polled >= 19 * US && halt.outcome.polled < 25 * US,
+            "{halt:?}"
+        );
     }
 
     #[test]
     fn a_wake_after_the_window_is_caught_after_blocking() {
         let clock = FakeClock::new(Duration::from_nanos(50));
-        let mut p = HaltPoller::new(source(&clock, 300 * US, 1), Fixed(100 * US)).with_clock(&clock);
+        let mut p =
+            HaltPoller::new(source(&clock, 300 * US, 1), Fixed(100 * US)).with_clock(&clock);
         let halt = p.halt();
         assert_eq!((halt.events, halt.outcome.woken), (1, WokenDuring::Block));
         assert!(halt.outcome.polled >= 100 * US && halt.outcome.polled < 102 * US);
@@ -252,13 +297,17 @@ mod tests {
         let clock = FakeClock::new(Duration::from_nanos(1));
         let mut p = HaltPoller::new(source(&clock, Duration::ZERO, 1), Never).with_clock(&clock);
         let halt = p.halt();
-        assert_eq!((halt.events, halt.outcome.polled, halt.outcome.woken), (1, Duration::ZERO, WokenDuring::Poll));
+        assert_eq!(
+            (halt.events, halt.outcome.polled, halt.outcome.woken),
+            (1, Duration::ZERO, WokenDuring::Poll)
+        );
     }
 
     #[test]
     fn a_clock_gap_while_polling_is_a_preemption() {
         let clock = FakeClock::new(600 * US); // every reading jumps 600 µs: preempted
-        let mut p = HaltPoller::new(source(&clock, 100_000 * US, 1), Fixed(10_000 * US)).with_clock(&clock);
+        let mut p =
+            HaltPoller::new(source(&clock, 100_000 * US, 1), Fixed(10_000 * US)).with_clock(&clock);
         let halt = p.halt();
         assert!(halt.outcome.preempted);
         assert_eq!(halt.outcome.woken, WokenDuring::Block);
@@ -269,7 +318,10 @@ mod tests {
         struct Hybrid;
         impl PollPolicy for Hybrid {
             fn plan(&self) -> PollPlan {
-                PollPlan { sleep: 80 * US, window: 40 * US }
+                PollPlan {
+                    sleep: 80 * US,
+                    window: 40 * US,
+                }
             }
             fn window(&self) -> Duration {
                 40 * US
@@ -292,7 +344,8 @@ mod tests {
         let clock = FakeClock::new(Duration::from_nanos(50));
         // Source 1 fires at 50 µs; source 0 never does.
         let policies = vec![KvmGrowShrink::new(), KvmGrowShrink::new()];
-        let mut p = HaltPoller::with_policies(source(&clock, 50 * US, 0b10), policies).with_clock(&clock);
+        let mut p =
+            HaltPoller::with_policies(source(&clock, 50 * US, 0b10), policies).with_clock(&clock);
         p.halt();
         assert_eq!(p.policy(0).unwrap().window(), Duration::ZERO);
         assert_eq!(p.policy(1).unwrap().window(), 10 * US, "grew to grow_start");

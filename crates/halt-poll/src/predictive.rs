@@ -18,9 +18,11 @@
 //!   A window ends at the longest wake seen in its last bucket, not at the edge.
 //! - A sleep ends late: the lateness of past sleeps is learned, and a sleep is
 //!   planned to end that much before the poll start.
-//! - If polling was cut short because another thread needed the CPU, it stops
-//!   polling for 2, 4, 8... halts (up to 256), then probes again: on 2 busy cores
-//!   a poller can starve the very thread that would wake it.
+//! - If a poll was cut short because the thread was preempted, it stops polling
+//!   for 2, 4, 8... halts (up to 256), then probes again: on 2 busy cores a
+//!   poller can starve the very thread that would wake it. (While the CPU is
+//!   contended, the [`HaltPoller`](crate::HaltPoller) does not poll at all; such
+//!   halts, and cut-short ones, are not learned from: their times are distorted.)
 
 use std::time::Duration;
 
@@ -30,7 +32,9 @@ const BUCKETS: usize = 64;
 /// Lower edge of bucket 1 (bucket 0 is everything below it): 2^8 ns.
 const FIRST_EDGE_SHIFT: u32 = 8;
 /// Samples before the first learned plan.
-const WARM_UP: u32 = 8;
+const WARM_UP: u32 = 2;
+/// Until a context has this many samples it re-plans after every halt.
+const EAGER_SAMPLES: u32 = 32;
 
 /// Settings of [`Predictive`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,7 +65,7 @@ impl Default for PredictiveConfig {
             block_latency: Duration::from_micros(30),
             poll_latency: Duration::from_nanos(100),
             cpu_weight: 0.1,
-            memory: 128,
+            memory: 1024,
             replan_every: 8,
             hybrid: true,
             min_window: Duration::from_micros(10),
@@ -151,14 +155,18 @@ impl Histogram {
 
     /// The occupied buckets, in order, after forgetting negligible ones.
     fn occupied_buckets(&mut self) -> ([usize; BUCKETS], usize) {
-        let total: f64 = (0..BUCKETS).filter(|&k| self.occupied & (1 << k) != 0).map(|k| self.counts[k]).sum();
+        let total: f64 = (0..BUCKETS)
+            .filter(|&k| self.occupied & (1 << k) != 0)
+            .map(|k| self.counts[k])
+            .sum();
         let (mut list, mut n) = ([0; BUCKETS], 0);
         for k in 0..BUCKETS {
             if self.occupied & (1 << k) == 0 {
                 continue;
             }
             if self.counts[k] < NEGLIGIBLE * total {
-                (self.counts[k], self.shortest_ns[k], self.longest_ns[k]) = (0.0, f64::INFINITY, 0.0);
+                (self.counts[k], self.shortest_ns[k], self.longest_ns[k]) =
+                    (0.0, f64::INFINITY, 0.0);
                 self.occupied &= !(1 << k);
                 continue;
             }
@@ -186,13 +194,17 @@ impl Histogram {
             let p = self.counts[k] / total;
             below[x + 1] = (below[x].0 + p, below[x].1 + p * mid_ns(k));
         }
-        let (block, poll_lat, weight) = (as_ns(c.block_latency), as_ns(c.poll_latency), c.cpu_weight);
+        let (block, poll_lat, weight) =
+            (as_ns(c.block_latency), as_ns(c.poll_latency), c.cpu_weight);
         let (max_poll, min_window) = (as_ns(c.max_poll), as_ns(c.min_window));
         let mut best = (block, PollPlan::default()); // blocking at once
         // Poll starts: at 0 (x = 0 buckets below), or after a sleep, at the
         // shortest wake of occupied bucket x.
-        let starts = std::iter::once((0, 0.0))
-            .chain((0..n).filter(|_| c.hybrid).map(|x| (x, self.shortest_ns[used[x]])));
+        let starts = std::iter::once((0, 0.0)).chain(
+            (0..n)
+                .filter(|_| c.hybrid)
+                .map(|x| (x, self.shortest_ns[used[x]])),
+        );
         for (x, a) in starts {
             let sleep = a - sleep_lateness_ns;
             if a > 0.0 && sleep <= 0.0 {
@@ -211,8 +223,18 @@ impl Histogram {
                     + p_after * (block + weight * (b - a));
                 // Only a clear gain (1 ns) beats the simpler plan found first.
                 if cost < best.0 - 1.0 {
-                    let sleep = if a > 0.0 { Duration::from_nanos(sleep as u64) } else { Duration::ZERO };
-                    best = (cost, PollPlan { sleep, window: Duration::from_nanos((b - a) as u64) });
+                    let sleep = if a > 0.0 {
+                        Duration::from_nanos(sleep as u64)
+                    } else {
+                        Duration::ZERO
+                    };
+                    best = (
+                        cost,
+                        PollPlan {
+                            sleep,
+                            window: Duration::from_nanos((b - a) as u64),
+                        },
+                    );
                 }
             }
         }
@@ -289,8 +311,11 @@ impl Predictive {
         }
     }
 
+    /// Returns whether the halt says nothing about wake times: its poll was cut
+    /// short by a preemption (back off), or skipped because the CPU was
+    /// contended (the mechanism already stops polling then).
     fn learn_preemption(&mut self, o: &HaltOutcome) -> bool {
-        if o.preempted {
+        if o.preempted && o.polled > Duration::ZERO {
             self.backoff_level = (self.backoff_level + 1).min(8);
             self.backoff_left = 1 << self.backoff_level;
             return true;
@@ -299,7 +324,7 @@ impl Predictive {
             self.backoff_level = self.backoff_level.saturating_sub(1);
         }
         self.backoff_left = self.backoff_left.saturating_sub(1);
-        false
+        o.preempted
     }
 }
 
@@ -325,7 +350,12 @@ impl PollPolicy for Predictive {
         let (config, lateness) = (self.config, self.sleep_lateness_ns);
         let h = &mut self.contexts[self.next];
         h.record(wake, config.memory);
-        if h.samples >= WARM_UP && h.since_replan >= config.replan_every {
+        let every = if h.samples < EAGER_SAMPLES {
+            1
+        } else {
+            config.replan_every
+        };
+        if h.samples >= WARM_UP && h.since_replan >= every {
             h.since_replan = 0;
             h.plan = h.best_plan(&config, lateness);
         }
@@ -368,14 +398,22 @@ mod tests {
         learn_n(&mut p, 200, HaltOutcome::woken_while_polling(5 * US));
         let plan = p.plan();
         assert_eq!(plan.sleep, Duration::ZERO);
-        assert!(plan.window >= 5 * US && plan.window <= 11 * US, "min_window 10 µs: {plan:?}");
+        assert!(
+            plan.window >= 5 * US && plan.window <= 11 * US,
+            "min_window 10 µs: {plan:?}"
+        );
     }
 
     #[test]
     fn long_unpredictable_wakes_are_not_polled() {
         // Memoryless wakes averaging 5 ms: no window or sleep pays for itself.
         let trace = Trace::exponential(2000, 5_000 * US, 7);
-        let r = simulate("own", &mut Predictive::default(), &trace, &SimParams::default());
+        let r = simulate(
+            "own",
+            &mut Predictive::default(),
+            &trace,
+            &SimParams::default(),
+        );
         assert!(r.polled_percent < 2.0, "{r:?}");
         assert!(r.poll_cpu < US, "{r:?}");
     }

@@ -119,13 +119,24 @@ impl TraceRecorder {
     /// A recorder of up to `limit` halts, assuming a blocked thread resumes
     /// `block_latency` after its wake.
     pub fn new(block_latency: Duration, limit: usize) -> Self {
-        Self { block_latency, limit, wakes: Mutex::new(Vec::new()) }
+        Self {
+            block_latency,
+            limit,
+            wakes: Mutex::new(Vec::new()),
+        }
     }
 
     /// The recorded halts, as a trace called `name`.
     pub fn trace(&self, name: &str) -> Trace {
-        let wakes = self.wakes.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        Trace { name: name.to_owned(), wakes }
+        let wakes = self
+            .wakes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Trace {
+            name: name.to_owned(),
+            wakes,
+        }
     }
 }
 
@@ -133,7 +144,10 @@ impl HaltEvents for TraceRecorder {
     fn halted(&self, _: &PollPlan, o: &HaltOutcome) {
         let wake = match o.woken {
             WokenDuring::Poll => o.halt,
-            WokenDuring::Block => o.halt.saturating_sub(self.block_latency).max(o.slept + o.polled),
+            WokenDuring::Block => o
+                .halt
+                .saturating_sub(self.block_latency)
+                .max(o.slept + o.polled),
             WokenDuring::Sleep => o.halt.saturating_sub(self.block_latency).min(o.slept),
         };
         let mut wakes = self.wakes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -157,7 +171,11 @@ mod tests {
         }
         let s = h.snapshot();
         assert_eq!(&s[..4], &[1, 1, 2, 1]);
-        assert_eq!(s[HIST_BUCKETS - 1], 1, "everything large lands in the last bucket");
+        assert_eq!(
+            s[HIST_BUCKETS - 1],
+            1,
+            "everything large lands in the last bucket"
+        );
     }
 
     #[test]
@@ -166,11 +184,21 @@ mod tests {
         let poll = PollPlan::poll(50 * US);
         st.halted(&poll, &HaltOutcome::woken_while_polling(5 * US));
         st.halted(&poll, &HaltOutcome::woken_after_blocking(50 * US, 150 * US));
-        st.halted(&PollPlan::default(), &HaltOutcome::woken_after_blocking(Duration::ZERO, 80 * US));
-        let invalid = HaltOutcome { valid: false, ..HaltOutcome::woken_while_polling(US) };
+        st.halted(
+            &PollPlan::default(),
+            &HaltOutcome::woken_after_blocking(Duration::ZERO, 80 * US),
+        );
+        let invalid = HaltOutcome {
+            valid: false,
+            ..HaltOutcome::woken_while_polling(US)
+        };
         st.halted(&poll, &invalid);
         let get = |a: &AtomicU64| a.load(Relaxed);
-        assert_eq!(get(&st.halt_attempted_poll), 3, "a zero window is not a poll");
+        assert_eq!(
+            get(&st.halt_attempted_poll),
+            3,
+            "a zero window is not a poll"
+        );
         assert_eq!(get(&st.halt_successful_poll), 2);
         assert_eq!(get(&st.halt_poll_invalid), 1);
         assert_eq!(get(&st.halt_poll_success_ns), 6_000);
@@ -183,10 +211,23 @@ mod tests {
     #[test]
     fn recorder_estimates_wake_times() {
         let r = TraceRecorder::new(30 * US, 3);
-        r.halted(&PollPlan::default(), &HaltOutcome::woken_while_polling(7 * US));
-        r.halted(&PollPlan::default(), &HaltOutcome::woken_after_blocking(10 * US, 100 * US));
-        r.halted(&PollPlan::default(), &HaltOutcome::woken_after_blocking(10 * US, 20 * US));
+        r.halted(
+            &PollPlan::default(),
+            &HaltOutcome::woken_while_polling(7 * US),
+        );
+        r.halted(
+            &PollPlan::default(),
+            &HaltOutcome::woken_after_blocking(10 * US, 100 * US),
+        );
+        r.halted(
+            &PollPlan::default(),
+            &HaltOutcome::woken_after_blocking(10 * US, 20 * US),
+        );
         r.halted(&PollPlan::default(), &HaltOutcome::woken_while_polling(US));
-        assert_eq!(r.trace("t").wakes, [7 * US, 70 * US, 10 * US], "the fourth is past the limit");
+        assert_eq!(
+            r.trace("t").wakes,
+            [7 * US, 70 * US, 10 * US],
+            "the fourth is past the limit"
+        );
     }
 }

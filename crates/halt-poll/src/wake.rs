@@ -79,7 +79,11 @@ impl FutexWake {
 impl WakeSource for FutexWake {
     #[inline]
     fn take(&self) -> Events {
-        if self.pending.load(SeqCst) == 0 { 0 } else { self.pending.swap(0, SeqCst) }
+        if self.pending.load(SeqCst) == 0 {
+            0
+        } else {
+            self.pending.swap(0, SeqCst)
+        }
     }
 
     fn wait(&self, timeout: Option<Duration>) -> Events {
@@ -106,19 +110,32 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
         tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: t.subsec_nanos() as libc::c_long,
     });
-    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which lives for the
     // call, and an optional timespec on our stack; any result (woken, timed out,
     // EAGAIN because the word changed, EINTR) makes the caller re-check.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, ts_ptr);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            ts_ptr,
+        );
     }
 }
 
 fn futex_wake(word: &AtomicU32) {
     // SAFETY: FUTEX_WAKE only uses the address of `word` as a key.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
     }
 }
 
@@ -135,29 +152,53 @@ impl EventFdWake {
     /// `count` new non-blocking eventfds (at most 64).
     pub fn new(count: usize) -> io::Result<Self> {
         if count == 0 || count > 64 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "1 to 64 event sources"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "1 to 64 event sources",
+            ));
         }
-        let fds = (0..count).map(|_| EventFd::new(EFD_NONBLOCK)).collect::<io::Result<_>>()?;
+        let fds = (0..count)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<io::Result<_>>()?;
         Ok(Self { fds })
     }
 
     /// A handle that signals source `source`, for another thread or process.
     pub fn waker(&self, source: usize) -> io::Result<EventFd> {
-        let fd = self.fds.get(source).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no such source"))?;
+        let fd = self
+            .fds
+            .get(source)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no such source"))?;
         fd.try_clone()
     }
 
     fn ppoll(&self, timeout: Option<Duration>) -> Events {
-        let mut pfds: Vec<libc::pollfd> =
-            self.fds.iter().map(|f| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        let mut pfds: Vec<libc::pollfd> = self
+            .fds
+            .iter()
+            .map(|f| libc::pollfd {
+                fd: f.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
         let ts = timeout.map(|t| libc::timespec {
             tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
             tv_nsec: t.subsec_nanos() as libc::c_long,
         });
-        let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        let ts_ptr = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
         // SAFETY: `pfds` is a live array of `pfds.len()` pollfds and `ts_ptr` is
         // null or points at a timespec on our stack.
-        let ret = unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ts_ptr, std::ptr::null()) };
+        let ret = unsafe {
+            libc::ppoll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                ts_ptr,
+                std::ptr::null(),
+            )
+        };
         if ret <= 0 {
             return 0;
         }

@@ -1,0 +1,217 @@
+//! KVM's in-kernel halt polling on real `/dev/kvm`: a vCPU halts in the kernel
+//! (in-kernel irqchip) and is woken by signals, as a VMM's kick would; its
+//! binary stats show the polling, and `KVM_CAP_HALT_POLL` switches it off.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::thread;
+use std::time::Duration;
+
+use halt_poll::kvm::{BinaryStats, KvmHaltStats, StatKind, set_vm_halt_poll};
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Kvm, VcpuExit, VmFd};
+use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
+
+fn kvm() -> Option<Kvm> {
+    match Kvm::new() {
+        Ok(k) => Some(k),
+        Err(e) => {
+            eprintln!("SKIPPED: cannot open /dev/kvm ({e})");
+            if let Some(log) = std::env::var_os("SKIPPED_TESTS_LOG") {
+                let line = format!("halt-poll::kvm: cannot open /dev/kvm ({e})\n");
+                let _ = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+            }
+            None
+        }
+    }
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// 64 KiB of page-aligned guest memory.
+struct GuestMemory(*mut u8);
+
+const MEM_SIZE: usize = 0x10000;
+
+impl GuestMemory {
+    fn new() -> Self {
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                MEM_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Self(p.cast())
+    }
+
+    fn write(&mut self, at: usize, bytes: &[u8]) {
+        assert!(at + bytes.len() <= MEM_SIZE);
+        // SAFETY: in bounds of the mapping, which we own.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.0.add(at), bytes.len()) };
+    }
+}
+
+impl Drop for GuestMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`.
+        unsafe { libc::munmap(self.0.cast(), MEM_SIZE) };
+    }
+}
+
+/// A VM whose only vCPU runs, in real mode at 0x1000, `hlt; jmp .-1` with
+/// interrupts off: every KVM_RUN halts in the kernel until a signal arrives.
+fn halting_vm(kvm: &Kvm) -> (VmFd, kvm_ioctls::VcpuFd, GuestMemory) {
+    let vm = kvm.create_vm().unwrap();
+    vm.create_irq_chip().unwrap();
+    let mut mem = GuestMemory::new();
+    mem.write(0x1000, &[0xf4, 0xeb, 0xfd]); // hlt; jmp -3
+    let region = kvm_userspace_memory_region {
+        slot: 0,
+        guest_phys_addr: 0,
+        memory_size: MEM_SIZE as u64,
+        userspace_addr: mem.0 as u64,
+        flags: 0,
+    };
+    // SAFETY: `mem` outlives the VM: the caller keeps it with the VM and vCPU.
+    unsafe { vm.set_user_memory_region(region) }.unwrap();
+    let vcpu = vm.create_vcpu(0).unwrap();
+    let mut sregs = vcpu.get_sregs().unwrap();
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    vcpu.set_sregs(&sregs).unwrap();
+    let regs = kvm_bindings::kvm_regs {
+        rip: 0x1000,
+        rflags: 2,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).unwrap();
+    (vm, vcpu, mem)
+}
+
+/// Runs the vCPU on a thread and wakes it from its halt `kicks` times, every
+/// `interval`; returns its halt statistics.
+fn halt_and_kick(vcpu: kvm_ioctls::VcpuFd, kicks: u32, interval: Duration) -> KvmHaltStats {
+    register_signal_handler(SIGRTMIN(), on_kick).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let runner = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut vcpu = vcpu;
+            while !stop.load(SeqCst) {
+                match vcpu.run() {
+                    Err(e) if e.errno() == libc::EINTR => {}
+                    Ok(VcpuExit::Intr) => {}
+                    other => panic!("unexpected exit: {other:?}"),
+                }
+            }
+            vcpu
+        })
+    };
+    // Sleep between kicks, leaving the CPUs to the vCPU: KVM stops polling
+    // when another task is runnable on its CPU.
+    halt_poll::set_timer_slack(Duration::from_nanos(1)).unwrap();
+    for _ in 0..kicks {
+        thread::sleep(interval);
+        runner.kill(SIGRTMIN()).unwrap();
+    }
+    stop.store(true, SeqCst);
+    // Keep kicking until the thread notices: a kick just before KVM_RUN is lost.
+    while !runner.is_finished() {
+        runner.kill(SIGRTMIN()).unwrap();
+        thread::sleep(Duration::from_millis(1));
+    }
+    let vcpu = runner.join().unwrap();
+    KvmHaltStats::read(&BinaryStats::for_vcpu(&vcpu).unwrap()).unwrap()
+}
+
+#[test]
+fn vcpu_stats_describe_the_halt_counters_and_histograms() {
+    let Some(kvm) = kvm() else { return };
+    let (_vm, vcpu, _mem) = halting_vm(&kvm);
+    let stats = BinaryStats::for_vcpu(&vcpu).unwrap();
+    for name in [
+        "halt_successful_poll",
+        "halt_attempted_poll",
+        "halt_wait_ns",
+        "halt_poll_success_ns",
+    ] {
+        let d = stats
+            .descriptors()
+            .iter()
+            .find(|d| d.name == name)
+            .unwrap_or_else(|| panic!("{name}"));
+        assert_eq!((d.kind, d.size), (StatKind::Cumulative, 1), "{name}");
+    }
+    let hist = stats
+        .descriptors()
+        .iter()
+        .find(|d| d.name == "halt_wait_hist")
+        .unwrap();
+    assert_eq!((hist.kind, hist.size), (StatKind::LogHist, 32));
+    assert_eq!(
+        KvmHaltStats::read(&stats).unwrap(),
+        KvmHaltStats {
+            halt_poll_success_hist: vec![0; 32],
+            halt_poll_fail_hist: vec![0; 32],
+            halt_wait_hist: vec![0; 32],
+            ..KvmHaltStats::default()
+        },
+        "a vCPU that never ran has not halted"
+    );
+}
+
+#[test]
+fn short_halts_make_kvm_poll_and_its_stats_add_up() {
+    let Some(kvm) = kvm() else { return };
+    let (_vm, vcpu, _mem) = halting_vm(&kvm);
+    // Halts of ~50 µs: shorter than the 200 µs maximum, so KVM grows its window
+    // and polls. (Whether a poll catches the wake-up depends on the host: KVM
+    // stops polling as soon as another task is runnable on the CPU.)
+    let s = halt_and_kick(vcpu, 300, Duration::from_micros(50));
+    assert!(s.halt_attempted_poll > 0, "{s:?}");
+    assert_eq!(
+        s.halt_poll_success_hist.iter().sum::<u64>(),
+        s.halt_successful_poll,
+        "{s:?}"
+    );
+    assert_eq!(
+        s.halt_poll_fail_hist.iter().sum::<u64>(),
+        s.halt_attempted_poll - s.halt_successful_poll,
+        "{s:?}"
+    );
+    assert!(s.halt_poll_success_ns + s.halt_poll_fail_ns > 0, "{s:?}");
+}
+
+#[test]
+fn a_zero_window_switches_in_kernel_polling_off() {
+    let Some(kvm) = kvm() else { return };
+    let (vm, vcpu, _mem) = halting_vm(&kvm);
+    set_vm_halt_poll(&vm, Duration::ZERO).unwrap();
+    let s = halt_and_kick(vcpu, 400, Duration::from_micros(30));
+    assert_eq!(
+        (s.halt_attempted_poll, s.halt_successful_poll),
+        (0, 0),
+        "{s:?}"
+    );
+    assert!(s.halt_wait_ns > 0, "the vCPU blocked instead: {s:?}");
+    assert!(s.halt_wait_hist.iter().sum::<u64>() > 0);
+}
+
+#[test]
+fn a_window_that_does_not_fit_32_bits_is_an_error() {
+    let Some(kvm) = kvm() else { return };
+    let vm = kvm.create_vm().unwrap();
+    let err = set_vm_halt_poll(&vm, Duration::from_secs(5)).unwrap_err();
+    assert!(err.to_string().contains("does not fit"), "{err}");
+    set_vm_halt_poll(&vm, Duration::from_micros(100)).unwrap();
+}

@@ -1,0 +1,106 @@
+//! Concurrent wakers hammer one halted thread; every wake-up must end a halt.
+//! A lost wake-up leaves both sides waiting forever, which the watchdog turns
+//! into a failure.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use halt_poll::{
+    EventFdWake, FutexWake, HaltPoller, KvmGrowShrink, Never, PollPolicy, Predictive, WakeSource,
+};
+
+const WAKERS: usize = 4;
+const WAKES: u64 = 5_000;
+
+/// Runs `f` on a thread; fails if it does not finish in time.
+fn watchdog(name: &str, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        f();
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("{name}: a wake-up was lost"));
+}
+
+/// Each waker wakes its own source, then waits for the halted thread to
+/// acknowledge it before waking again, so no two wake-ups of a source merge.
+fn hammer<W, P>(source: Arc<W>, wake: impl Fn(&W, usize) + Send + Sync + 'static, policy: fn() -> P)
+where
+    W: WakeSource + Send + Sync + 'static,
+    P: PollPolicy,
+{
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..WAKERS).map(|_| AtomicU64::new(0)).collect());
+    let wake = Arc::new(wake);
+    let wakers: Vec<_> = (0..WAKERS)
+        .map(|i| {
+            let (source, acked, wake) = (source.clone(), acked.clone(), wake.clone());
+            thread::spawn(move || {
+                for n in 1..=WAKES {
+                    wake(&source, i);
+                    while acked[i].load(SeqCst) < n {
+                        std::hint::spin_loop();
+                        thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    let policies = (0..WAKERS).map(|_| policy()).collect();
+    let mut poller = HaltPoller::with_policies(source, policies);
+    while acked.iter().any(|a| a.load(SeqCst) < WAKES) {
+        let events = poller.halt().events;
+        for (i, a) in acked.iter().enumerate() {
+            if events & (1 << i) != 0 {
+                a.fetch_add(1, SeqCst);
+            }
+        }
+    }
+    wakers.into_iter().for_each(|w| w.join().unwrap());
+    assert!(acked.iter().all(|a| a.load(SeqCst) == WAKES));
+}
+
+#[test]
+fn futex_wakes_are_never_lost_blocking() {
+    watchdog("futex, block", || {
+        hammer(
+            Arc::new(FutexWake::new()),
+            |w, i| w.wake(i as u32),
+            || Never,
+        )
+    });
+}
+
+#[test]
+fn futex_wakes_are_never_lost_polling() {
+    watchdog("futex, kvm", || {
+        hammer(
+            Arc::new(FutexWake::new()),
+            |w, i| w.wake(i as u32),
+            KvmGrowShrink::new,
+        )
+    });
+    watchdog("futex, own", || {
+        hammer(
+            Arc::new(FutexWake::new()),
+            |w, i| w.wake(i as u32),
+            Predictive::default,
+        )
+    });
+}
+
+#[test]
+fn eventfd_wakes_are_never_lost() {
+    let source = Arc::new(EventFdWake::new(WAKERS).unwrap());
+    let fds: Vec<_> = (0..WAKERS).map(|i| source.waker(i).unwrap()).collect();
+    watchdog("eventfd", move || {
+        hammer(
+            source,
+            move |_, i| fds[i].write(1).unwrap(),
+            KvmGrowShrink::new,
+        )
+    });
+}
