@@ -21,6 +21,56 @@ pub const fn x2apic_msr(offset: u32) -> u32 {
 /// LVT Timer bit 16: the timer counts but does not interrupt.
 pub const LVT_MASKED: u32 = 1 << 16;
 const MODE_SHIFT: u32 = 17;
+/// The LVT Timer bits a write can set: vector, mask, mode. (Bit 12, delivery
+/// status, is read-only; the rest are reserved.)
+pub const LVT_WRITABLE: u32 = 0xff | LVT_MASKED | (0b11 << MODE_SHIFT);
+/// The Divide Configuration bits that count: 0, 1 and 3.
+pub const DIVIDE_WRITABLE: u32 = 0b1011;
+
+/// A timer register, as an xAPIC offset or an x2APIC MSR names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TimerRegister {
+    /// LVT Timer (0x320, MSR 0x832).
+    LvtTimer,
+    /// Initial Count (0x380, MSR 0x838).
+    InitialCount,
+    /// Current Count (0x390, MSR 0x839), read-only.
+    CurrentCount,
+    /// Divide Configuration (0x3E0, MSR 0x83E).
+    DivideConfig,
+}
+
+impl TimerRegister {
+    /// Every timer register.
+    pub const ALL: [TimerRegister; 4] = [
+        Self::LvtTimer,
+        Self::InitialCount,
+        Self::CurrentCount,
+        Self::DivideConfig,
+    ];
+
+    /// The register at xAPIC `offset`, if it is a timer register.
+    pub fn from_offset(offset: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.offset() == offset)
+    }
+
+    /// The register behind x2APIC MSR `msr`, if it is a timer register.
+    pub fn from_x2apic_msr(msr: u32) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|r| x2apic_msr(r.offset()) == msr)
+    }
+
+    /// Its xAPIC offset.
+    pub const fn offset(self) -> u32 {
+        match self {
+            Self::LvtTimer => LVT_TIMER,
+            Self::InitialCount => INITIAL_COUNT,
+            Self::CurrentCount => CURRENT_COUNT,
+            Self::DivideConfig => DIVIDE_CONFIG,
+        }
+    }
+}
 
 /// The timer mode, LVT Timer bits 17-18.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +159,19 @@ mod tests {
         assert_eq!(LvtTimer::from_raw(0x4_0000).mode, TimerMode::TscDeadline);
         assert_eq!(LvtTimer::from_raw(0x6_0000).mode, TimerMode::Reserved);
         assert!(LvtTimer::from_raw(0x1_0000).masked);
+    }
+
+    #[test]
+    fn registers_map_both_ways() {
+        for r in TimerRegister::ALL {
+            assert_eq!(TimerRegister::from_offset(r.offset()), Some(r));
+            assert_eq!(
+                TimerRegister::from_x2apic_msr(x2apic_msr(r.offset())),
+                Some(r)
+            );
+        }
+        assert_eq!(TimerRegister::from_offset(0x300), None);
+        assert_eq!(TimerRegister::from_x2apic_msr(MSR_TSC_DEADLINE), None);
     }
 
     #[test]

@@ -1,0 +1,47 @@
+//! Prints the simulator's table: every advance policy on each synthetic trace
+//! (and recorded traces given as arguments), beside the oracle.
+//!
+//! `cargo run --release -p lapic-timer --example simulate [TRACE_FILE...]`
+
+use std::path::Path;
+use std::time::Duration;
+
+use lapic_timer::sim::{Trace, oracle, simulate, table};
+use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile};
+
+const SPIN_WEIGHT: f64 = 0.1;
+
+fn main() {
+    let mut traces = Trace::synthetic(20_000);
+    for arg in std::env::args().skip(1) {
+        match Trace::load(Path::new(&arg)) {
+            Ok(t) => traces.push(t),
+            Err(e) => {
+                eprintln!("error: cannot load trace {arg}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    for trace in &traces {
+        let mut policies: Vec<(String, Box<dyn AdvancePolicy>)> = vec![
+            ("none".into(), Box::new(NoAdvance)),
+            (
+                "KvmAdaptive (2.6 GHz TSC)".into(),
+                Box::new(KvmAdaptive::new(2_596_000)),
+            ),
+            ("Percentile (own)".into(), Box::new(Percentile::default())),
+        ];
+        for us in [10, 20, 30, 40, 60, 80] {
+            policies.push((
+                format!("Fixed {us} µs"),
+                Box::new(Fixed(Duration::from_micros(us))),
+            ));
+        }
+        let mut results: Vec<_> = policies
+            .iter_mut()
+            .map(|(n, p)| simulate(n, p.as_mut(), trace))
+            .collect();
+        results.push(oracle(trace));
+        println!("{}", table(trace, &results, SPIN_WEIGHT));
+    }
+}

@@ -1,0 +1,324 @@
+//! Advance policies: how early to arm the host timer so that, after its wake-up
+//! lateness, the expiry path can spin to the exact target.
+//!
+//! A policy learns from each [`Wakeup`]: when the host timer was armed (the
+//! target minus the advance) and when the thread actually woke, relative to the
+//! target. Early wakes are spun away (CPU), late ones are lateness.
+
+use std::time::Duration;
+
+/// One host-timer wake-up, as the policies learn from it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wakeup {
+    /// The advance the timer was armed with.
+    pub advance: Duration,
+    /// Wake time minus target, ns: negative means early (and spun), positive late.
+    pub delta_ns: i64,
+}
+
+impl Wakeup {
+    /// How late the host timer woke after the time it was armed for.
+    pub fn wake_lateness(&self) -> Duration {
+        let ns = self
+            .delta_ns
+            .saturating_add(self.advance.as_nanos().min(i64::MAX as u128) as i64);
+        Duration::from_nanos(ns.max(0) as u64)
+    }
+}
+
+/// Decides how early to arm the host timer.
+pub trait AdvancePolicy {
+    /// How far before the target to arm the host timer.
+    fn advance(&self) -> Duration;
+
+    /// Learns from a wake-up.
+    fn learn(&mut self, wakeup: &Wakeup);
+}
+
+impl<P: AdvancePolicy + ?Sized> AdvancePolicy for Box<P> {
+    fn advance(&self) -> Duration {
+        (**self).advance()
+    }
+
+    fn learn(&mut self, wakeup: &Wakeup) {
+        (**self).learn(wakeup)
+    }
+}
+
+/// No advance: the host timer is armed for the target itself (every wake-up's
+/// lateness is the guest's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoAdvance;
+
+impl AdvancePolicy for NoAdvance {
+    fn advance(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn learn(&mut self, _: &Wakeup) {}
+}
+
+/// A fixed advance (the seed's hand-tuned `lapic_timer_advance_ns`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fixed(pub Duration);
+
+impl AdvancePolicy for Fixed {
+    fn advance(&self) -> Duration {
+        self.0
+    }
+
+    fn learn(&mut self, _: &Wakeup) {}
+}
+
+/// KVM's automatic tuning (`adjust_lapic_timer_advance`), exactly: ignore deltas
+/// below 100 or above 10000 TSC cycles; otherwise move the advance by one
+/// eighth of the delta (in ns), down when early, up when late; if it exceeds
+/// 5000 ns (including by wrapping below zero, as the kernel's `u32` does),
+/// reset it to 1000 ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvmAdaptive {
+    advance_ns: u32,
+    tsc_khz: u64,
+}
+
+impl KvmAdaptive {
+    /// `LAPIC_TIMER_ADVANCE_ADJUST_MIN`, cycles.
+    pub const ADJUST_MIN: u64 = 100;
+    /// `LAPIC_TIMER_ADVANCE_ADJUST_MAX`, cycles.
+    pub const ADJUST_MAX: u64 = 10_000;
+    /// `LAPIC_TIMER_ADVANCE_NS_INIT`.
+    pub const NS_INIT: u32 = 1_000;
+    /// `LAPIC_TIMER_ADVANCE_NS_MAX`.
+    pub const NS_MAX: u32 = 5_000;
+    /// `LAPIC_TIMER_ADVANCE_ADJUST_STEP`.
+    pub const STEP: u32 = 8;
+
+    /// KVM's tuning for a guest TSC of `tsc_khz`, starting at 1000 ns.
+    pub fn new(tsc_khz: u64) -> Self {
+        Self {
+            advance_ns: Self::NS_INIT,
+            tsc_khz: tsc_khz.max(1),
+        }
+    }
+}
+
+impl AdvancePolicy for KvmAdaptive {
+    fn advance(&self) -> Duration {
+        Duration::from_nanos(u64::from(self.advance_ns))
+    }
+
+    fn learn(&mut self, w: &Wakeup) {
+        let ns = w.delta_ns.unsigned_abs();
+        let cycles = ns.saturating_mul(self.tsc_khz) / 1_000_000;
+        if !(Self::ADJUST_MIN..=Self::ADJUST_MAX).contains(&cycles) {
+            return;
+        }
+        let step = (ns / u64::from(Self::STEP)) as u32;
+        self.advance_ns = if w.delta_ns < 0 {
+            self.advance_ns.wrapping_sub(step)
+        } else {
+            self.advance_ns.wrapping_add(step)
+        };
+        if self.advance_ns > Self::NS_MAX {
+            self.advance_ns = Self::NS_INIT;
+        }
+    }
+}
+
+/// Settings of [`Percentile`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PercentileConfig {
+    /// Ns of spin that cost as much as one ns of lateness (λ). The advance is
+    /// the `1 / (1 + λ)` quantile of the wake lateness: λ = 0.1 gives p91.
+    pub spin_weight: f64,
+    /// Wake-ups the histogram remembers (counts decay by 1/memory per wake-up).
+    pub memory: u32,
+    /// Largest advance.
+    pub max_advance: Duration,
+}
+
+impl Default for PercentileConfig {
+    fn default() -> Self {
+        Self {
+            spin_weight: 0.1,
+            memory: 512,
+            max_advance: Duration::from_micros(500),
+        }
+    }
+}
+
+const BUCKETS: usize = 64;
+/// Bucket 1 starts at 2^7 = 128 ns; four buckets per octave up to ~8 ms.
+const FIRST_SHIFT: u32 = 7;
+
+fn bucket_of(ns: u64) -> usize {
+    if ns < 1 << FIRST_SHIFT {
+        return 0;
+    }
+    let msb = 63 - ns.leading_zeros();
+    (1 + 4 * (msb - FIRST_SHIFT) as usize + ((ns >> (msb - 2)) & 3) as usize).min(BUCKETS - 1)
+}
+
+fn edge_ns(i: usize) -> f64 {
+    if i == 0 {
+        return 0.0;
+    }
+    let (octave, quarter) = ((i - 1) / 4, (i - 1) % 4);
+    f64::from(1u32 << FIRST_SHIFT) * 2f64.powi(octave as i32) * (1.0 + quarter as f64 / 4.0)
+}
+
+/// This crate's own policy: the seed author's "rightmost bucket", made explicit.
+///
+/// It keeps a decayed histogram of the host timer's wake lateness (independent
+/// of the advance it used) and advances by the quantile that minimises
+/// expected lateness plus λ × expected spin: the pinball loss, whose minimiser
+/// is the `1/(1+λ)` quantile. The histogram forgets, so the advance follows a
+/// distribution that shifts.
+#[derive(Clone, Debug)]
+pub struct Percentile {
+    config: PercentileConfig,
+    counts: [f64; BUCKETS],
+    weight: f64,
+    advance_ns: u64,
+}
+
+impl Default for Percentile {
+    fn default() -> Self {
+        Self::new(PercentileConfig::default())
+    }
+}
+
+impl Percentile {
+    /// A policy with `config`, starting with no advance until it has data.
+    pub fn new(config: PercentileConfig) -> Self {
+        Self {
+            config,
+            counts: [0.0; BUCKETS],
+            weight: 1.0,
+            advance_ns: 0,
+        }
+    }
+
+    /// The quantile it aims at.
+    pub fn quantile(&self) -> f64 {
+        1.0 / (1.0 + self.config.spin_weight.max(0.0))
+    }
+
+    fn record(&mut self, lateness_ns: u64) {
+        self.counts[bucket_of(lateness_ns)] += self.weight;
+        self.weight /= 1.0 - 1.0 / f64::from(self.config.memory.max(2));
+        if self.weight > 1e100 {
+            self.counts.iter_mut().for_each(|c| *c /= self.weight);
+            self.weight = 1.0;
+        }
+    }
+
+    /// The `q` quantile of the histogram, interpolated within its bucket.
+    fn quantile_ns(&self, q: f64) -> f64 {
+        let total: f64 = self.counts.iter().sum();
+        let mut below = 0.0;
+        for (k, &c) in self.counts.iter().enumerate() {
+            if c > 0.0 && below + c >= q * total {
+                let within = (q * total - below) / c;
+                return edge_ns(k) + within * (edge_ns(k + 1) - edge_ns(k));
+            }
+            below += c;
+        }
+        edge_ns(BUCKETS)
+    }
+}
+
+impl AdvancePolicy for Percentile {
+    fn advance(&self) -> Duration {
+        Duration::from_nanos(self.advance_ns)
+    }
+
+    fn learn(&mut self, w: &Wakeup) {
+        self.record(w.wake_lateness().as_nanos() as u64);
+        let max = self.config.max_advance.as_nanos() as f64;
+        self.advance_ns = self.quantile_ns(self.quantile()).min(max) as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    fn wake(advance_ns: u64, delta_ns: i64) -> Wakeup {
+        Wakeup {
+            advance: Duration::from_nanos(advance_ns),
+            delta_ns,
+        }
+    }
+
+    #[test]
+    fn wake_lateness_adds_back_the_advance() {
+        assert_eq!(wake(40_000, -15_000).wake_lateness(), 25 * US);
+        assert_eq!(wake(0, 3_000).wake_lateness(), 3 * US);
+        assert_eq!(wake(0, -5).wake_lateness(), Duration::ZERO);
+    }
+
+    #[test]
+    fn kvm_adjusts_by_an_eighth_inside_the_dead_band() {
+        // 2 GHz guest TSC: 1 ns = 2 cycles.
+        let mut k = KvmAdaptive::new(2_000_000);
+        assert_eq!(k.advance(), Duration::from_nanos(1000));
+        k.learn(&wake(1000, 800)); // 1600 cycles late: +100 ns
+        assert_eq!(k.advance(), Duration::from_nanos(1100));
+        k.learn(&wake(1100, -400)); // 800 cycles early: -50 ns
+        assert_eq!(k.advance(), Duration::from_nanos(1050));
+        k.learn(&wake(1050, 40)); // 80 cycles: below the dead band
+        k.learn(&wake(1050, 6_000)); // 12000 cycles: a spike, ignored
+        assert_eq!(k.advance(), Duration::from_nanos(1050));
+    }
+
+    #[test]
+    fn kvm_resets_above_5000_ns_and_on_wrap() {
+        let mut k = KvmAdaptive::new(1_000_000); // 1 ns = 1 cycle
+        for _ in 0..100 {
+            k.learn(&wake(0, 9_000)); // +1125 each, until it passes 5000
+            assert!(k.advance() <= Duration::from_nanos(5_000));
+        }
+        let mut w = KvmAdaptive::new(1_000_000);
+        w.learn(&wake(0, -9_000)); // 1000 - 1125 wraps below zero: reset
+        assert_eq!(w.advance(), Duration::from_nanos(1000));
+    }
+
+    #[test]
+    fn percentile_advances_by_the_chosen_quantile() {
+        let mut p = Percentile::default();
+        assert_eq!(p.advance(), Duration::ZERO);
+        // Wake lateness uniform over 20..40 µs: p91 is about 38 µs.
+        for i in 0..2000u64 {
+            p.learn(&wake(
+                p.advance().as_nanos() as u64,
+                (20_000 + (i * 7919) % 20_000) as i64 - p.advance().as_nanos() as i64,
+            ));
+        }
+        let a = p.advance();
+        assert!(a > 36 * US && a < 40 * US, "{a:?}");
+        let lazy = Percentile::new(PercentileConfig {
+            spin_weight: 1.0,
+            ..Default::default()
+        });
+        assert!((lazy.quantile() - 0.5).abs() < 1e-9, "λ = 1: the median");
+    }
+
+    #[test]
+    fn percentile_follows_a_shift_and_respects_its_cap() {
+        let mut p = Percentile::new(PercentileConfig {
+            max_advance: 50 * US,
+            ..Default::default()
+        });
+        for _ in 0..3000 {
+            p.learn(&wake(0, 10_000));
+        }
+        assert!(p.advance() < 12 * US, "{:?}", p.advance());
+        for _ in 0..3000 {
+            p.learn(&wake(0, 300_000));
+        }
+        assert_eq!(p.advance(), 50 * US, "capped");
+    }
+}

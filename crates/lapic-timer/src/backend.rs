@@ -1,0 +1,359 @@
+//! The deadline backend: a timer thread whose host timer (a `timerfd` on
+//! `CLOCK_MONOTONIC`, which has no timer slack) is armed `advance + lead` before
+//! each deadline, and an expiry path that busy-waits to the exact target
+//! (`deadline − lead`) before delivery starts.
+//!
+//! The busy-wait never lasts longer than the advance it was armed with, and
+//! runs where the VMM chooses ([`SpinAt`]): on the timer thread, or on the
+//! receiver (the vCPU thread, just before `KVM_RUN`, as the kernel does).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::advance::{AdvancePolicy, Wakeup};
+use crate::events::TimerEvents;
+use crate::time::{Clock, MonotonicClock};
+
+/// Where the expiry path busy-waits to the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpinAt {
+    /// On the timer thread, before it calls the sink.
+    TimerThread,
+    /// On the receiver: the sink gets the expiry early and calls [`Expiry::spin`].
+    Receiver,
+}
+
+/// A deadline whose time has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expiry {
+    /// What the deadline was armed with.
+    pub payload: u64,
+    /// The deadline, host ns.
+    pub deadline_ns: u64,
+    /// When delivery should start: the deadline less the lead, host ns.
+    pub target_ns: u64,
+    /// When the timer thread woke, host ns.
+    pub woke_ns: u64,
+    /// The longest busy-wait allowed: the advance the timer was armed with.
+    pub max_spin: Duration,
+}
+
+impl Expiry {
+    /// Busy-waits until the target, for at most `max_spin`; returns the time spun.
+    pub fn spin(&self, clock: &impl Clock) -> Duration {
+        let start = clock.now_ns();
+        let until = self
+            .target_ns
+            .min(start.saturating_add(self.max_spin.as_nanos() as u64));
+        let mut now = start;
+        while now < until {
+            std::hint::spin_loop();
+            now = clock.now_ns();
+        }
+        Duration::from_nanos(now.saturating_sub(start))
+    }
+}
+
+/// Where expired deadlines go ("timer fired → deliver vector").
+pub trait TimerSink: Send + Sync {
+    /// `expiry` is due (already spun to its target with [`SpinAt::TimerThread`]).
+    fn expired(&self, expiry: Expiry);
+}
+
+/// A sink that drops every expiry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoSink;
+
+impl TimerSink for NoSink {
+    fn expired(&self, _: Expiry) {}
+}
+
+impl<S: TimerSink + ?Sized> TimerSink for Arc<S> {
+    fn expired(&self, expiry: Expiry) {
+        (**self).expired(expiry)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Armed {
+    deadline_ns: u64,
+    payload: u64,
+    lead_ns: u64,
+    advance_ns: u64,
+}
+
+struct Shared {
+    timerfd: OwnedFd,
+    stop: EventFd,
+    armed: Mutex<Option<Armed>>,
+    /// The policy's current advance, published by the timer thread.
+    advance_ns: AtomicU64,
+    lead_ns: AtomicU64,
+}
+
+impl Shared {
+    /// Sets the timerfd to fire at `at_ns` (`CLOCK_MONOTONIC`), or disarms it (0).
+    fn set_timer(&self, at_ns: u64) -> io::Result<()> {
+        let at_ns = if at_ns == 0 { 0 } else { at_ns.max(1) };
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (at_ns / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
+                tv_nsec: (at_ns % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: a valid timerfd and a valid itimerspec; the old value is not wanted.
+        let ret = unsafe {
+            libc::timerfd_settime(
+                self.timerfd.as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+/// One deadline at a time, on a timer thread of its own.
+pub struct TimerThread {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TimerThread {
+    /// Starts the timer thread with an advance `policy`, delivering to `sink`.
+    pub fn start<P, S, E>(policy: P, sink: S, events: E, spin_at: SpinAt) -> io::Result<Self>
+    where
+        P: AdvancePolicy + Send + 'static,
+        S: TimerSink + 'static,
+        E: TimerEvents + 'static,
+    {
+        // SAFETY: creates a new timerfd; the result is checked.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_CLOEXEC | libc::TFD_NONBLOCK,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let shared = Arc::new(Shared {
+            // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+            timerfd: unsafe { OwnedFd::from_raw_fd(fd) },
+            stop: EventFd::new(EFD_NONBLOCK)?,
+            armed: Mutex::new(None),
+            advance_ns: AtomicU64::new(policy.advance().as_nanos() as u64),
+            lead_ns: AtomicU64::new(0),
+        });
+        let worker = Worker {
+            shared: shared.clone(),
+            policy,
+            sink,
+            events,
+            spin_at,
+            clock: MonotonicClock,
+        };
+        let thread = thread::Builder::new()
+            .name("lapic-timer".into())
+            .spawn(move || worker.run())?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Arms the deadline `deadline_ns` (host `CLOCK_MONOTONIC` ns), replacing any
+    /// armed one; the sink will get `payload` back.
+    pub fn arm(&self, deadline_ns: u64, payload: u64) -> io::Result<()> {
+        let lead_ns = self.shared.lead_ns.load(Relaxed);
+        let advance_ns = self.shared.advance_ns.load(Relaxed);
+        let mut armed = self
+            .shared
+            .armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *armed = Some(Armed {
+            deadline_ns,
+            payload,
+            lead_ns,
+            advance_ns,
+        });
+        let at = deadline_ns
+            .saturating_sub(lead_ns)
+            .saturating_sub(advance_ns);
+        self.shared.set_timer(at.max(1))
+    }
+
+    /// Disarms the deadline, if any.
+    pub fn disarm(&self) -> io::Result<()> {
+        *self
+            .shared
+            .armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.shared.set_timer(0)
+    }
+
+    /// The advance the policy chose most recently.
+    pub fn advance(&self) -> Duration {
+        Duration::from_nanos(self.shared.advance_ns.load(Relaxed))
+    }
+
+    /// Sets the delivery lead for deadlines armed from now on.
+    pub fn set_lead(&self, lead: Duration) {
+        self.shared.lead_ns.store(lead.as_nanos() as u64, Relaxed);
+    }
+}
+
+impl Drop for TimerThread {
+    fn drop(&mut self) {
+        let _ = self.shared.stop.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Worker<P, S, E> {
+    shared: Arc<Shared>,
+    policy: P,
+    sink: S,
+    events: E,
+    spin_at: SpinAt,
+    clock: MonotonicClock,
+}
+
+impl<P: AdvancePolicy, S: TimerSink, E: TimerEvents> Worker<P, S, E> {
+    fn run(mut self) {
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.shared.timerfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.shared.stop.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds on our stack; no timeout.
+            let ret = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if ret < 0 || fds[1].revents != 0 {
+                if ret < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            let mut expirations = [0u8; 8];
+            // SAFETY: reads 8 bytes into our buffer from the non-blocking timerfd;
+            // EAGAIN (a re-arm raced with the wake) just returns -1.
+            unsafe {
+                libc::read(
+                    self.shared.timerfd.as_raw_fd(),
+                    expirations.as_mut_ptr().cast(),
+                    8,
+                )
+            };
+            if let Some(armed) = self.take_due() {
+                self.expire(armed);
+            }
+        }
+    }
+
+    /// The armed deadline, if this wake-up is for it (a re-arm may have moved it).
+    fn take_due(&self) -> Option<Armed> {
+        let now = self.clock.now_ns();
+        let mut slot = self
+            .shared
+            .armed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let armed = (*slot)?;
+        let armed_for = armed
+            .deadline_ns
+            .saturating_sub(armed.lead_ns)
+            .saturating_sub(armed.advance_ns);
+        if now < armed_for {
+            return None; // re-armed later; the timerfd will fire again
+        }
+        *slot = None;
+        Some(armed)
+    }
+
+    fn expire(&mut self, armed: Armed) {
+        let woke_ns = self.clock.now_ns();
+        let target_ns = armed.deadline_ns.saturating_sub(armed.lead_ns);
+        let wakeup = Wakeup {
+            advance: Duration::from_nanos(armed.advance_ns),
+            delta_ns: (i128::from(woke_ns) - i128::from(target_ns))
+                .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64,
+        };
+        self.policy.learn(&wakeup);
+        self.shared
+            .advance_ns
+            .store(self.policy.advance().as_nanos() as u64, Relaxed);
+        self.events.woke(&wakeup);
+        let expiry = Expiry {
+            payload: armed.payload,
+            deadline_ns: armed.deadline_ns,
+            target_ns,
+            woke_ns,
+            max_spin: Duration::from_nanos(armed.advance_ns),
+        };
+        if self.spin_at == SpinAt::TimerThread {
+            self.events.spun(expiry.spin(&self.clock));
+            let lateness = i128::from(self.clock.now_ns()) - i128::from(target_ns);
+            self.events
+                .delivered(lateness.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
+        }
+        self.sink.expired(expiry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::FakeClock;
+
+    #[test]
+    fn spin_reaches_the_target_but_never_spins_longer_than_allowed() {
+        let clock = FakeClock::at(1_000);
+        let e = Expiry {
+            payload: 0,
+            deadline_ns: 1_000,
+            target_ns: 1_000,
+            woke_ns: 0,
+            max_spin: Duration::from_micros(5),
+        };
+        assert_eq!(e.spin(&clock), Duration::ZERO, "already at the target");
+        let real = MonotonicClock;
+        let now = real.now_ns();
+        let e = Expiry {
+            target_ns: now + 20_000,
+            max_spin: Duration::from_micros(5),
+            ..e
+        };
+        let spun = e.spin(&real);
+        assert!(
+            spun >= Duration::from_micros(5) && spun < Duration::from_millis(5),
+            "bounded by max_spin: {spun:?}"
+        );
+    }
+}
