@@ -13,9 +13,10 @@
 //! first 20 000) are recorded there for `--example simulate`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread;
 use std::time::{Duration, Instant};
+use test_support::Hogs;
 
 use halt_poll::{
     AioPoll, Fixed, FutexWake, GuestHaltpoll, HaltEvents, HaltPoller, HaltStats, KvmGrowShrink,
@@ -48,47 +49,6 @@ fn thread_cpu() -> Duration {
     // SAFETY: clock_gettime writes the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// CPU-hog threads that count their iterations, running until dropped.
-struct Hogs {
-    stop: Arc<AtomicBool>,
-    count: Arc<AtomicU64>,
-    threads: Vec<thread::JoinHandle<()>>,
-}
-
-impl Hogs {
-    fn start(n: usize) -> Self {
-        let (stop, count) = (
-            Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicU64::new(0)),
-        );
-        let threads = (0..n)
-            .map(|_| {
-                let (stop, count) = (stop.clone(), count.clone());
-                thread::spawn(move || {
-                    while !stop.load(Relaxed) {
-                        for i in 0..1024u64 {
-                            std::hint::black_box(i);
-                        }
-                        count.fetch_add(1024, Relaxed);
-                    }
-                })
-            })
-            .collect();
-        Self {
-            stop,
-            count,
-            threads,
-        }
-    }
-}
-
-impl Drop for Hogs {
-    fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        self.threads.drain(..).for_each(|t| t.join().unwrap());
-    }
 }
 
 #[derive(Clone, Copy)]
@@ -129,7 +89,7 @@ fn run(
         })
     };
     let _ = set_timer_slack(Duration::from_nanos(1));
-    let hog_start = hogs.count.load(Relaxed);
+    let hog_start = hogs.iterations();
     let cpu0 = thread_cpu();
     let mut poller = HaltPoller::new(a, make())
         .yield_to_waiting_threads(probe)
@@ -143,7 +103,7 @@ fn run(
     }
     let elapsed = start.elapsed();
     let cpu = thread_cpu() - cpu0;
-    let hog_iterations = hogs.count.load(Relaxed) - hog_start;
+    let hog_iterations = hogs.iterations() - hog_start;
     stop.store(true, Relaxed);
     b.wake(0);
     let cpu = cpu + responder.join().unwrap();

@@ -9,26 +9,76 @@
 //! decisions need, shared between threads without locks.
 //!
 //! # Shape
-//! - [`SharedRunState`]: one vCPU's [`RunState`], a cache-padded atomic updated by
-//!   its thread around `KVM_RUN` and read by whoever delivers an interrupt.
-//! - Boost policies, thread control, directed-yield candidate selection and
-//!   placement helpers are planned; see the README's status.
+//! - [`state`]: [`VcpuState`], one vCPU's [`RunState`] and KVM's
+//!   directed-yield flags (`ready`, `preempted`, `in_spin_loop`,
+//!   `dy_eligible`), cache-padded atomics updated by its thread around
+//!   `KVM_RUN` and by whoever delivers an interrupt.
+//! - [`directed_yield`]: [`on_spin`], candidate selection equal to
+//!   `kvm_vcpu_on_spin` (with the fix that records the index boosted).
+//! - [`policy`]: the [`BoostPolicy`] hooks (delivery, wait, idle spin, run)
+//!   and the presets [`NoBoost`], [`KvmReady`] (the seed), [`FifoOnDelivery`]
+//!   and this crate's [`DirectedYield`]; [`pv_yield_to`] for a guest's
+//!   "yield to vCPU n".
+//! - [`boost`]: the [`Booster`], which boosts through a [`ThreadControl`] and
+//!   undoes every boost when the vCPU runs, after [`BoostBudget::max_boost`],
+//!   and never beyond a budget per period.
+//! - [`thread`]: [`FifoBoost`] over `sched_setattr` (restoring each thread's
+//!   own attributes), pinning and affinity helpers.
+//! - [`probe`] and [`host_load`]: what a userspace VMM can see of the host
+//!   scheduler: whether a thread is preempted, whether other tenants compete.
+//! - [`events`]: [`SchedEvents`] with the no-op [`NoEvents`], and
+//!   [`SchedStats`] with KVM's stat names.
 //!
 //! # Example
 //! ```
-//! use vcpu_sched::{RunState, SharedRunState};
+//! use std::sync::atomic::AtomicUsize;
+//! use vcpu_sched::thread::current_tid;
+//! use vcpu_sched::{BoostPolicy, Booster, Ctx, DirectedYield, FifoBoost, NoGuestView, VcpuState};
 //!
-//! let state = SharedRunState::new();
-//! state.set(RunState::InGuest);
-//! // Another thread, about to deliver an interrupt, sees where the vCPU is.
-//! assert_eq!(state.get(), RunState::InGuest);
+//! let vcpus: Vec<VcpuState> = (0..2).map(|_| VcpuState::new()).collect();
+//! let booster = Booster::new(2, FifoBoost::default());
+//! booster.register(1, current_tid()); // each vCPU thread registers itself
+//! let last_boosted = AtomicUsize::new(0);
+//! let ctx = Ctx {
+//!     vcpus: &vcpus,
+//!     booster: &booster,
+//!     last_boosted: &last_boosted,
+//!     guest: &NoGuestView,
+//! };
+//! let policy = DirectedYield::new();
+//! policy.on_delivery(&ctx, 1); // an IPI to vCPU 1
+//! assert!(vcpus[1].is_ready());
+//! policy.on_wait(&ctx, 0); // vCPU 0 waits on it: a yield, or a boost of vCPU 1
+//! vcpus[1].entering_guest();
+//! policy.on_run(&ctx, 1); // vCPU 1 runs: a boost, if any, is undone
+//! assert!(!booster.is_boosted(1) && !vcpus[1].is_ready());
 //! ```
 
 #![deny(missing_docs)]
 
+pub mod boost;
+pub mod directed_yield;
+pub mod events;
+pub mod host_load;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod invariants;
+pub mod policy;
+pub mod probe;
 pub mod state;
+mod sync;
+pub mod thread;
 
-pub use state::{RunState, SharedRunState};
+pub use boost::{BoostBudget, Booster};
+pub use directed_yield::{GuestView, NoGuestView, YieldResult, on_spin};
+pub use events::{NoEvents, SchedEvents, SchedStats};
+pub use host_load::{Crowding, LoadSource, RunnableThreads};
+pub use policy::{
+    Boost, BoostPolicy, Ctx, DirectedYield, FifoOnDelivery, KvmReady, NoBoost, boost_ready,
+    pv_yield_to,
+};
+pub use probe::PreemptionProbe;
+pub use state::{RunState, VcpuState};
+pub use thread::{FifoBoost, SchedAttr, ThreadControl, Tid};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -1,0 +1,236 @@
+//! The seed's pattern on host threads, under overcommit: N "vCPU" threads and H
+//! CPU-hog threads (the other tenants) on this machine's cores. vCPU 0
+//! repeatedly sends an "IPI" to all others and spins until all acknowledge
+//! (`smp_call_function_many`); the others spin for a window waiting for the
+//! next IPI, then block. Every 2 µs of spinning, as a pause-loop exit would,
+//! the sender calls the policy's `on_wait` and the others its `on_idle` (which
+//! may end their spin early). For each policy in the same run, taking turns:
+//! rounds per second and the hogs' iterations per second, as ratios to `NoBoost`.
+//!
+//! `cargo run --release -p vcpu-sched --example overcommit [-- SECONDS_PER_RUN]`
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::thread::{self, Thread};
+use std::time::{Duration, Instant};
+use test_support::Hogs;
+
+use crossbeam_utils::CachePadded;
+use vcpu_sched::thread::current_tid;
+use vcpu_sched::{
+    BoostPolicy, Booster, Ctx, DirectedYield, FifoBoost, FifoOnDelivery, KvmReady, NoBoost,
+    RunState, SchedStats, VcpuState,
+};
+
+const ROUNDS: usize = 5;
+/// How often a spinning sender "exits" to the policy.
+const PLE_WINDOW: Duration = Duration::from_micros(2);
+
+fn policies() -> Vec<(&'static str, Arc<dyn BoostPolicy>)> {
+    vec![
+        ("NoBoost", Arc::new(NoBoost)),
+        ("KvmReady", Arc::new(KvmReady)),
+        ("FifoOnDelivery", Arc::new(FifoOnDelivery)),
+        ("DirectedYield (own)", Arc::new(DirectedYield::default())),
+    ]
+}
+
+struct Vm {
+    vcpus: Vec<VcpuState>,
+    pending: Vec<CachePadded<AtomicBool>>,
+    acks: AtomicUsize,
+    stop: AtomicBool,
+    last_boosted: AtomicUsize,
+    booster: Booster<FifoBoost, Arc<SchedStats>>,
+    policy: Arc<dyn BoostPolicy>,
+}
+
+impl vcpu_sched::GuestView for Vm {
+    /// A halted target with its IPI pending would run if woken.
+    fn runnable(&self, vcpu: usize) -> bool {
+        self.pending[vcpu].load(SeqCst)
+    }
+    fn in_kernel(&self, _: usize) -> bool {
+        true
+    }
+}
+
+impl Vm {
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            vcpus: &self.vcpus,
+            booster: &self.booster,
+            last_boosted: &self.last_boosted,
+            guest: self,
+        }
+    }
+
+    /// A target waits for its IPI: spin `window` (exiting to the policy every
+    /// PLE window, as a guest's pause loop would), then block.
+    fn wait_for_ipi(&self, me: usize, window: Duration) {
+        let state = &self.vcpus[me];
+        state.set_run_state(RunState::InGuest);
+        let (start, mut exit) = (Instant::now(), Instant::now());
+        while !self.pending[me].load(SeqCst) && start.elapsed() < window {
+            std::hint::spin_loop();
+            if exit.elapsed() >= PLE_WINDOW {
+                if !self.policy.on_idle(&self.ctx(), me) {
+                    break;
+                }
+                exit = Instant::now();
+            }
+        }
+        state.set_run_state(RunState::Halted);
+        while !self.pending[me].load(SeqCst) {
+            thread::park();
+        }
+    }
+
+    fn target(&self, me: usize, window: Duration) {
+        self.booster.register(me, current_tid());
+        loop {
+            self.wait_for_ipi(me, window);
+            if self.stop.load(SeqCst) {
+                return;
+            }
+            self.vcpus[me].entering_guest();
+            self.policy.on_run(&self.ctx(), me);
+            self.pending[me].store(false, SeqCst);
+            self.acks.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// One smp_call_function_many: IPI everyone, spin until all acknowledge.
+    fn round(&self, threads: &[Thread]) {
+        let n = self.vcpus.len();
+        self.acks.store(0, SeqCst);
+        for t in 1..n {
+            self.policy.on_delivery(&self.ctx(), t);
+            self.pending[t].store(true, SeqCst);
+            if self.vcpus[t].run_state() == RunState::Halted {
+                threads[t - 1].unpark();
+            }
+        }
+        let mut exit = Instant::now();
+        while self.acks.load(SeqCst) < n - 1 {
+            std::hint::spin_loop();
+            if exit.elapsed() >= PLE_WINDOW {
+                self.policy.on_wait(&self.ctx(), 0);
+                exit = Instant::now();
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Run {
+    rounds_per_s: f64,
+    hog_rate: f64,
+    revoked: u64,
+    boosted_ms_per_s: f64,
+}
+
+fn run(policy: Arc<dyn BoostPolicy>, n: usize, window: Duration, secs: f64, hogs: &Hogs) -> Run {
+    let stats = Arc::new(SchedStats::default());
+    let vm = Arc::new(Vm {
+        vcpus: (0..n).map(|_| VcpuState::new()).collect(),
+        pending: (0..n)
+            .map(|_| CachePadded::new(AtomicBool::new(false)))
+            .collect(),
+        acks: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+        last_boosted: AtomicUsize::new(0),
+        booster: Booster::with_events(n, FifoBoost::default(), stats.clone()),
+        policy,
+    });
+    let handles: Vec<_> = (1..n)
+        .map(|t| {
+            let vm = vm.clone();
+            thread::spawn(move || vm.target(t, window))
+        })
+        .collect();
+    let threads: Vec<Thread> = handles.iter().map(|h| h.thread().clone()).collect();
+    vm.booster.register(0, current_tid());
+    let hog_start = hogs.iterations();
+    let (start, mut rounds) = (Instant::now(), 0u64);
+    while start.elapsed().as_secs_f64() < secs {
+        vm.round(&threads);
+        rounds += 1;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let hog_iterations = hogs.iterations() - hog_start;
+    vm.stop.store(true, SeqCst);
+    for (t, th) in threads.iter().enumerate() {
+        vm.pending[t + 1].store(true, SeqCst);
+        th.unpark();
+    }
+    handles.into_iter().for_each(|h| h.join().unwrap());
+    Run {
+        rounds_per_s: rounds as f64 / elapsed,
+        hog_rate: hog_iterations as f64 / elapsed / 1e6,
+        revoked: stats.boosts_revoked.load(SeqCst),
+        boosted_ms_per_s: stats.boost_ns.load(SeqCst) as f64 / 1e6 / elapsed,
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let secs: f64 = match std::env::args().nth(1).map(|s| s.parse()) {
+        None => 0.5,
+        Some(Ok(s)) if s > 0.0 => s,
+        Some(_) => {
+            eprintln!("usage: overcommit [SECONDS_PER_RUN]");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = FifoBoost::default().check() {
+        eprintln!("overcommit: {e}; the boosting policies need it");
+        std::process::exit(1);
+    }
+    let cores = thread::available_parallelism().map_or(2, |n| n.get());
+    println!(
+        "{cores} cores, {secs} s per run, median of {ROUNDS} rounds taking turns between policies\n"
+    );
+    println!(
+        "| vCPUs | hogs | spin window | policy | rounds/s | vs NoBoost | hog M it/s | hogs vs NoBoost | boosted ms/s | boosts revoked |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for n in [4, 8] {
+        for h in [0, cores] {
+            for window_us in [0u64, 50, 500] {
+                let window = Duration::from_micros(window_us);
+                let hogs = Hogs::start(h);
+                let mut runs: Vec<Vec<Run>> = vec![Vec::new(); policies().len()];
+                for _ in 0..ROUNDS {
+                    for (i, (_, p)) in policies().into_iter().enumerate() {
+                        runs[i].push(run(p, n, window, secs, &hogs));
+                    }
+                }
+                drop(hogs);
+                let base_rounds =
+                    median(&runs[0].iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
+                let base_hogs = median(&runs[0].iter().map(|r| r.hog_rate).collect::<Vec<_>>());
+                for ((name, _), r) in policies().into_iter().zip(&runs) {
+                    let rounds = median(&r.iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
+                    let hog = median(&r.iter().map(|r| r.hog_rate).collect::<Vec<_>>());
+                    let hog_ratio = if h == 0 {
+                        "-".to_string()
+                    } else {
+                        format!("{:.2}x", hog / base_hogs)
+                    };
+                    let boosted = median(&r.iter().map(|r| r.boosted_ms_per_s).collect::<Vec<_>>());
+                    println!(
+                        "| {n} | {h} | {window_us} µs | {name} | {rounds:.0} | {:.2}x | {hog:.0} | {hog_ratio} | {boosted:.1} | {} |",
+                        rounds / base_rounds,
+                        r.iter().map(|r| r.revoked).sum::<u64>()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Metrics of boosting and directed yield, with KVM's stat names where KVM has them.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Receives what the booster and the policies do. Every method has an empty default.
+pub trait SchedEvents: Send + Sync {
+    /// vCPU `vcpu`'s thread was boosted.
+    fn boosted(&self, _vcpu: usize) {}
+    /// Its boost was undone after `held`; `revoked` if it had to be taken back
+    /// (the thread did not run within the limit).
+    fn unboosted(&self, _vcpu: usize, _held: Duration, _revoked: bool) {}
+    /// A directed yield was attempted; `successful` if the CPU went to a target.
+    fn directed_yield(&self, _successful: bool) {}
+    /// Boosting vCPU `vcpu` failed (e.g. no `CAP_SYS_NICE`): the policy goes
+    /// on as if the boost had been refused.
+    fn boost_failed(&self, _vcpu: usize, _error: &std::io::Error) {}
+}
+
+/// No metrics, at no cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoEvents;
+
+impl SchedEvents for NoEvents {}
+
+impl<E: SchedEvents + ?Sized> SchedEvents for std::sync::Arc<E> {
+    fn boosted(&self, vcpu: usize) {
+        (**self).boosted(vcpu)
+    }
+    fn unboosted(&self, vcpu: usize, held: Duration, revoked: bool) {
+        (**self).unboosted(vcpu, held, revoked)
+    }
+    fn directed_yield(&self, successful: bool) {
+        (**self).directed_yield(successful)
+    }
+    fn boost_failed(&self, vcpu: usize, error: &std::io::Error) {
+        (**self).boost_failed(vcpu, error)
+    }
+}
+
+/// Counters a VMM can read at any time.
+#[derive(Debug, Default)]
+pub struct SchedStats {
+    /// Boosts applied.
+    pub boosts: AtomicU64,
+    /// Total time threads stayed boosted, ns.
+    pub boost_ns: AtomicU64,
+    /// Boosts taken back because the thread did not run in time.
+    pub boosts_revoked: AtomicU64,
+    /// KVM's `directed_yield_attempted`.
+    pub directed_yield_attempted: AtomicU64,
+    /// KVM's `directed_yield_successful`.
+    pub directed_yield_successful: AtomicU64,
+    /// Boosts that failed (the thread control refused, e.g. no `CAP_SYS_NICE`).
+    pub boost_errors: AtomicU64,
+}
+
+impl SchedEvents for SchedStats {
+    fn boosted(&self, _: usize) {
+        self.boosts.fetch_add(1, Relaxed);
+    }
+
+    fn unboosted(&self, _: usize, held: Duration, revoked: bool) {
+        self.boost_ns.fetch_add(held.as_nanos() as u64, Relaxed);
+        self.boosts_revoked.fetch_add(u64::from(revoked), Relaxed);
+    }
+
+    fn directed_yield(&self, successful: bool) {
+        self.directed_yield_attempted.fetch_add(1, Relaxed);
+        self.directed_yield_successful
+            .fetch_add(u64::from(successful), Relaxed);
+    }
+
+    fn boost_failed(&self, _: usize, _: &std::io::Error) {
+        self.boost_errors.fetch_add(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_count_with_kvms_names() {
+        let s = SchedStats::default();
+        s.boosted(1);
+        s.unboosted(1, Duration::from_micros(3), true);
+        s.directed_yield(true);
+        s.directed_yield(false);
+        s.boost_failed(1, &std::io::Error::other("refused"));
+        let get = |a: &AtomicU64| a.load(Relaxed);
+        assert_eq!(
+            (get(&s.boosts), get(&s.boost_ns), get(&s.boosts_revoked)),
+            (1, 3000, 1)
+        );
+        assert_eq!(get(&s.boost_errors), 1);
+        assert_eq!(
+            (
+                get(&s.directed_yield_attempted),
+                get(&s.directed_yield_successful)
+            ),
+            (2, 1)
+        );
+    }
+}

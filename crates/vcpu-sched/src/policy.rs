@@ -1,0 +1,436 @@
+//! Boost policies: what to do when an interrupt is delivered to a vCPU, when a
+//! vCPU waits on others, and when a vCPU runs.
+
+use std::sync::atomic::AtomicUsize;
+
+use crate::directed_yield::{GuestView, YieldResult, on_spin};
+use crate::host_load::{Crowding, LoadSource, RunnableThreads};
+use crate::state::VcpuState;
+
+/// What a policy can do: the vCPUs' states and the booster.
+pub struct Ctx<'a> {
+    /// Every vCPU's state.
+    pub vcpus: &'a [VcpuState],
+    /// Boosts vCPU threads (and undoes boosts).
+    pub booster: &'a dyn Boost,
+    /// Where the last directed yield went (KVM's `last_boosted_vcpu`).
+    pub last_boosted: &'a AtomicUsize,
+    /// What the VMM knows of the guest (pending interrupts, guest mode).
+    pub guest: &'a dyn GuestView,
+}
+
+impl Ctx<'_> {
+    /// Marks `target` ready (an interrupt was delivered to it); false if
+    /// there is no such vCPU.
+    pub fn mark_ready(&self, target: usize) -> bool {
+        self.vcpus.get(target).map(VcpuState::delivered).is_some()
+    }
+}
+
+/// The booster, as policies use it.
+pub trait Boost {
+    /// Boosts vCPU `vcpu`'s thread; false if it was not (already boosted, out
+    /// of budget, unregistered, or refused).
+    fn boost(&self, vcpu: usize) -> bool;
+    /// Whether vCPU `vcpu`'s thread is boosted now.
+    fn is_boosted(&self, vcpu: usize) -> bool;
+    /// vCPU `vcpu` ran: undo its boost.
+    fn ran(&self, vcpu: usize);
+    /// Gives up the calling thread's CPU.
+    fn yield_now(&self);
+    /// Reports a directed-yield attempt.
+    fn directed_yield(&self, successful: bool);
+}
+
+/// A failed boost (no `CAP_SYS_NICE`, say) counts as refused: the policy goes
+/// on without it, and the booster's events see the error
+/// ([`crate::SchedEvents::boost_failed`], `SchedStats::boost_errors`). Check
+/// at start-up with [`crate::FifoBoost::check`] to fail early instead.
+impl<T: crate::ThreadControl, E: crate::SchedEvents> Boost for crate::Booster<T, E> {
+    fn boost(&self, vcpu: usize) -> bool {
+        crate::Booster::boost(self, vcpu).unwrap_or(false)
+    }
+    fn is_boosted(&self, vcpu: usize) -> bool {
+        crate::Booster::is_boosted(self, vcpu)
+    }
+    fn ran(&self, vcpu: usize) {
+        let _ = crate::Booster::ran(self, vcpu);
+    }
+    fn yield_now(&self) {
+        self.control().yield_now();
+    }
+    fn directed_yield(&self, successful: bool) {
+        self.report_directed_yield(successful);
+    }
+}
+
+/// Decides how a VMM helps vCPUs that other vCPUs wait for.
+pub trait BoostPolicy: Send + Sync {
+    /// An interrupt (an IPI, a wake-up) was just delivered to `target`.
+    fn on_delivery(&self, ctx: &Ctx, target: usize);
+    /// `me` is waiting on other vCPUs (spinning, as on an IPI's completion).
+    fn on_wait(&self, ctx: &Ctx, me: usize);
+    /// `me` spins with nothing to wait for (idle polling in the guest, or
+    /// halt polling in the VMM). Returns whether it should keep spinning;
+    /// false asks it to block now. A pause-loop exit cannot tell this from
+    /// `on_wait`, so by default it is the same, and spinning goes on.
+    fn on_idle(&self, ctx: &Ctx, me: usize) -> bool {
+        self.on_wait(ctx, me);
+        true
+    }
+    /// `vcpu` runs (entered the guest, or handled its interrupt).
+    fn on_run(&self, ctx: &Ctx, vcpu: usize);
+}
+
+/// Do nothing: the host scheduler alone decides.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoBoost;
+
+impl BoostPolicy for NoBoost {
+    fn on_delivery(&self, _: &Ctx, _: usize) {}
+    fn on_wait(&self, _: &Ctx, _: usize) {}
+    fn on_run(&self, _: &Ctx, _: usize) {}
+}
+
+/// The seed: mark the target ready on delivery, so a waiting vCPU's directed
+/// yield picks it; no priority change. Userspace has no `yield_to(task)`, so
+/// the yield is a plain `sched_yield` once a candidate is found.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KvmReady;
+
+impl BoostPolicy for KvmReady {
+    fn on_delivery(&self, ctx: &Ctx, target: usize) {
+        ctx.mark_ready(target);
+    }
+
+    fn on_wait(&self, ctx: &Ctx, me: usize) {
+        let got = on_spin(me, ctx.vcpus, ctx.last_boosted, false, ctx.guest, |_| {
+            ctx.booster.yield_now();
+            YieldResult::Yielded
+        });
+        ctx.booster.directed_yield(got.is_some());
+    }
+
+    fn on_run(&self, _: &Ctx, _: usize) {}
+}
+
+/// Boost every target as its interrupt is delivered (`SCHED_FIFO` through the
+/// booster); the target undoes its boost when it runs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FifoOnDelivery;
+
+impl BoostPolicy for FifoOnDelivery {
+    fn on_delivery(&self, ctx: &Ctx, target: usize) {
+        if ctx.mark_ready(target) {
+            ctx.booster.boost(target);
+        }
+    }
+
+    fn on_wait(&self, _: &Ctx, _: usize) {}
+
+    fn on_run(&self, ctx: &Ctx, vcpu: usize) {
+        ctx.booster.ran(vcpu);
+    }
+}
+
+/// This crate's own: a directed yield that picks *how* to give the CPU by who
+/// else wants it.
+///
+/// Delivery marks the target ready (as the seed). A vCPU that waits picks a
+/// target as `kvm_vcpu_on_spin` does. Userspace has no `yield_to(task)`, so:
+/// - when the only runnable threads on the host are this VM's own vCPUs, a
+///   plain `sched_yield` can only go to one of them: it yields, which is cheap
+///   and also lets idle-spinning vCPUs make room;
+/// - when other threads compete (other tenants), a plain yield would hand them
+///   the CPU, so it boosts the target instead (`SCHED_FIFO` through the
+///   booster): a real-time wake-up preempts whatever runs on the target's CPU,
+///   which is the waiter itself when they share one, the kernel's `yield_to`.
+///   The boost is undone as soon as the target runs (`on_run`) and never
+///   outlives the booster's budget.
+///
+/// "Other threads compete" is [`Crowding`]'s verdict: the host's runnable
+/// threads (`/proc/loadavg`) against the VM's vCPUs that are not halted.
+/// When a vCPU spins idle ([`BoostPolicy::on_idle`]) on a crowded host with
+/// no vCPU to help, it is asked to stop spinning and block: polling there
+/// takes from the other tenants, which is the halt-poll crate's contention
+/// rule for the same reason.
+#[derive(Debug)]
+pub struct DirectedYield<L: LoadSource = RunnableThreads> {
+    crowding: Crowding<L>,
+}
+
+impl DirectedYield {
+    /// The policy, sampling `/proc/loadavg`.
+    pub fn new() -> Self {
+        Self::with_crowding(Crowding::new())
+    }
+}
+
+impl Default for DirectedYield {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<L: LoadSource> DirectedYield<L> {
+    /// The policy, deciding whether the host is crowded with `crowding`.
+    pub fn with_crowding(crowding: Crowding<L>) -> Self {
+        Self { crowding }
+    }
+}
+
+impl<L: LoadSource> DirectedYield<L> {
+    /// Helps a ready vCPU run: a plain yield on an uncrowded host, a boost on
+    /// a crowded one. Returns whether one was helped.
+    fn give_way(&self, ctx: &Ctx, me: usize) -> bool {
+        let crowded = self.crowding.crowded(ctx.vcpus);
+        let got = on_spin(me, ctx.vcpus, ctx.last_boosted, false, ctx.guest, |idx| {
+            if !crowded {
+                ctx.booster.yield_now();
+                YieldResult::Yielded
+            } else if ctx.booster.is_boosted(idx) || boost_ready(ctx, idx) {
+                YieldResult::Yielded
+            } else {
+                YieldResult::Failed
+            }
+        });
+        ctx.booster.directed_yield(got.is_some());
+        got.is_some()
+    }
+}
+
+impl<L: LoadSource> BoostPolicy for DirectedYield<L> {
+    fn on_delivery(&self, ctx: &Ctx, target: usize) {
+        ctx.mark_ready(target);
+    }
+
+    fn on_wait(&self, ctx: &Ctx, me: usize) {
+        self.give_way(ctx, me);
+    }
+
+    /// An idle spinner on a crowded host stops spinning once no vCPU needs
+    /// its help: polling there takes from the other tenants (the halt-poll
+    /// crate's contention rule, for the same reason).
+    fn on_idle(&self, ctx: &Ctx, me: usize) -> bool {
+        self.give_way(ctx, me) || !self.crowding.crowded(ctx.vcpus)
+    }
+
+    fn on_run(&self, ctx: &Ctx, vcpu: usize) {
+        ctx.booster.ran(vcpu);
+    }
+}
+
+/// Boosts `target` for as long as it is ready (delivered to, not yet run):
+/// a target that ran between the check and the boost would otherwise keep a
+/// boost it no longer needs until the budget takes it back. Returns whether
+/// the boost stands.
+pub fn boost_ready(ctx: &Ctx, target: usize) -> bool {
+    let Some(state) = ctx.vcpus.get(target) else {
+        return false;
+    };
+    if !ctx.booster.boost(target) {
+        return false;
+    }
+    if state.is_ready() {
+        return true;
+    }
+    ctx.booster.ran(target); // it ran meanwhile: undo what it may have missed
+    false
+}
+
+/// A paravirtual "yield to vCPU `target`" from vCPU `me` (KVM's hypercall 11):
+/// boost the target's thread and give it this CPU. The boost is undone when
+/// the target runs (`Boost::ran`) or by the booster's limits. Returns whether
+/// the target was boosted.
+pub fn pv_yield_to(ctx: &Ctx, me: usize, target: usize) -> bool {
+    if me == target || target >= ctx.vcpus.len() {
+        return false;
+    }
+    let boosted = ctx.booster.boost(target);
+    ctx.booster.yield_now();
+    ctx.booster.directed_yield(boosted);
+    boosted
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// Records what a policy asks for.
+    #[derive(Default)]
+    struct Recorder {
+        calls: RefCell<Vec<String>>,
+        grant: bool,
+    }
+
+    impl Recorder {
+        fn granting() -> Self {
+            Self {
+                grant: true,
+                ..Default::default()
+            }
+        }
+    }
+
+    fn states(n: usize) -> Vec<VcpuState> {
+        (0..n).map(|_| VcpuState::new()).collect()
+    }
+
+    impl Boost for Recorder {
+        fn boost(&self, vcpu: usize) -> bool {
+            self.calls.borrow_mut().push(format!("boost {vcpu}"));
+            self.grant
+        }
+        fn is_boosted(&self, _: usize) -> bool {
+            false
+        }
+        fn ran(&self, vcpu: usize) {
+            self.calls.borrow_mut().push(format!("ran {vcpu}"));
+        }
+        fn yield_now(&self) {
+            self.calls.borrow_mut().push("yield".into());
+        }
+        fn directed_yield(&self, ok: bool) {
+            self.calls.borrow_mut().push(format!("dy {ok}"));
+        }
+    }
+
+    fn run(policy: &dyn BoostPolicy, grant: bool) -> Vec<String> {
+        let vcpus = states(3);
+        let rec = Recorder {
+            grant,
+            ..Default::default()
+        };
+        let last = AtomicUsize::new(0);
+        let ctx = ctx_for(&vcpus, &rec, &last);
+        policy.on_delivery(&ctx, 2);
+        assert!(
+            vcpus[2].is_ready(),
+            "every policy but NoBoost marks the target ready"
+        );
+        policy.on_wait(&ctx, 0);
+        policy.on_run(&ctx, 2);
+        rec.calls.take()
+    }
+
+    fn ctx_for<'a>(vcpus: &'a [VcpuState], rec: &'a dyn Boost, last: &'a AtomicUsize) -> Ctx<'a> {
+        Ctx {
+            vcpus,
+            booster: rec,
+            last_boosted: last,
+            guest: &crate::NoGuestView,
+        }
+    }
+
+    /// A load source with a fixed count.
+    struct Load(usize);
+
+    impl LoadSource for Load {
+        fn runnable(&self) -> std::io::Result<usize> {
+            Ok(self.0)
+        }
+    }
+
+    fn own(runnable: usize) -> DirectedYield<Load> {
+        DirectedYield::with_crowding(Crowding::with_source(
+            Some(Load(runnable)),
+            std::time::Duration::ZERO,
+        ))
+    }
+
+    #[test]
+    fn each_preset_does_what_it_says() {
+        assert_eq!(run(&KvmReady, true), ["yield", "dy true"]);
+        assert_eq!(run(&FifoOnDelivery, true), ["boost 2", "ran 2"]);
+    }
+
+    #[test]
+    fn own_policy_yields_on_a_quiet_host_and_boosts_on_a_crowded_one() {
+        assert_eq!(run(&own(0), true), ["yield", "dy true", "ran 2"]);
+        assert_eq!(run(&own(99), true), ["boost 2", "dy true", "ran 2"]);
+        assert_eq!(
+            run(&own(99), false),
+            ["boost 2", "dy false", "ran 2"],
+            "a refused boost is a failed directed yield"
+        );
+    }
+
+    #[test]
+    fn an_idle_spinner_stops_only_on_a_crowded_host_with_no_one_to_help() {
+        let vcpus = states(3);
+        let (rec, last) = (Recorder::granting(), AtomicUsize::new(0));
+        let ctx = ctx_for(&vcpus, &rec, &last);
+        assert!(own(0).on_idle(&ctx, 0), "quiet host: keep polling");
+        assert!(!own(99).on_idle(&ctx, 0), "crowded, nothing ready: block");
+        vcpus[1].delivered();
+        assert!(own(99).on_idle(&ctx, 0), "crowded, but it boosted vCPU 1");
+        assert!(KvmReady.on_idle(&ctx, 0), "the presets always keep polling");
+    }
+
+    /// A booster during whose boost the target runs.
+    struct TargetRunsDuringBoost<'a> {
+        rec: Recorder,
+        target: &'a VcpuState,
+    }
+
+    impl Boost for TargetRunsDuringBoost<'_> {
+        fn boost(&self, vcpu: usize) -> bool {
+            self.target.entering_guest();
+            self.rec.boost(vcpu)
+        }
+        fn is_boosted(&self, _: usize) -> bool {
+            false
+        }
+        fn ran(&self, vcpu: usize) {
+            self.rec.ran(vcpu)
+        }
+        fn yield_now(&self) {}
+        fn directed_yield(&self, _: bool) {}
+    }
+
+    #[test]
+    fn a_boost_that_comes_after_the_target_ran_is_undone() {
+        let vcpus = states(2);
+        vcpus[1].delivered();
+        let booster = TargetRunsDuringBoost {
+            rec: Recorder {
+                grant: true,
+                ..Default::default()
+            },
+            target: &vcpus[1],
+        };
+        let last = AtomicUsize::new(0);
+        let ctx = ctx_for(&vcpus, &booster, &last);
+        assert!(!boost_ready(&ctx, 1));
+        assert_eq!(booster.rec.calls.take(), ["boost 1", "ran 1"]);
+        assert!(!boost_ready(&ctx, 7), "no such vCPU");
+    }
+
+    #[test]
+    fn pv_yield_to_boosts_the_target_and_yields() {
+        let vcpus = states(3);
+        let (rec, last) = (Recorder::granting(), AtomicUsize::new(0));
+        let ctx = ctx_for(&vcpus, &rec, &last);
+        assert!(pv_yield_to(&ctx, 0, 2));
+        assert_eq!(rec.calls.take(), ["boost 2", "yield", "dy true"]);
+        assert!(!pv_yield_to(&ctx, 1, 1), "not to itself");
+        assert!(
+            !pv_yield_to(&ctx, 0, 9),
+            "not to a vCPU that does not exist"
+        );
+    }
+
+    #[test]
+    fn no_boost_does_nothing() {
+        let vcpus = states(2);
+        let rec = Recorder::default();
+        let last = AtomicUsize::new(0);
+        let ctx = ctx_for(&vcpus, &rec, &last);
+        NoBoost.on_delivery(&ctx, 1);
+        NoBoost.on_wait(&ctx, 0);
+        NoBoost.on_run(&ctx, 1);
+        assert!(rec.calls.borrow().is_empty());
+        assert!(!vcpus[1].is_ready());
+    }
+}

@@ -1,0 +1,116 @@
+//! Detecting a preempted vCPU from userspace: runnable, but not running.
+//!
+//! KVM knows from its scheduler notifiers. A VMM can see, in
+//! `/proc/self/task/<tid>/schedstat`, how long a thread has run and how long it
+//! waited on a runqueue: a vCPU thread in the guest or the VMM that, since the
+//! last look, waited for a CPU more than a quarter of the time and ran less than
+//! half of it is runnable but kept off the CPU. (Waking from a sleep also adds
+//! a little run delay, hence the quarter.)
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+
+use crate::thread::Tid;
+
+/// Samples one thread's scheduler statistics.
+#[derive(Debug)]
+pub struct PreemptionProbe {
+    file: File,
+    last: Option<(Instant, u64, u64)>,
+}
+
+/// Parses "<on-cpu ns> <run-delay ns> <timeslices>".
+fn parse(text: &[u8]) -> Option<(u64, u64)> {
+    let mut fields = std::str::from_utf8(text).ok()?.split_whitespace();
+    Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+}
+
+impl PreemptionProbe {
+    /// A probe of thread `tid` of this process.
+    pub fn new(tid: Tid) -> io::Result<Self> {
+        Ok(Self {
+            file: File::open(format!("/proc/self/task/{tid}/schedstat"))?,
+            last: None,
+        })
+    }
+
+    fn read(&self) -> io::Result<(u64, u64)> {
+        let mut buf = [0u8; 96];
+        let n = self.file.read_at(&mut buf, 0)?;
+        parse(&buf[..n]).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "unexpected schedstat format")
+        })
+    }
+
+    /// Whether the thread was kept off the CPU since the last call (false on
+    /// the first).
+    pub fn preempted(&mut self) -> io::Result<bool> {
+        let (ran, waited) = self.read()?;
+        let now = Instant::now();
+        let verdict = self.last.is_some_and(|(at, ran0, waited0)| {
+            let wall = now.duration_since(at).as_nanos() as u64;
+            waited.saturating_sub(waited0) > wall / 4 && ran.saturating_sub(ran0) < wall / 2
+        });
+        self.last = Some((now, ran, waited));
+        Ok(verdict)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::thread::current_tid;
+
+    #[test]
+    fn parses_schedstat() {
+        assert_eq!(parse(b"10 20 3\n"), Some((10, 20)));
+        assert_eq!(parse(b"10"), None);
+        assert_eq!(parse(b"x y"), None);
+    }
+
+    #[test]
+    fn a_thread_that_sleeps_is_not_preempted() {
+        let mut p = PreemptionProbe::new(current_tid()).unwrap();
+        assert!(!p.preempted().unwrap(), "no verdict on the first look");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(!p.preempted().unwrap(), "sleeping is not waiting for a CPU");
+    }
+
+    #[test]
+    fn a_thread_kept_off_its_cpu_is_preempted() {
+        // Pin three spinning threads to one CPU: the probed one (runnable,
+        // spinning) runs about a third of the time and waits the rest.
+        let cpu = crate::thread::available_cpus().unwrap()[0];
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinner = |stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+                       tx: Option<std::sync::mpsc::Sender<Tid>>| {
+            std::thread::spawn(move || {
+                crate::thread::pin(0, &[cpu]).unwrap();
+                if let Some(tx) = tx {
+                    tx.send(current_tid()).unwrap();
+                }
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let a = spinner(stop.clone(), Some(tx));
+        let b = spinner(stop.clone(), None);
+        let c = spinner(stop.clone(), None);
+        let mut p = PreemptionProbe::new(rx.recv().unwrap()).unwrap();
+        p.preempted().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let verdict = p.preempted().unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in [a, b, c] {
+            t.join().unwrap();
+        }
+        assert!(
+            verdict,
+            "three spinners on one CPU: each waits about two thirds of the time"
+        );
+    }
+}

@@ -1,0 +1,355 @@
+//! Acting on a vCPU's host thread: its scheduling attributes and its CPUs.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Mutex, PoisonError};
+
+/// A Linux thread id (`gettid`).
+pub type Tid = libc::pid_t;
+
+/// The calling thread's id.
+pub fn current_tid() -> Tid {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// `struct sched_attr` (`sched_setattr(2)`), up to the utilization clamps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedAttr {
+    /// Size of this struct.
+    pub size: u32,
+    /// `SCHED_OTHER`, `SCHED_FIFO`, ...
+    pub policy: u32,
+    /// `SCHED_FLAG_*`.
+    pub flags: u64,
+    /// Nice value (`SCHED_OTHER`).
+    pub nice: i32,
+    /// Static priority (`SCHED_FIFO`/`SCHED_RR`).
+    pub priority: u32,
+    /// Runtime, ns (`SCHED_DEADLINE`; EEVDF's custom slice on `SCHED_OTHER`).
+    pub runtime: u64,
+    /// Deadline, ns (`SCHED_DEADLINE`).
+    pub deadline: u64,
+    /// Period, ns (`SCHED_DEADLINE`).
+    pub period: u64,
+    /// Utilization clamp minimum.
+    pub util_min: u32,
+    /// Utilization clamp maximum.
+    pub util_max: u32,
+}
+
+/// The scheduling attributes of thread `tid`.
+pub fn get_attr(tid: Tid) -> io::Result<SchedAttr> {
+    let mut attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        ..Default::default()
+    };
+    // SAFETY: sched_getattr writes at most `size` bytes into `attr`, which we own.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid,
+            &mut attr as *mut SchedAttr,
+            attr.size,
+            0,
+        )
+    };
+    if ret == 0 {
+        Ok(attr)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets the scheduling attributes of thread `tid`.
+pub fn set_attr(tid: Tid, attr: &SchedAttr) -> io::Result<()> {
+    let attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        ..*attr
+    };
+    // SAFETY: sched_setattr reads `size` bytes from `attr`, which lives for the call.
+    let ret = unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// How boosting acts on a host thread. Implementations must make `restore`
+/// undo `boost` exactly.
+pub trait ThreadControl: Send + Sync {
+    /// Raises thread `tid`'s scheduling priority.
+    fn boost(&self, tid: Tid) -> io::Result<()>;
+    /// Restores what `boost` changed on `tid`. A thread that has exited is
+    /// not an error.
+    fn restore(&self, tid: Tid) -> io::Result<()>;
+    /// Gives up the calling thread's CPU.
+    fn yield_now(&self) {
+        std::thread::yield_now();
+    }
+}
+
+impl<T: ThreadControl + ?Sized> ThreadControl for std::sync::Arc<T> {
+    fn boost(&self, tid: Tid) -> io::Result<()> {
+        (**self).boost(tid)
+    }
+    fn restore(&self, tid: Tid) -> io::Result<()> {
+        (**self).restore(tid)
+    }
+    fn yield_now(&self) {
+        (**self).yield_now()
+    }
+}
+
+/// Boosts to `SCHED_FIFO` at a priority, saving each thread's original
+/// attributes and putting them back on `restore`. Needs `CAP_SYS_NICE` (or an
+/// `RLIMIT_RTPRIO`): without it `boost` fails with `PermissionDenied`, which the
+/// caller sees; nothing is silently skipped.
+#[derive(Debug)]
+pub struct FifoBoost {
+    priority: u32,
+    saved: Mutex<HashMap<Tid, SchedAttr>>,
+}
+
+impl FifoBoost {
+    /// Boosts to `SCHED_FIFO` at `priority` (1 is the lowest real-time priority).
+    pub fn new(priority: u32) -> Self {
+        Self {
+            priority,
+            saved: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl FifoBoost {
+    /// Checks, before relying on it, that this process may boost: boosts the
+    /// calling thread and puts it back. A VMM calls it at start-up to fail
+    /// (or choose a policy that does not boost) with a clear reason.
+    ///
+    /// # Errors
+    /// `PermissionDenied`, naming what is missing, without `CAP_SYS_NICE`.
+    pub fn check(&self) -> io::Result<()> {
+        let tid = current_tid();
+        self.boost(tid)?;
+        self.restore(tid)
+    }
+}
+
+impl Default for FifoBoost {
+    fn default() -> Self {
+        Self::new(1)
+    }
+}
+
+fn exited(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ESRCH)
+}
+
+impl ThreadControl for FifoBoost {
+    fn boost(&self, tid: Tid) -> io::Result<()> {
+        let original = get_attr(tid)?;
+        let mut saved = self.saved.lock().unwrap_or_else(PoisonError::into_inner);
+        saved.entry(tid).or_insert(original);
+        let fifo = SchedAttr {
+            policy: libc::SCHED_FIFO as u32,
+            priority: self.priority,
+            ..Default::default()
+        };
+        set_attr(tid, &fifo).map_err(|e| {
+            saved.remove(&tid);
+            let hint = if e.kind() == io::ErrorKind::PermissionDenied {
+                " (needs CAP_SYS_NICE, or an RLIMIT_RTPRIO of at least the priority)"
+            } else {
+                ""
+            };
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot boost thread {tid} to SCHED_FIFO {}: {e}{hint}",
+                    self.priority
+                ),
+            )
+        })
+    }
+
+    fn restore(&self, tid: Tid) -> io::Result<()> {
+        let original = self
+            .saved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&tid);
+        match original.map(|attr| set_attr(tid, &attr)) {
+            Some(Err(e)) if !exited(&e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The CPUs this process may run on, from `sched_getaffinity`.
+pub fn available_cpus() -> io::Result<Vec<usize>> {
+    affinity(0)
+}
+
+/// Pins thread `tid` (0: the caller) to `cpus`.
+///
+/// # Errors
+/// `InvalidInput` if `cpus` is empty or names a CPU this process cannot use;
+/// the kernel's error otherwise.
+pub fn pin(tid: Tid, cpus: &[usize]) -> io::Result<()> {
+    let allowed = available_cpus()?;
+    if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("CPU {bad} does not exist or is not available (available: {allowed:?})"),
+        ));
+    }
+    if cpus.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "an empty CPU set",
+        ));
+    }
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: `c` is an available CPU, so below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: passes the set we own and its size; the result is checked.
+    let ret = unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The CPUs thread `tid` (0: the caller) may run on, as the kernel reports them.
+pub fn affinity(tid: Tid) -> io::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data, filled by sched_getaffinity.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: passes the set we own and its size; the result is checked.
+    let ret =
+        unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: CPU_ISSET reads inside the set for every index below CPU_SETSIZE.
+    Ok((0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attributes_of_the_calling_thread_can_be_read() {
+        let attr = get_attr(current_tid()).unwrap();
+        assert_eq!(attr.policy, libc::SCHED_OTHER as u32);
+    }
+
+    /// Drops `CAP_SYS_NICE` from the calling thread's effective set
+    /// (capabilities are per thread).
+    fn drop_cap_sys_nice() {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const VERSION_3: u32 = 0x2008_0522;
+        const CAP_SYS_NICE: u32 = 23;
+        let mut header = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
+        let mut data = [Data::default(); 2];
+        // SAFETY: capget writes two `Data` for version 3 into `data`, which we own.
+        let got = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+        assert_eq!(got, 0, "capget: {}", io::Error::last_os_error());
+        data[0].effective &= !(1 << CAP_SYS_NICE);
+        // SAFETY: capset reads the header and two `Data`, which live for the call.
+        let set = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
+        assert_eq!(set, 0, "capset: {}", io::Error::last_os_error());
+    }
+
+    #[test]
+    fn without_cap_sys_nice_boosting_fails_with_the_reason() {
+        std::thread::spawn(|| {
+            drop_cap_sys_nice();
+            let limit = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+            let rtprio = limit
+                .lines()
+                .find(|l| l.starts_with("Max realtime priority"));
+            if rtprio.is_some_and(|l| l.split_whitespace().nth(3) != Some("0")) {
+                eprintln!("SKIPPED: RLIMIT_RTPRIO lets this thread boost without CAP_SYS_NICE");
+                return;
+            }
+            let err = FifoBoost::default().check().unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::PermissionDenied);
+            assert!(err.to_string().contains("CAP_SYS_NICE"), "{err}");
+            let attr = get_attr(current_tid()).unwrap();
+            assert_eq!(attr.policy, libc::SCHED_OTHER as u32, "nothing changed");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn fifo_boost_is_restored_exactly() {
+        std::thread::spawn(|| {
+            let tid = current_tid();
+            let before = get_attr(tid).unwrap();
+            let fifo = FifoBoost::default();
+            match fifo.boost(tid) {
+                Ok(()) => {}
+                // Without CAP_SYS_NICE the error is clear, not a silent no-op.
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    eprintln!("SKIPPED: no CAP_SYS_NICE: {e}");
+                    return;
+                }
+                Err(e) => panic!("{e}"),
+            }
+            assert_eq!(get_attr(tid).unwrap().policy, libc::SCHED_FIFO as u32);
+            fifo.restore(tid).unwrap();
+            assert_eq!(get_attr(tid).unwrap(), before);
+            fifo.restore(tid).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn restoring_a_thread_that_exited_is_not_an_error() {
+        let fifo = FifoBoost::default();
+        let tid = std::thread::spawn(current_tid).join().unwrap();
+        fifo.saved.lock().unwrap().insert(tid, SchedAttr::default());
+        fifo.restore(tid).unwrap();
+        assert!(fifo.saved.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn pinning_reads_back_and_rejects_missing_cpus() {
+        std::thread::spawn(|| {
+            let cpus = available_cpus().unwrap();
+            pin(0, &cpus[..1]).unwrap();
+            assert_eq!(affinity(0).unwrap(), cpus[..1]);
+            let err = pin(0, &[4096]).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+            assert!(err.to_string().contains("CPU 4096 does not exist"), "{err}");
+            assert_eq!(pin(0, &[]).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        })
+        .join()
+        .unwrap();
+    }
+}
