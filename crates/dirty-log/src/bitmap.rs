@@ -52,7 +52,7 @@ impl DirtyBitmap {
     }
 
     /// A bitmap from KVM's words; bits past the last page are ignored.
-    pub fn from_kvm_words(pages: u64, mut words: Vec<u64>) -> Result<Self, BitmapError> {
+    pub fn from_kvm_words(pages: u64, words: Vec<u64>) -> Result<Self, BitmapError> {
         let expected = words_for(pages);
         if words.len() != expected {
             return Err(BitmapError::WrongLength {
@@ -61,10 +61,9 @@ impl DirtyBitmap {
                 actual: words.len(),
             });
         }
-        if let (Some(last), tail @ 1..) = (words.last_mut(), pages % WORD_BITS) {
-            *last &= (1 << tail) - 1;
-        }
-        Ok(Self { pages, words })
+        let mut bitmap = Self { pages, words };
+        bitmap.clear_tail();
+        Ok(bitmap)
     }
 
     /// Pages in the slot.
@@ -105,9 +104,63 @@ impl DirtyBitmap {
         Ok(())
     }
 
+    /// Adds the pages set in KVM-layout `words` (same slot size) to this
+    /// bitmap; bits past the last page are ignored.
+    pub fn merge_kvm_words(&mut self, words: &[u64]) -> Result<(), BitmapError> {
+        if words.len() != self.words.len() {
+            return Err(BitmapError::WrongLength {
+                pages: self.pages,
+                expected: self.words.len(),
+                actual: words.len(),
+            });
+        }
+        self.words.iter_mut().zip(words).for_each(|(a, b)| *a |= b);
+        self.clear_tail();
+        Ok(())
+    }
+
+    /// Marks every page dirty.
+    pub fn set_all(&mut self) {
+        self.words.fill(u64::MAX);
+        self.clear_tail();
+    }
+
+    /// Marks every page clean.
+    pub fn clear(&mut self) {
+        self.words.fill(0);
+    }
+
+    /// Whether no page is dirty.
+    pub fn is_clean(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+
+    /// The dirty runs (first page, length), in order, skipping clean words.
+    pub fn runs(&self) -> Runs<'_> {
+        Runs {
+            words: &self.words,
+            pages: self.pages,
+            next: 0,
+        }
+    }
+
     /// The bitmap in KVM's layout.
     pub fn as_kvm_words(&self) -> &[u64] {
         &self.words
+    }
+
+    /// KVM-layout words for pages `first..first + 64 * n`, where `first` is a
+    /// multiple of 64: what `KVM_CLEAR_DIRTY_LOG` takes for that range.
+    pub fn kvm_words_from(&self, first: u64) -> &[u64] {
+        self.words
+            .get((first / WORD_BITS) as usize..)
+            .unwrap_or(&[])
+    }
+
+    fn clear_tail(&mut self) {
+        if let (Some(last), tail @ 1..) = (self.words.last_mut(), self.pages % WORD_BITS) {
+            *last &= (1 << tail) - 1;
+        }
     }
 
     fn check(&self, page: u64) -> Result<(), BitmapError> {
@@ -119,6 +172,55 @@ impl DirtyBitmap {
                 pages: self.pages,
             })
         }
+    }
+}
+
+/// Iterator over a bitmap's dirty runs: `(first page, pages)`.
+#[derive(Clone, Debug)]
+pub struct Runs<'a> {
+    words: &'a [u64],
+    pages: u64,
+    next: u64,
+}
+
+impl Runs<'_> {
+    /// The first dirty page at or after `page`, skipping clean words.
+    fn next_dirty(&self, page: u64) -> Option<u64> {
+        let mut word = (page / WORD_BITS) as usize;
+        let mut bits = *self.words.get(word)? & (u64::MAX << (page % WORD_BITS));
+        while bits == 0 {
+            word += 1;
+            bits = *self.words.get(word)?;
+        }
+        Some(word as u64 * WORD_BITS + u64::from(bits.trailing_zeros()))
+    }
+
+    /// The first clean page at or after `page` (the slot's end if none).
+    fn next_clean(&self, page: u64) -> u64 {
+        let mut word = (page / WORD_BITS) as usize;
+        let Some(&first) = self.words.get(word) else {
+            return self.pages;
+        };
+        let mut bits = !first & (u64::MAX << (page % WORD_BITS));
+        while bits == 0 {
+            word += 1;
+            match self.words.get(word) {
+                Some(&w) => bits = !w,
+                None => return self.pages,
+            }
+        }
+        (word as u64 * WORD_BITS + u64::from(bits.trailing_zeros())).min(self.pages)
+    }
+}
+
+impl Iterator for Runs<'_> {
+    type Item = (u64, u64);
+
+    fn next(&mut self) -> Option<(u64, u64)> {
+        let start = self.next_dirty(self.next)?;
+        let end = self.next_clean(start);
+        self.next = end;
+        Some((start, end - start))
     }
 }
 
@@ -181,6 +283,33 @@ mod tests {
                 .count(),
             2
         );
+    }
+
+    #[test]
+    fn runs_span_words_and_stop_at_the_slot_end() {
+        let mut b = DirtyBitmap::new(200);
+        for p in (60..70).chain([100]).chain(130..200) {
+            b.set(p).unwrap();
+        }
+        assert_eq!(
+            b.runs().collect::<Vec<_>>(),
+            [(60, 10), (100, 1), (130, 70)]
+        );
+        b.set_all();
+        assert_eq!(b.runs().collect::<Vec<_>>(), [(0, 200)]);
+        assert_eq!(b.count(), 200);
+        b.clear();
+        assert!(b.is_clean() && b.runs().next().is_none());
+    }
+
+    #[test]
+    fn kvm_words_merge_and_slice_by_page() {
+        let mut b = DirtyBitmap::new(130);
+        b.merge_kvm_words(&[1, 2, u64::MAX]).unwrap();
+        assert_eq!(b.as_kvm_words(), &[1, 2, 3], "bits past page 129 dropped");
+        assert_eq!(b.kvm_words_from(64), &[2, 3]);
+        assert!(b.kvm_words_from(1 << 20).is_empty());
+        assert!(b.merge_kvm_words(&[0]).is_err());
     }
 
     #[test]

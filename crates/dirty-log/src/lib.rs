@@ -2,14 +2,19 @@
 //!
 //! A VMM copying a running guest's memory must know which pages the guest (and
 //! the VMM's own devices) wrote since the last copy. KVM offers three ways to
-//! learn it — `KVM_GET_DIRTY_LOG` bitmaps, manual protect with `KVM_CLEAR_DIRTY_LOG`,
-//! and the per-vCPU dirty ring — and none of them sees the VMM's own writes. This
-//! crate puts them behind one API, merges the VMM's writes in, and moves the heavy
-//! clear/protect work off the vCPU threads.
+//! learn it, `KVM_GET_DIRTY_LOG` bitmaps, manual protect with
+//! `KVM_CLEAR_DIRTY_LOG`, and the per-vCPU dirty ring, and none of them sees
+//! the VMM's own writes. This crate puts them behind one API, merges the VMM's
+//! writes in, and moves the heavy clear/protect work off the vCPU threads.
 //!
 //! # Shape
 //! - [`DirtyBitmap`]: one bit per page of a memory slot, in KVM's `u64` word layout.
-//! - The `DirtyLog` trait and its KVM backends are planned; see the README's status.
+//! - [`DirtyLog`]: enable, harvest into a [`DirtySet`], disable; backends
+//!   [`KvmBitmap`], [`KvmManualProtect`] and [`KvmDirtyRing`]. Each merges the
+//!   VMM's writes recorded by vm-memory's `AtomicBitmap` ([`VmmWrites`]).
+//! - [`precopy`]: rounds that always clear before they copy;
+//!   [`copy_round_pipelined`] clears on a background thread, in bounded chunks.
+//! - [`DirtyEvents`] with the no-op [`NoEvents`], and [`DirtyStats`].
 //!
 //! # Example
 //! ```
@@ -18,15 +23,34 @@
 //! let mut bitmap = DirtyBitmap::new(100);
 //! bitmap.set(3).unwrap();
 //! bitmap.set(64).unwrap();
-//! assert_eq!(bitmap.count(), 2);
-//! assert_eq!(bitmap.as_kvm_words(), &[1 << 3, 1]);
+//! bitmap.set(65).unwrap();
+//! assert_eq!(bitmap.count(), 3);
+//! assert_eq!(bitmap.runs().collect::<Vec<_>>(), [(3, 1), (64, 2)]);
+//! assert_eq!(bitmap.as_kvm_words(), &[1 << 3, 0b11]);
 //! ```
 
 #![deny(missing_docs)]
 
 pub mod bitmap;
+pub mod error;
+pub mod events;
+pub mod ioctls;
+pub mod kvm_bitmap;
+pub mod log;
+pub mod manual;
+pub mod precopy;
+pub mod ring;
+pub mod slots;
 
-pub use bitmap::{BitmapError, DirtyBitmap};
+pub use bitmap::{BitmapError, DirtyBitmap, Runs};
+pub use error::Error;
+pub use events::{DirtyEvents, DirtyStats, Ioctl, NoEvents};
+pub use kvm_bitmap::KvmBitmap;
+pub use log::{DirtyLog, DirtySet};
+pub use manual::{KvmManualProtect, ManualConfig};
+pub use precopy::{CopyRun, copy_round, copy_round_pipelined};
+pub use ring::{KvmDirtyRing, RingFull, RingMode, enable_dirty_ring};
+pub use slots::{PAGE_SIZE, Slot, Slots, VmmWrites};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

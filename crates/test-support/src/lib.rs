@@ -5,5 +5,6 @@
 #![deny(missing_docs)]
 
 pub mod hogs;
+pub mod kvm;
 
 pub use hogs::Hogs;

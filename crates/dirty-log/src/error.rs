@@ -1,0 +1,60 @@
+//! Why a dirty-log operation failed.
+
+use crate::bitmap::BitmapError;
+
+/// Errors of the dirty-log backends. None of them loses a dirty page: a
+/// harvest that fails part-way has merged what it read, and a ring entry that
+/// cannot be placed marks its whole slot dirty.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A KVM ioctl failed.
+    #[error("{op} failed: {source}")]
+    Kvm {
+        /// The ioctl.
+        op: &'static str,
+        /// The error it returned.
+        source: vmm_sys_util::errno::Error,
+    },
+    /// KVM lacks a capability this backend needs.
+    #[error("KVM does not support {0}")]
+    Unsupported(&'static str),
+    /// A bitmap operation was refused.
+    #[error(transparent)]
+    Bitmap(#[from] BitmapError),
+    /// A guest memory region has no host mapping.
+    #[error("memory slot {slot}: {reason}")]
+    Memory {
+        /// The slot.
+        slot: u32,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A dirty-ring entry named a slot or page that does not exist.
+    #[error(
+        "vCPU {vcpu} dirty ring entry {index}: slot {slot} offset {offset} is not a tracked page"
+    )]
+    BadRingEntry {
+        /// The vCPU whose ring held it.
+        vcpu: usize,
+        /// Its index in the ring.
+        index: u32,
+        /// The raw slot field (address space in the high 16 bits).
+        slot: u32,
+        /// The raw page offset.
+        offset: u64,
+    },
+    /// A configuration value was out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The operation needs logging enabled (or disabled) first.
+    #[error("dirty logging is {}", if *.0 { "already enabled" } else { "not enabled" })]
+    Enabled(bool),
+    /// The background clear worker stopped.
+    #[error("the clear worker stopped: {0}")]
+    Worker(String),
+}
+
+/// Wraps an ioctl error with its name.
+pub(crate) fn kvm(op: &'static str) -> impl Fn(vmm_sys_util::errno::Error) -> Error {
+    move |source| Error::Kvm { op, source }
+}

@@ -1,0 +1,331 @@
+//! The dirty ring (`KVM_CAP_DIRTY_LOG_RING[_ACQ_REL]`): each vCPU publishes
+//! the pages it dirties into a ring shared with the VMM, which harvests
+//! entries, marks them reset, and calls `KVM_RESET_DIRTY_RINGS` to re-protect
+//! those pages. A full ring stops its vCPU with `KVM_EXIT_DIRTY_RING_FULL`
+//! until entries are harvested and reset.
+//!
+//! Entries that hardware buffers (Intel PML) reach the ring only when their
+//! vCPU exits: kick every vCPU out of `KVM_RUN` before the final harvest.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use kvm_bindings::{
+    KVM_CAP_DIRTY_LOG_RING, KVM_CAP_DIRTY_LOG_RING_ACQ_REL, KVM_DIRTY_LOG_PAGE_OFFSET,
+    kvm_enable_cap,
+};
+use kvm_ioctls::{VcpuFd, VmFd};
+
+use crate::error::{Error, kvm};
+use crate::events::{DirtyEvents, Ioctl, NoEvents};
+use crate::ioctls::{DIRTY_GFN_F_DIRTY, DIRTY_GFN_F_RESET, DirtyGfn, reset_dirty_rings};
+use crate::log::{DirtyLog, DirtySet};
+use crate::slots::{PAGE_SIZE, Slot, Slots, Tracked, VmmWrites};
+
+/// Bytes in one ring entry.
+pub const ENTRY_BYTES: u32 = std::mem::size_of::<DirtyGfn>() as u32;
+
+/// Which ring capability is in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingMode {
+    /// `KVM_CAP_DIRTY_LOG_RING_ACQ_REL`: flags are published with release and
+    /// must be read with acquire (what the harvest does in both modes).
+    AcqRel,
+    /// `KVM_CAP_DIRTY_LOG_RING` (x86's strongly ordered original).
+    Plain,
+}
+
+/// Enables a dirty ring of `bytes` per vCPU on `vm` (a power of two of at
+/// least a page, within what KVM allows). Must come before any vCPU exists.
+/// Prefers the acquire/release capability.
+pub fn enable_dirty_ring(vm: &VmFd, bytes: u32) -> Result<RingMode, Error> {
+    let acq_rel = vm.check_extension_raw(KVM_CAP_DIRTY_LOG_RING_ACQ_REL.into());
+    let plain = vm.check_extension_raw(KVM_CAP_DIRTY_LOG_RING.into());
+    let (cap, mode, max) = if acq_rel > 0 {
+        (KVM_CAP_DIRTY_LOG_RING_ACQ_REL, RingMode::AcqRel, acq_rel)
+    } else if plain > 0 {
+        (KVM_CAP_DIRTY_LOG_RING, RingMode::Plain, plain)
+    } else {
+        return Err(Error::Unsupported("KVM_CAP_DIRTY_LOG_RING"));
+    };
+    if !bytes.is_power_of_two() || u64::from(bytes) < PAGE_SIZE || bytes > max as u32 {
+        return Err(Error::Config(format!(
+            "a dirty ring of {bytes} bytes: want a power of two from {PAGE_SIZE} to {max}"
+        )));
+    }
+    let mut enable = kvm_enable_cap {
+        cap,
+        ..Default::default()
+    };
+    enable.args[0] = u64::from(bytes);
+    vm.enable_cap(&enable)
+        .map_err(kvm("KVM_ENABLE_CAP(DIRTY_LOG_RING)"))?;
+    Ok(mode)
+}
+
+/// Where a ring entry's page is: `(slot position, page)`, or why it is not a
+/// tracked page. Only address space 0 is tracked (x86's SMM space is not).
+pub fn decode(entry: &DirtyGfn, slots: &[Slot]) -> Result<(usize, u64), EntryError> {
+    if entry.slot >> 16 != 0 {
+        return Err(EntryError::AddressSpace);
+    }
+    let index = slots
+        .iter()
+        .position(|s| s.id == entry.slot & 0xFFFF)
+        .ok_or(EntryError::UnknownSlot)?;
+    if entry.offset >= slots[index].pages {
+        return Err(EntryError::OffsetBeyondSlot(index));
+    }
+    Ok((index, entry.offset))
+}
+
+/// Why a ring entry names no tracked page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryError {
+    /// An address space other than 0.
+    AddressSpace,
+    /// A slot id that is not tracked.
+    UnknownSlot,
+    /// A page past the end of the slot at this position.
+    OffsetBeyondSlot(usize),
+}
+
+/// One vCPU's mapped ring.
+#[derive(Debug)]
+struct Ring {
+    vcpu: usize,
+    entries: NonNull<DirtyGfn>,
+    len: u32,
+    /// The next entry to look at (free-running; the slot is `next % len`).
+    next: u32,
+}
+
+// SAFETY: the ring is a MAP_SHARED mapping owned by this value; it is only
+// accessed under the `Rings` mutex.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    fn map(vcpu: usize, fd: &VcpuFd, bytes: u32) -> Result<Self, Error> {
+        use std::os::fd::AsRawFd;
+        let offset = libc::off_t::from(KVM_DIRTY_LOG_PAGE_OFFSET) * PAGE_SIZE as libc::off_t;
+        // SAFETY: maps `bytes` of the vCPU fd at KVM's ring offset; the result
+        // is checked, and only this value ever unmaps it.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(Error::Kvm {
+                op: "mmap(dirty ring)",
+                source: vmm_sys_util::errno::Error::last(),
+            });
+        }
+        let entries =
+            NonNull::new(addr.cast()).ok_or(Error::Unsupported("a dirty ring mapping"))?;
+        Ok(Self {
+            vcpu,
+            entries,
+            len: bytes / ENTRY_BYTES,
+            next: 0,
+        })
+    }
+
+    /// Takes every published entry, marking each reset; `place` gets each.
+    fn collect(&mut self, mut place: impl FnMut(DirtyGfn, u32)) -> u32 {
+        let mut taken = 0;
+        loop {
+            let index = self.next % self.len;
+            // SAFETY: `index < len`, inside the mapping; entries are 16-byte
+            // aligned (the mapping is page aligned), so the flags word is an
+            // aligned u32 that the kernel also accesses atomically.
+            let entry = unsafe { self.entries.as_ptr().add(index as usize) };
+            // SAFETY: as above; the atomic view lives no longer than this loop turn.
+            let flags = unsafe { AtomicU32::from_ptr(&raw mut (*entry).flags) };
+            if flags.load(Ordering::Acquire) & DIRTY_GFN_F_DIRTY == 0 {
+                return taken;
+            }
+            // SAFETY: a published entry's fields are stable until it is reset.
+            let gfn = unsafe { entry.read_volatile() };
+            place(gfn, index);
+            flags.store(DIRTY_GFN_F_RESET, Ordering::Release);
+            self.next = self.next.wrapping_add(1);
+            taken += 1;
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let bytes = self.len as usize * ENTRY_BYTES as usize;
+        // SAFETY: unmaps exactly the mapping `map` created, once.
+        unsafe { libc::munmap(self.entries.as_ptr().cast(), bytes) };
+    }
+}
+
+/// What the harvest thread and the vCPU threads (on a full ring) share.
+#[derive(Debug)]
+struct Rings {
+    rings: Vec<Ring>,
+    /// Pages taken off the rings and not yet handed to a harvest.
+    pending: DirtySet,
+    /// The first entry that named no tracked page, kept for the next harvest.
+    bad: Option<Error>,
+}
+
+/// The dirty-ring backend.
+#[derive(Debug)]
+pub struct KvmDirtyRing<B: VmmWrites, E: DirtyEvents = NoEvents> {
+    tracked: Tracked<B, E>,
+    bytes: u32,
+    shared: Arc<Mutex<Rings>>,
+}
+
+impl<B: VmmWrites> KvmDirtyRing<B> {
+    /// Tracks `slots` of `vm`, whose rings of `bytes` were enabled with
+    /// [`enable_dirty_ring`].
+    pub fn new(vm: Arc<VmFd>, slots: Slots<B>, bytes: u32) -> Self {
+        Self::with_events(vm, slots, bytes, NoEvents)
+    }
+}
+
+impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
+    /// Tracks `slots` of `vm`, reporting to `events`.
+    pub fn with_events(vm: Arc<VmFd>, slots: Slots<B>, bytes: u32, events: E) -> Self {
+        let pending = DirtySet::new(&slots);
+        Self {
+            tracked: Tracked {
+                vm,
+                slots,
+                events,
+                enabled: false,
+            },
+            bytes,
+            shared: Arc::new(Mutex::new(Rings {
+                rings: Vec::new(),
+                pending,
+                bad: None,
+            })),
+        }
+    }
+
+    /// Maps vCPU `index`'s ring.
+    pub fn attach(&self, index: usize, vcpu: &VcpuFd) -> Result<(), Error> {
+        let ring = Ring::map(index, vcpu, self.bytes)?;
+        self.lock().rings.push(ring);
+        Ok(())
+    }
+
+    /// A handle for vCPU threads: on `KVM_EXIT_DIRTY_RING_FULL`, call
+    /// [`RingFull::drain`] and re-enter the guest.
+    pub fn full_handler(&self) -> RingFull {
+        RingFull {
+            shared: self.shared.clone(),
+            vm: self.tracked.vm.clone(),
+            slots: self.tracked.slots.as_slice().to_vec(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Rings> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmDirtyRing<B, E> {
+    fn slots(&self) -> &[Slot] {
+        self.tracked.slots.as_slice()
+    }
+
+    fn enable(&mut self) -> Result<(), Error> {
+        self.tracked.set_logging(true)
+    }
+
+    fn harvest(&mut self, into: &mut DirtySet) -> Result<(), Error> {
+        if !self.tracked.enabled {
+            return Err(Error::Enabled(false));
+        }
+        let start = Instant::now();
+        let slots = self.tracked.slots.as_slice();
+        let mut rings = self.lock();
+        let on_reset = |took| self.tracked.events.ioctl(Ioctl::ResetDirtyRings, took);
+        let taken = drain(&mut rings, slots, &self.tracked.vm, &on_reset)?;
+        into.merge(&rings.pending)?;
+        rings.pending.clear();
+        let bad = rings.bad.take();
+        drop(rings);
+        self.tracked.slots.merge_vmm_writes(into)?;
+        self.tracked.events.harvested(taken, start.elapsed());
+        bad.map_or(Ok(()), Err)
+    }
+
+    /// Stops logging new writes; the rings stay mapped until dropped.
+    fn disable(&mut self) -> Result<(), Error> {
+        self.tracked.set_logging(false)
+    }
+}
+
+/// Lets a vCPU thread drain the rings when its own is full.
+#[derive(Clone, Debug)]
+pub struct RingFull {
+    shared: Arc<Mutex<Rings>>,
+    vm: Arc<VmFd>,
+    slots: Vec<Slot>,
+}
+
+impl RingFull {
+    /// Takes every published entry into the next harvest and resets the
+    /// rings, so the vCPU can run again.
+    pub fn drain(&self) -> Result<(), Error> {
+        let mut rings = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        drain(&mut rings, &self.slots, &self.vm, &|_| {}).map(|_| ())
+    }
+}
+
+/// Takes every ring's published entries into `pending` and resets them.
+/// An entry that names no tracked page marks its whole slot dirty when the
+/// slot is known (nothing is lost), and is kept as the harvest's error.
+fn drain(
+    rings: &mut Rings,
+    slots: &[Slot],
+    vm: &VmFd,
+    on_reset: &dyn Fn(std::time::Duration),
+) -> Result<u64, Error> {
+    let Rings {
+        rings,
+        pending,
+        bad,
+    } = rings;
+    let mut taken = 0;
+    for ring in rings.iter_mut() {
+        let vcpu = ring.vcpu;
+        taken += u64::from(ring.collect(|gfn, index| match decode(&gfn, slots) {
+            Ok((slot, page)) => {
+                let _ = pending.bitmap_mut(slot).set(page);
+            }
+            Err(e) => {
+                if let EntryError::OffsetBeyondSlot(slot) = e {
+                    pending.bitmap_mut(slot).set_all();
+                }
+                bad.get_or_insert(Error::BadRingEntry {
+                    vcpu,
+                    index,
+                    slot: gfn.slot,
+                    offset: gfn.offset,
+                });
+            }
+        }));
+    }
+    if taken > 0 {
+        let start = Instant::now();
+        reset_dirty_rings(vm).map_err(kvm("KVM_RESET_DIRTY_RINGS"))?;
+        on_reset(start.elapsed());
+    }
+    Ok(taken)
+}

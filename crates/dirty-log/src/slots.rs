@@ -1,0 +1,200 @@
+//! The memory slots being tracked, and the VMM's own writes to them.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvm_bindings::{KVM_MEM_LOG_DIRTY_PAGES, kvm_userspace_memory_region};
+use kvm_ioctls::VmFd;
+use vm_memory::bitmap::{AtomicBitmap, Bitmap};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::error::{Error, kvm};
+use crate::events::{DirtyEvents, Ioctl};
+use crate::log::DirtySet;
+
+/// The page size KVM logs dirty memory in.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// How a guest memory region reports the VMM's own writes (device emulation,
+/// DMA), which KVM never sees. vm-memory's `AtomicBitmap` records every write
+/// made through vm-memory; `()` records nothing.
+pub trait VmmWrites: Bitmap + Send + Sync {
+    /// Whether this bitmap records writes at all.
+    const TRACKS: bool;
+    /// Pages recorded (in KVM's word layout), if any.
+    fn pages(&self) -> usize;
+    /// Takes the pages written since the last call, in KVM's word layout.
+    fn take_written(&self) -> Vec<u64>;
+}
+
+impl VmmWrites for () {
+    const TRACKS: bool = false;
+    fn pages(&self) -> usize {
+        0
+    }
+    fn take_written(&self) -> Vec<u64> {
+        Vec::new()
+    }
+}
+
+impl VmmWrites for AtomicBitmap {
+    const TRACKS: bool = true;
+    fn pages(&self) -> usize {
+        self.len()
+    }
+    fn take_written(&self) -> Vec<u64> {
+        self.get_and_reset()
+    }
+}
+
+/// One KVM memory slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// KVM's slot id.
+    pub id: u32,
+    /// Guest physical address of its first page.
+    pub guest_addr: u64,
+    /// Pages in it.
+    pub pages: u64,
+    host_addr: u64,
+}
+
+/// The slots a backend tracks: guest memory regions and the KVM slot id each
+/// is registered as. Holding the memory keeps every mapping alive for as long
+/// as the backend may re-register it with KVM.
+#[derive(Debug)]
+pub struct Slots<B: VmmWrites> {
+    memory: GuestMemoryMmap<B>,
+    slots: Vec<Slot>,
+}
+
+impl<B: VmmWrites> Slots<B> {
+    /// Region `i` of `memory` as KVM slot `i`, the usual registration.
+    pub fn new(memory: &GuestMemoryMmap<B>) -> Result<Self, Error> {
+        let ids: Vec<u32> = (0..memory.num_regions() as u32).collect();
+        Self::with_ids(memory, &ids)
+    }
+
+    /// Region `i` of `memory` as KVM slot `ids[i]`.
+    pub fn with_ids(memory: &GuestMemoryMmap<B>, ids: &[u32]) -> Result<Self, Error> {
+        if ids.len() != memory.num_regions() {
+            return Err(Error::Config(format!(
+                "{} slot ids for {} regions",
+                ids.len(),
+                memory.num_regions()
+            )));
+        }
+        let slots = memory
+            .iter()
+            .zip(ids)
+            .map(|(region, &id)| slot(memory, region, id))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            memory: memory.clone(),
+            slots,
+        })
+    }
+
+    /// The slots, in region order.
+    pub fn as_slice(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// The position of slot `id` in [`Slots::as_slice`].
+    pub fn index_of(&self, id: u32) -> Option<usize> {
+        self.slots.iter().position(|s| s.id == id)
+    }
+
+    /// Re-registers every slot with logging on or off.
+    pub(crate) fn set_logging(
+        &self,
+        vm: &VmFd,
+        on: bool,
+        events: &impl DirtyEvents,
+    ) -> Result<(), Error> {
+        for s in &self.slots {
+            let region = kvm_userspace_memory_region {
+                slot: s.id,
+                flags: if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+                guest_phys_addr: s.guest_addr,
+                memory_size: s.pages * PAGE_SIZE,
+                userspace_addr: s.host_addr,
+            };
+            let start = Instant::now();
+            // SAFETY: the same mapping the VMM registered for this slot, kept
+            // alive by `self.memory` for as long as these slots exist.
+            unsafe { vm.set_user_memory_region(region) }
+                .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+            events.ioctl(Ioctl::SetMemoryRegion, start.elapsed());
+        }
+        Ok(())
+    }
+
+    /// Merges the VMM's own writes since the last call into `into`.
+    pub(crate) fn merge_vmm_writes(&self, into: &mut DirtySet) -> Result<(), Error> {
+        if !B::TRACKS {
+            return Ok(());
+        }
+        for (i, region) in self.memory.iter().enumerate() {
+            let written = std::ops::Deref::deref(region).bitmap().take_written();
+            into.bitmap_mut(i).merge_kvm_words(&written)?;
+        }
+        Ok(())
+    }
+}
+
+fn slot<B: VmmWrites>(
+    memory: &GuestMemoryMmap<B>,
+    region: &vm_memory::GuestRegionMmap<B>,
+    id: u32,
+) -> Result<Slot, Error> {
+    let bad = |reason: String| Error::Memory { slot: id, reason };
+    if region.len() % PAGE_SIZE != 0 {
+        return Err(bad(format!("{} bytes is not whole pages", region.len())));
+    }
+    let pages = region.len() / PAGE_SIZE;
+    let tracked = std::ops::Deref::deref(region).bitmap().pages();
+    if B::TRACKS && tracked as u64 != pages {
+        return Err(bad(format!(
+            "its write bitmap has {tracked} pages for {pages}"
+        )));
+    }
+    let host = memory
+        .get_host_address(region.start_addr())
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(Slot {
+        id,
+        guest_addr: region.start_addr().0,
+        pages,
+        host_addr: host as u64,
+    })
+}
+
+/// What every backend holds: the VM, the slots, the events, and whether
+/// logging is on.
+#[derive(Debug)]
+pub(crate) struct Tracked<B: VmmWrites, E> {
+    pub vm: Arc<VmFd>,
+    pub slots: Slots<B>,
+    pub events: E,
+    pub enabled: bool,
+}
+
+impl<B: VmmWrites, E: DirtyEvents> Tracked<B, E> {
+    pub fn set_logging(&mut self, on: bool) -> Result<(), Error> {
+        if self.enabled == on {
+            return Err(Error::Enabled(on));
+        }
+        self.slots.set_logging(&self.vm, on, &self.events)?;
+        self.enabled = on;
+        Ok(())
+    }
+
+    /// Runs ioctl `op`, reporting its time.
+    pub fn timed<T>(&self, op: Ioctl, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let result = f();
+        self.events.ioctl(op, start.elapsed());
+        result
+    }
+}
