@@ -34,6 +34,8 @@
 pub mod bitmap;
 pub mod error;
 pub mod events;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod invariants;
 pub mod ioctls;
 pub mod kvm_bitmap;
 pub mod log;

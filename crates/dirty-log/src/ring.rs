@@ -139,27 +139,46 @@ impl Ring {
     }
 
     /// Takes every published entry, marking each reset; `place` gets each.
-    fn collect(&mut self, mut place: impl FnMut(DirtyGfn, u32)) -> u32 {
-        let mut taken = 0;
-        loop {
-            let index = self.next % self.len;
-            // SAFETY: `index < len`, inside the mapping; entries are 16-byte
-            // aligned (the mapping is page aligned), so the flags word is an
-            // aligned u32 that the kernel also accesses atomically.
-            let entry = unsafe { self.entries.as_ptr().add(index as usize) };
-            // SAFETY: as above; the atomic view lives no longer than this loop turn.
-            let flags = unsafe { AtomicU32::from_ptr(&raw mut (*entry).flags) };
-            if flags.load(Ordering::Acquire) & DIRTY_GFN_F_DIRTY == 0 {
-                return taken;
-            }
-            // SAFETY: a published entry's fields are stable until it is reset.
-            let gfn = unsafe { entry.read_volatile() };
-            place(gfn, index);
-            flags.store(DIRTY_GFN_F_RESET, Ordering::Release);
-            self.next = self.next.wrapping_add(1);
-            taken += 1;
-        }
+    fn collect(&mut self, place: impl FnMut(DirtyGfn, u32)) -> u32 {
+        // SAFETY: `entries` maps `len` entries for as long as `self` lives.
+        unsafe { collect_entries(self.entries, self.len, &mut self.next, place) }
     }
+}
+
+/// Takes the published entries of the ring of `len` entries at `entries`,
+/// from `*next` on: reads each entry's flags with acquire, hands the entry
+/// and its index to `place`, and marks it reset with release. Returns how
+/// many it took.
+///
+/// # Safety
+/// `entries` must point to `len` (non-zero) `DirtyGfn`s, valid for reads and
+/// writes for the duration of the call, and not accessed by other threads
+/// except atomically on the flags (as KVM does).
+pub(crate) unsafe fn collect_entries(
+    entries: NonNull<DirtyGfn>,
+    len: u32,
+    next: &mut u32,
+    mut place: impl FnMut(DirtyGfn, u32),
+) -> u32 {
+    let mut taken = 0;
+    while taken < len {
+        let index = *next % len;
+        // SAFETY: `index < len`, inside the ring; entries are 16-byte aligned,
+        // so the flags word is an aligned u32 (the caller's contract).
+        let entry = unsafe { entries.as_ptr().add(index as usize) };
+        // SAFETY: as above; the atomic view lives no longer than this turn.
+        let flags = unsafe { AtomicU32::from_ptr(&raw mut (*entry).flags) };
+        if flags.load(Ordering::Acquire) & DIRTY_GFN_F_DIRTY == 0 {
+            break;
+        }
+        // SAFETY: a published entry's fields are stable until it is reset.
+        let gfn = unsafe { entry.read_volatile() };
+        place(gfn, index);
+        flags.store(DIRTY_GFN_F_RESET, Ordering::Release);
+        *next = next.wrapping_add(1);
+        taken += 1;
+    }
+    taken
 }
 
 impl Drop for Ring {
@@ -289,8 +308,6 @@ impl RingFull {
 }
 
 /// Takes every ring's published entries into `pending` and resets them.
-/// An entry that names no tracked page marks its whole slot dirty when the
-/// slot is known (nothing is lost), and is kept as the harvest's error.
 fn drain(
     rings: &mut Rings,
     slots: &[Slot],
@@ -305,22 +322,7 @@ fn drain(
     let mut taken = 0;
     for ring in rings.iter_mut() {
         let vcpu = ring.vcpu;
-        taken += u64::from(ring.collect(|gfn, index| match decode(&gfn, slots) {
-            Ok((slot, page)) => {
-                let _ = pending.bitmap_mut(slot).set(page);
-            }
-            Err(e) => {
-                if let EntryError::OffsetBeyondSlot(slot) = e {
-                    pending.bitmap_mut(slot).set_all();
-                }
-                bad.get_or_insert(Error::BadRingEntry {
-                    vcpu,
-                    index,
-                    slot: gfn.slot,
-                    offset: gfn.offset,
-                });
-            }
-        }));
+        taken += u64::from(ring.collect(|gfn, index| place(pending, bad, slots, vcpu, gfn, index)));
     }
     if taken > 0 {
         let start = Instant::now();
@@ -328,4 +330,33 @@ fn drain(
         on_reset(start.elapsed());
     }
     Ok(taken)
+}
+
+/// Puts one harvested entry into `pending`. An entry that names no tracked
+/// page marks its whole slot dirty when the slot is known (nothing is lost)
+/// and is kept in `bad` as the harvest's error.
+pub(crate) fn place(
+    pending: &mut DirtySet,
+    bad: &mut Option<Error>,
+    slots: &[Slot],
+    vcpu: usize,
+    gfn: DirtyGfn,
+    index: u32,
+) {
+    match decode(&gfn, slots) {
+        Ok((slot, page)) => {
+            let _ = pending.bitmap_mut(slot).set(page);
+        }
+        Err(e) => {
+            if let EntryError::OffsetBeyondSlot(slot) = e {
+                pending.bitmap_mut(slot).set_all();
+            }
+            bad.get_or_insert(Error::BadRingEntry {
+                vcpu,
+                index,
+                slot: gfn.slot,
+                offset: gfn.offset,
+            });
+        }
+    }
 }

@@ -56,7 +56,7 @@ pub struct Slot {
     pub guest_addr: u64,
     /// Pages in it.
     pub pages: u64,
-    host_addr: u64,
+    pub(crate) host_addr: u64,
 }
 
 /// The slots a backend tracks: guest memory regions and the KVM slot id each

@@ -276,3 +276,73 @@ fn a_pre_copy_of_a_writing_guest_ends_byte_for_byte_equal() {
         );
     }
 }
+
+#[test]
+fn misuse_and_bad_configuration_are_errors_not_panics() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = WriterVm::new(4 << 20, false, |vm| {
+        let too_small = enable_dirty_ring(vm, 1000).unwrap_err();
+        assert!(
+            too_small.to_string().contains("power of two"),
+            "{too_small}"
+        );
+        Ok(())
+    })
+    .unwrap();
+    let slots = || Slots::new(&vm.memory).unwrap();
+    let mut log = KvmBitmap::new(vm.vm.clone(), slots());
+    let mut set = DirtySet::for_slots(log.slots());
+    assert!(matches!(
+        log.harvest(&mut set),
+        Err(dirty_log::Error::Enabled(false))
+    ));
+    log.enable().unwrap();
+    assert!(matches!(log.enable(), Err(dirty_log::Error::Enabled(true))));
+    log.disable().unwrap();
+    assert!(matches!(
+        log.disable(),
+        Err(dirty_log::Error::Enabled(false))
+    ));
+    let bad_chunk = ManualConfig {
+        chunk_bytes: 100 << 10,
+        ..ManualConfig::default()
+    };
+    assert!(KvmManualProtect::new(vm.vm.clone(), slots(), bad_chunk).is_err());
+    assert!(
+        Slots::with_ids(&vm.memory, &[0]).is_err(),
+        "two regions, one id"
+    );
+}
+
+#[test]
+fn a_slow_clear_shrinks_the_chunk_so_no_single_call_stalls_long() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = WriterVm::new(DATA_BYTES, false, |_| Ok(())).unwrap();
+    let config = ManualConfig {
+        initially_set: true,
+        chunk_bytes: 4 << 20,
+        max_stall: std::time::Duration::from_nanos(1),
+    };
+    let mut log =
+        KvmManualProtect::new(vm.vm.clone(), Slots::new(&vm.memory).unwrap(), config).unwrap();
+    assert_eq!(log.chunk_pages(), 1024);
+    log.enable().unwrap();
+    let dirty = log.get(1).unwrap();
+    assert_eq!(dirty.count(), vm.data_pages(), "INITIALLY_SET");
+    let mut progress = Vec::new();
+    log.clear(1, &dirty, |page| progress.push(page)).unwrap();
+    assert_eq!(log.chunk_pages(), 64, "every call was over the bound");
+    assert!(
+        progress.windows(2).all(|w| w[0] < w[1]),
+        "cleared in page order"
+    );
+    assert_eq!(progress.last(), Some(&vm.data_pages()));
+    assert!(
+        log.get(1).unwrap().is_clean(),
+        "everything cleared, nothing written since"
+    );
+}
