@@ -57,10 +57,14 @@ pub struct DirtyStats {
     pub clear_ns: AtomicU64,
     /// `KVM_GET_DIRTY_LOG` calls.
     pub get_calls: AtomicU64,
+    /// Time in `KVM_GET_DIRTY_LOG`, ns.
+    pub get_ns: AtomicU64,
     /// `KVM_CLEAR_DIRTY_LOG` calls.
     pub clear_calls: AtomicU64,
     /// `KVM_RESET_DIRTY_RINGS` calls.
     pub reset_calls: AtomicU64,
+    /// Time in `KVM_RESET_DIRTY_RINGS`, ns.
+    pub reset_ns: AtomicU64,
     /// The longest single ioctl, ns: how long one call may have stalled a
     /// vCPU waiting for KVM's MMU lock.
     pub worst_ioctl_ns: AtomicU64,
@@ -68,13 +72,16 @@ pub struct DirtyStats {
 
 impl DirtyEvents for DirtyStats {
     fn ioctl(&self, op: Ioctl, took: Duration) {
-        let counter = match op {
-            Ioctl::GetDirtyLog => &self.get_calls,
-            Ioctl::ClearDirtyLog => &self.clear_calls,
-            Ioctl::ResetDirtyRings => &self.reset_calls,
+        let (calls, time) = match op {
+            Ioctl::GetDirtyLog => (&self.get_calls, Some(&self.get_ns)),
+            Ioctl::ClearDirtyLog => (&self.clear_calls, None), // timed by `cleared`
+            Ioctl::ResetDirtyRings => (&self.reset_calls, Some(&self.reset_ns)),
             Ioctl::SetMemoryRegion => return,
         };
-        counter.fetch_add(1, Relaxed);
+        calls.fetch_add(1, Relaxed);
+        if let Some(time) = time {
+            time.fetch_add(nanos(took), Relaxed);
+        }
         self.worst_ioctl_ns.fetch_max(nanos(took), Relaxed);
     }
 

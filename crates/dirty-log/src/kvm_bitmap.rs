@@ -2,14 +2,13 @@
 //! same ioctl, clears it and write-protects those pages again.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use kvm_ioctls::VmFd;
 
-use crate::error::{Error, kvm};
-use crate::events::{DirtyEvents, Ioctl, NoEvents};
+use crate::error::Error;
+use crate::events::{DirtyEvents, NoEvents};
 use crate::log::{DirtyLog, DirtySet};
-use crate::slots::{PAGE_SIZE, Slot, Slots, Tracked, VmmWrites};
+use crate::slots::{Slot, Slots, Tracked, VmmWrites};
 
 /// The plain bitmap backend. Enabling write-protects every page of every slot
 /// at once (O(slot size)); each harvest is one `KVM_GET_DIRTY_LOG` per slot.
@@ -29,12 +28,7 @@ impl<B: VmmWrites, E: DirtyEvents> KvmBitmap<B, E> {
     /// Tracks `slots` of `vm`, reporting to `events`.
     pub fn with_events(vm: Arc<VmFd>, slots: Slots<B>, events: E) -> Self {
         Self {
-            tracked: Tracked {
-                vm,
-                slots,
-                events,
-                enabled: false,
-            },
+            tracked: Tracked::new(vm, slots, events),
         }
     }
 }
@@ -49,19 +43,10 @@ impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmBitmap<B, E> {
     }
 
     fn harvest(&mut self, into: &mut DirtySet) -> Result<(), Error> {
-        if !self.tracked.enabled {
-            return Err(Error::Enabled(false));
-        }
-        let start = Instant::now();
+        let start = self.tracked.start_harvest()?;
         let mut found = 0;
         for (i, slot) in self.tracked.slots.as_slice().iter().enumerate() {
-            let size = (slot.pages * PAGE_SIZE) as usize;
-            let words = self
-                .tracked
-                .timed(Ioctl::GetDirtyLog, || {
-                    self.tracked.vm.get_dirty_log(slot.id, size)
-                })
-                .map_err(kvm("KVM_GET_DIRTY_LOG"))?;
+            let words = self.tracked.get_dirty_log(slot)?;
             found += words.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
             into.bitmap_mut(i).merge_kvm_words(&words)?;
         }

@@ -85,12 +85,7 @@ impl<B: VmmWrites, E: DirtyEvents> KvmManualProtect<B, E> {
     ) -> Result<Self, Error> {
         let chunk = config.chunk_pages()?;
         Ok(Self {
-            tracked: Tracked {
-                vm,
-                slots,
-                events,
-                enabled: false,
-            },
+            tracked: Tracked::new(vm, slots, events),
             config,
             chunk_pages: AtomicU64::new(chunk),
         })
@@ -102,13 +97,7 @@ impl<B: VmmWrites, E: DirtyEvents> KvmManualProtect<B, E> {
     /// returned, before those pages are copied.
     pub fn get(&self, index: usize) -> Result<DirtyBitmap, Error> {
         let slot = self.slot(index)?;
-        let size = (slot.pages * PAGE_SIZE) as usize;
-        let words = self
-            .tracked
-            .timed(Ioctl::GetDirtyLog, || {
-                self.tracked.vm.get_dirty_log(slot.id, size)
-            })
-            .map_err(kvm("KVM_GET_DIRTY_LOG"))?;
+        let words = self.tracked.get_dirty_log(&slot)?;
         Ok(DirtyBitmap::from_kvm_words(slot.pages, words)?)
     }
 

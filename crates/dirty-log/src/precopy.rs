@@ -56,14 +56,25 @@ pub fn copy_round<L: DirtyLog + ?Sized>(
     log.harvest(&mut set)?;
     let mut copied = 0;
     for (slot, (_, dirty)) in slots.iter().zip(set.iter()) {
-        for (first_page, pages) in dirty.runs() {
-            copy(CopyRun {
-                slot: *slot,
-                first_page,
-                pages,
-            })?;
-            copied += pages;
-        }
+        copied += hand_over(slot, dirty.runs(), &mut copy)?;
+    }
+    Ok(copied)
+}
+
+/// Hands each of `runs` of `slot` to `copy`; returns the pages handed over.
+fn hand_over(
+    slot: &Slot,
+    runs: impl Iterator<Item = (u64, u64)>,
+    copy: &mut impl FnMut(CopyRun) -> Result<(), Error>,
+) -> Result<u64, Error> {
+    let mut copied = 0;
+    for (first_page, pages) in runs {
+        copy(CopyRun {
+            slot: *slot,
+            first_page,
+            pages,
+        })?;
+        copied += pages;
     }
     Ok(copied)
 }
@@ -102,21 +113,16 @@ pub fn copy_round_pipelined<B: VmmWrites, E: DirtyEvents>(
                 main.unpark();
                 result
             });
-            let mut copied = 0;
-            for (first_page, pages) in dirty.runs() {
-                while cleared.load(Ordering::Acquire) < first_page + pages {
+            // Each run waits until the worker has cleared past it; after a
+            // failed CLEAR nothing more is copied (what was not cleared stays
+            // dirty in KVM's bitmap for the next round).
+            let cleared_runs = dirty.runs().take_while(|&(first, pages)| {
+                while cleared.load(Ordering::Acquire) < first + pages {
                     thread::park();
                 }
-                if failed.load(Ordering::Acquire) {
-                    break; // pages not cleared stay dirty in KVM's bitmap
-                }
-                copy(CopyRun {
-                    slot: *slot,
-                    first_page,
-                    pages,
-                })?;
-                copied += pages;
-            }
+                !failed.load(Ordering::Acquire)
+            });
+            let copied = hand_over(slot, cleared_runs, &mut copy)?;
             worker
                 .join()
                 .map_err(|_| Error::Worker("the clear thread panicked".into()))??;

@@ -220,12 +220,7 @@ impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
     pub fn with_events(vm: Arc<VmFd>, slots: Slots<B>, bytes: u32, events: E) -> Self {
         let pending = DirtySet::new(&slots);
         Self {
-            tracked: Tracked {
-                vm,
-                slots,
-                events,
-                enabled: false,
-            },
+            tracked: Tracked::new(vm, slots, events),
             bytes,
             shared: Arc::new(Mutex::new(Rings {
                 rings: Vec::new(),
@@ -267,10 +262,7 @@ impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmDirtyRing<B, E> {
     }
 
     fn harvest(&mut self, into: &mut DirtySet) -> Result<(), Error> {
-        if !self.tracked.enabled {
-            return Err(Error::Enabled(false));
-        }
-        let start = Instant::now();
+        let start = self.tracked.start_harvest()?;
         let slots = self.tracked.slots.as_slice();
         let mut rings = self.lock();
         let on_reset = |took| self.tracked.events.ioctl(Ioctl::ResetDirtyRings, took);

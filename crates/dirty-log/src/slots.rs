@@ -181,6 +181,31 @@ pub(crate) struct Tracked<B: VmmWrites, E> {
 }
 
 impl<B: VmmWrites, E: DirtyEvents> Tracked<B, E> {
+    pub fn new(vm: Arc<VmFd>, slots: Slots<B>, events: E) -> Self {
+        Self {
+            vm,
+            slots,
+            events,
+            enabled: false,
+        }
+    }
+
+    /// Starts a harvest: logging must be on. Returns the start time.
+    pub fn start_harvest(&self) -> Result<Instant, Error> {
+        if self.enabled {
+            Ok(Instant::now())
+        } else {
+            Err(Error::Enabled(false))
+        }
+    }
+
+    /// `KVM_GET_DIRTY_LOG` of `slot`, timed.
+    pub fn get_dirty_log(&self, slot: &Slot) -> Result<Vec<u64>, Error> {
+        let size = (slot.pages * PAGE_SIZE) as usize;
+        self.timed(Ioctl::GetDirtyLog, || self.vm.get_dirty_log(slot.id, size))
+            .map_err(kvm("KVM_GET_DIRTY_LOG"))
+    }
+
     pub fn set_logging(&mut self, on: bool) -> Result<(), Error> {
         if self.enabled == on {
             return Err(Error::Enabled(on));

@@ -1,0 +1,310 @@
+//! `dirty_log_perf_test`, for every backend in one run: N vCPUs (CPL3 guests)
+//! each write every page of their own part of one memory slot once per
+//! iteration, and the VMM harvests between iterations. Prints the test's
+//! columns: populate, enable, iteration-1 and iteration-N dirty memory time,
+//! total get and clear time, disable, and the longest single ioctl.
+//!
+//! `cargo run --release -p dirty-log --example perf -- [--vcpus N] [--mib-per-vcpu M] [--iterations I] [--thp]`
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dirty_log::{
+    DirtyLog, DirtySet, DirtyStats, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig,
+    RingFull, Slots, copy_round_pipelined, enable_dirty_ring,
+};
+use kvm_ioctls::VcpuFd;
+use test_support::kvm::{Stop, Writer, WriterVm, run};
+
+/// The ring: 65536 entries, KVM's largest here.
+const RING_BYTES: u32 = 1 << 20;
+
+#[derive(Clone, Copy, Debug)]
+struct Options {
+    vcpus: usize,
+    mib_per_vcpu: u64,
+    iterations: usize,
+    thp: bool,
+}
+
+fn parse() -> Result<Options, String> {
+    let mut o = Options {
+        vcpus: 2,
+        mib_per_vcpu: 256,
+        iterations: 3,
+        thp: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = |name: &str| -> Result<u64, String> {
+            let v = args.next().ok_or(format!("{name} needs a value"))?;
+            v.parse()
+                .map_err(|_| format!("{name}: `{v}` is not a number"))
+        };
+        match flag.as_str() {
+            "--vcpus" => o.vcpus = value("--vcpus")? as usize,
+            "--mib-per-vcpu" => o.mib_per_vcpu = value("--mib-per-vcpu")?,
+            "--iterations" => o.iterations = value("--iterations")? as usize,
+            "--thp" => o.thp = true,
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    let total = o.vcpus as u64 * o.mib_per_vcpu;
+    if o.vcpus == 0
+        || o.mib_per_vcpu % 2 != 0
+        || o.mib_per_vcpu == 0
+        || total > 1024
+        || o.iterations < 2
+    {
+        return Err(
+            "want 1+ vCPUs, an even MiB count per vCPU, 1 GiB at most in all, 2+ iterations".into(),
+        );
+    }
+    Ok(o)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Bitmap,
+    /// Manual protect, one CLEAR per slot (no chunking).
+    ManualWholeSlot,
+    /// Manual protect with INITIALLY_SET, 256 KiB CLEARs on a worker thread.
+    ManualChunked,
+    Ring,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Bitmap => "bitmap (GET)",
+            Mode::ManualWholeSlot => "manual protect, whole-slot CLEAR",
+            Mode::ManualChunked => "manual + INITIALLY_SET, 256 KiB CLEARs off-thread",
+            Mode::Ring => "dirty ring (64Ki entries)",
+        }
+    }
+}
+
+enum Log {
+    Generic(Box<dyn DirtyLog>),
+    Pipelined(KvmManualProtect<vm_memory::bitmap::AtomicBitmap, Arc<DirtyStats>>),
+}
+
+struct Row {
+    populate: Duration,
+    enable: Duration,
+    first: Duration,
+    rest: Duration,
+    get: Duration,
+    clear: Duration,
+    disable: Duration,
+    worst_ioctl: Duration,
+}
+
+/// The vCPU threads: each runs one round per `go`, and reports its time.
+struct Vcpus {
+    go: Arc<Barrier>,
+    done: Arc<Barrier>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<Duration>>,
+}
+
+impl Vcpus {
+    fn start(vcpus: Vec<VcpuFd>, ring: Option<RingFull>) -> Self {
+        let n = vcpus.len() + 1;
+        let (go, done) = (Arc::new(Barrier::new(n)), Arc::new(Barrier::new(n)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = vcpus
+            .into_iter()
+            .map(|mut vcpu| {
+                let (go, done, stop, ring) = (go.clone(), done.clone(), stop.clone(), ring.clone());
+                thread::spawn(move || {
+                    let mut longest = Duration::ZERO;
+                    loop {
+                        go.wait();
+                        if stop.load(Ordering::SeqCst) {
+                            return longest;
+                        }
+                        let start = Instant::now();
+                        loop {
+                            match run(&mut vcpu).expect("the writer runs") {
+                                Stop::Round(_) => break,
+                                Stop::RingFull => {
+                                    ring.as_ref().expect("a ring").drain().expect("drain")
+                                }
+                            }
+                        }
+                        longest = longest.max(start.elapsed());
+                        done.wait();
+                    }
+                })
+            })
+            .collect();
+        Self {
+            go,
+            done,
+            stop,
+            threads,
+        }
+    }
+
+    /// One pass of every vCPU; the wall time until the last finished.
+    fn iteration(&self) -> Duration {
+        let start = Instant::now();
+        self.go.wait();
+        self.done.wait();
+        start.elapsed()
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.go.wait();
+        self.threads.into_iter().for_each(|t| {
+            t.join().expect("vCPU thread");
+        });
+    }
+}
+
+fn measure(mode: Mode, o: Options) -> Result<Row, test_support::kvm::Error> {
+    let data = (o.vcpus as u64 * o.mib_per_vcpu) << 20;
+    let vm = WriterVm::new(data, o.thp, |vm| {
+        if mode == Mode::Ring {
+            enable_dirty_ring(vm, RING_BYTES)?;
+        }
+        Ok(())
+    })?;
+    let share = vm.data_pages() / o.vcpus as u64;
+    let vcpus: Vec<VcpuFd> = (0..o.vcpus as u64)
+        .map(|i| vm.vcpu(i, Writer::Sequential, i * share, share))
+        .collect::<Result<_, _>>()?;
+    let stats = Arc::new(DirtyStats::default());
+    let slots = Slots::with_ids(&vm.memory, &[0, 1])?;
+    let whole_slot = ManualConfig {
+        initially_set: false,
+        chunk_bytes: data,
+        max_stall: Duration::MAX,
+    };
+    let mut ring = None;
+    let mut log = match mode {
+        Mode::Bitmap => Log::Generic(Box::new(KvmBitmap::with_events(
+            vm.vm.clone(),
+            slots,
+            stats.clone(),
+        ))),
+        Mode::ManualWholeSlot => Log::Generic(Box::new(KvmManualProtect::with_events(
+            vm.vm.clone(),
+            slots,
+            whole_slot,
+            stats.clone(),
+        )?)),
+        Mode::ManualChunked => Log::Pipelined(KvmManualProtect::with_events(
+            vm.vm.clone(),
+            slots,
+            ManualConfig::default(),
+            stats.clone(),
+        )?),
+        Mode::Ring => {
+            let r = KvmDirtyRing::with_events(vm.vm.clone(), slots, RING_BYTES, stats.clone());
+            for (i, v) in vcpus.iter().enumerate() {
+                r.attach(i, v)?;
+            }
+            ring = Some(r.full_handler());
+            Log::Generic(Box::new(r))
+        }
+    };
+    let threads = Vcpus::start(vcpus, ring);
+    let populate = threads.iteration();
+    let dirty_log: &mut dyn DirtyLog = match &mut log {
+        Log::Generic(l) => l.as_mut(),
+        Log::Pipelined(l) => l,
+    };
+    let start = Instant::now();
+    dirty_log.enable()?;
+    let enable = start.elapsed();
+    let mut times = Vec::new();
+    for _ in 0..o.iterations {
+        times.push(threads.iteration());
+        match &mut log {
+            Log::Generic(l) => l.harvest(&mut DirtySet::for_slots(l.slots()))?,
+            Log::Pipelined(l) => {
+                copy_round_pipelined(l, |_| Ok(()))?;
+            }
+        }
+    }
+    threads.stop();
+    let dirty_log: &mut dyn DirtyLog = match &mut log {
+        Log::Generic(l) => l.as_mut(),
+        Log::Pipelined(l) => l,
+    };
+    let start = Instant::now();
+    dirty_log.disable()?;
+    let disable = start.elapsed();
+    let ns = |a: &std::sync::atomic::AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
+    let rest = times[1..].iter().sum::<Duration>() / (times.len() - 1) as u32;
+    Ok(Row {
+        populate,
+        enable,
+        first: times[0],
+        rest,
+        get: ns(&stats.get_ns)
+            + ns(&stats.harvest_ns).saturating_sub(ns(&stats.reset_ns))
+                * u32::from(mode == Mode::Ring),
+        clear: ns(&stats.clear_ns) + ns(&stats.reset_ns),
+        disable,
+        worst_ioctl: ns(&stats.worst_ioctl_ns),
+    })
+}
+
+fn main() {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!(
+                "perf: {e}\nusage: perf [--vcpus N] [--mib-per-vcpu M] [--iterations I] [--thp]"
+            );
+            std::process::exit(2);
+        }
+    };
+    println!(
+        "{} vCPUs x {} MiB ({} backing), {} iterations\n",
+        o.vcpus,
+        o.mib_per_vcpu,
+        if o.thp { "THP" } else { "4 KiB" },
+        o.iterations
+    );
+    println!(
+        "| mode | populate | enable | iteration 1 | iteration N | 1/N | get (total) | clear (total) | disable | longest ioctl |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for mode in [
+        Mode::Bitmap,
+        Mode::ManualWholeSlot,
+        Mode::ManualChunked,
+        Mode::Ring,
+    ] {
+        match measure(mode, o) {
+            Ok(r) => println!(
+                "| {} | {:.1} ms | {:.3} ms | {:.1} ms | {:.1} ms | {:.2} | {:.2} ms | {:.2} ms | {:.3} ms | {:.0} µs |",
+                mode.name(),
+                ms(r.populate),
+                ms(r.enable),
+                ms(r.first),
+                ms(r.rest),
+                r.first.as_secs_f64() / r.rest.as_secs_f64(),
+                ms(r.get),
+                ms(r.clear),
+                ms(r.disable),
+                r.worst_ioctl.as_secs_f64() * 1e6
+            ),
+            Err(e) => {
+                eprintln!("perf: {}: {e}", mode.name());
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
