@@ -6,7 +6,7 @@
 //! `cargo run --release -p lapic-timer --example cyclictest [-- SECONDS_PER_POLICY [TRACE_FILE]]`
 //!
 //! With TRACE_FILE, the wake lateness of the first run without advance at 1 ms
-//! is recorded there (up to 20 000 expiries) for `--example simulate`.
+//! is recorded there (up to 20 000 expiries) for `--example simulate-timer`.
 //!
 //! Each policy runs SECONDS_PER_POLICY (default 1) per period in each of three
 //! rounds; the table gives the median of the rounds. Score = mean lateness +

@@ -1,7 +1,7 @@
 //! Prints the simulator's table: every advance policy on each synthetic trace
 //! (and recorded traces given as arguments), beside the oracle.
 //!
-//! `cargo run --release -p lapic-timer --example simulate [TRACE_FILE...]`
+//! `cargo run --release -p lapic-timer --example simulate-timer [TRACE_FILE...]`
 
 use std::path::Path;
 use std::time::Duration;
