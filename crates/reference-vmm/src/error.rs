@@ -100,6 +100,9 @@ pub enum ConfigError {
         /// Largest accepted size in MiB.
         max: u64,
     },
+    /// A device could not be added to the bus.
+    #[error("cannot add a device: {0}")]
+    Device(String),
     /// No built-in guest program has this name.
     #[error("no guest program is called {name:?}; the built-in ones are: {known}")]
     UnknownGuest {

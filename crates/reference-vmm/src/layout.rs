@@ -12,7 +12,9 @@
 //! 0x0020_0000  per-vCPU areas, VCPU_AREA_SIZE each:
 //!                +0x0_0000 TSS with an all-zero I/O permission bitmap
 //!                +0x0_3000 IDT
-//!                +0x0_4000 kernel stack (RSP0), top at +0x0_8000
+//!                +0x0_4000 kernel stacks: RSP0 (exceptions, service calls)
+//!                          tops at +0x0_7000; IST1 (interrupts) at +0x0_7fc0,
+//!                          right below the interrupt record (+0x0_7fc0..+0x0_8000)
 //!                +0x0_8000 user stack, top at +0x1_8000
 //!                +0x1_8000 per-vCPU data (guest program scratch)
 //! 0x0100_0000  shared data page (serial lock, program mailboxes)
@@ -51,6 +53,13 @@ pub const TSS_OFFSET: u64 = 0;
 pub const IDT_OFFSET: u64 = 0x3000;
 /// Offset of the top of the kernel (CPL0) stack in a vCPU area.
 pub const KERNEL_STACK_TOP_OFFSET: u64 = 0x8000;
+/// Bytes of the per-vCPU interrupt record, at the top of the kernel stack
+/// area: the guest's interrupt entry stores the TSC of the last interrupt at
+/// +0 and counts interrupts at +8 (see `guest/runtime.s`).
+pub const IRQ_RECORD_SIZE: u64 = 64;
+/// How far below the interrupt stack the exception stack (RSP0) starts.
+pub const EXCEPTION_STACK_GAP: u64 = 0x1000;
+
 /// Offset of the top of the user (CPL3) stack in a vCPU area.
 pub const USER_STACK_TOP_OFFSET: u64 = 0x1_8000;
 /// Offset of the per-vCPU data block in a vCPU area.
@@ -63,6 +72,11 @@ pub const MAX_VCPUS: u32 = 64;
 pub const SHARED_DATA_ADDR: u64 = 0x100_0000;
 /// Offset of the serial-console spinlock in the shared page.
 pub const SERIAL_LOCK_OFFSET: u64 = 0;
+/// Offset of the program parameters in the shared page: [`PARAMS`] u64s that
+/// the VMM writes before the run (rounds, periods, ...).
+pub const PARAMS_OFFSET: u64 = 0x100;
+/// Number of program parameters.
+pub const PARAMS: usize = 16;
 /// First guest physical address that guest programs may use freely.
 pub const FREE_MEMORY_START: u64 = 0x110_0000;
 
@@ -89,6 +103,17 @@ pub const fn idt_addr(index: u32) -> u64 {
 /// Initial kernel stack pointer (TSS.RSP0) of vCPU `index`.
 pub const fn kernel_stack_top(index: u32) -> u64 {
     vcpu_area(index) + KERNEL_STACK_TOP_OFFSET
+}
+
+/// Guest physical address of vCPU `index`'s interrupt record, which is also
+/// the top of its interrupt stack (TSS.IST1).
+pub const fn irq_record(index: u32) -> u64 {
+    kernel_stack_top(index) - IRQ_RECORD_SIZE
+}
+
+/// Top of vCPU `index`'s exception and service-call stack (TSS.RSP0).
+pub const fn exception_stack_top(index: u32) -> u64 {
+    kernel_stack_top(index) - EXCEPTION_STACK_GAP
 }
 
 /// Initial user stack pointer of vCPU `index`.

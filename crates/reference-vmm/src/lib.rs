@@ -27,12 +27,15 @@
 
 #![deny(missing_docs)]
 
+pub mod apic;
 pub mod devices;
 pub mod error;
 pub mod exit;
 pub mod guest;
+pub mod irq;
 pub mod kick;
 pub mod layout;
+pub mod mechanisms;
 pub mod ucall;
 pub mod vcpu;
 pub mod vm;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use reference_vmm::guest::{self, GuestProgram, PROGRAMS};
-use reference_vmm::layout::MAX_VCPUS;
+use reference_vmm::layout::{MAX_VCPUS, PARAMS};
+use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Mechanisms, TimerAdvance};
 use reference_vmm::vm::{check_mem_mib, check_vcpus};
 use reference_vmm::{ConfigError, Vm, VmConfig};
 
@@ -23,7 +24,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a built-in guest program on every vCPU.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the built-in guest programs.
     Guests,
 }
@@ -45,6 +46,58 @@ struct RunArgs {
     /// Stop every vCPU and fail if the guest has not finished after this long.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: Option<u64>,
+    /// The guest program's parameters, comma-separated (e.g. rounds for pingpong).
+    #[arg(long, value_name = "N,N,...", value_parser = parse_params, default_value = "")]
+    params: Params,
+    #[command(flatten)]
+    mechanisms: MechanismArgs,
+}
+
+/// The mechanism switches, each with its baseline.
+#[derive(Debug, clap::Args)]
+struct MechanismArgs {
+    /// How a halted vCPU waits: kvm, haltpoll, aio, own, off.
+    #[arg(long, default_value = "own")]
+    halt_poll: HaltPoll,
+    /// How early a guest timer's host timer fires: none, fixed:NS, kvm, own.
+    #[arg(long, default_value = "own")]
+    timer_advance: TimerAdvance,
+    /// What interrupt delivery does for the target's thread: none, ready, own.
+    #[arg(long, default_value = "own")]
+    boost: Boost,
+    /// How vCPU threads read the device bus: rcu, rwlock, arc-swap.
+    #[arg(long, default_value = "rcu")]
+    bus: BusAccess,
+}
+
+impl MechanismArgs {
+    fn mechanisms(&self) -> Mechanisms {
+        Mechanisms {
+            halt_poll: self.halt_poll,
+            timer_advance: self.timer_advance,
+            boost: self.boost,
+            bus: self.bus,
+        }
+    }
+}
+
+/// Program parameters, as given.
+#[derive(Clone, Debug)]
+struct Params([u64; PARAMS]);
+
+fn parse_params(s: &str) -> Result<Params, String> {
+    let mut params = [0; PARAMS];
+    let values: Vec<&str> = s.split(',').filter(|v| !v.is_empty()).collect();
+    if values.len() > PARAMS {
+        return Err(format!("at most {PARAMS} parameters, got {}", values.len()));
+    }
+    for (slot, v) in params.iter_mut().zip(values) {
+        *slot = v
+            .trim()
+            .parse()
+            .map_err(|e| format!("{v:?} is not a number: {e}"))?;
+    }
+    Ok(Params(params))
 }
 
 fn parse_guest(name: &str) -> Result<&'static GuestProgram, ConfigError> {
@@ -74,7 +127,7 @@ fn parse_mem_mib(s: &str) -> Result<u64, String> {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Guests => {
             let lines: String = PROGRAMS
                 .iter()
@@ -97,6 +150,8 @@ fn run(args: RunArgs) -> ExitCode {
         vcpus: args.vcpus,
         mem_mib: args.mem_mib,
         timeout: args.timeout_ms.map(Duration::from_millis),
+        mechanisms: args.mechanisms.mechanisms(),
+        params: args.params.0,
     };
     match Vm::new(&config).and_then(|vm| vm.run(args.guest, serial_out)) {
         Ok(report) => print_or_fail(&format!("{report}\n")),

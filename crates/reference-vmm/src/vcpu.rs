@@ -1,43 +1,79 @@
-//! A vCPU thread's run loop.
+//! A vCPU thread's run loop, where the five mechanisms meet on the exit path.
 //!
 //! ```text
 //! loop {
 //!     stop requested?  -> finish                  (set by the VMM before a kick)
-//!     exit = KVM_RUN                              later: rcu-qs offline / online around it,
-//!                                                 vcpu-sched run state, lapic-timer expiry
-//!     match handle_exit(exit) { continue | kicked: acknowledge | done | error }
+//!     timer expired?   -> spin to the deadline, fire the LVT timer (lapic-timer)
+//!     inject the highest deliverable interrupt, or ask for an interrupt window
+//!     run state = in guest; boost policy: ran    (vcpu-sched)
+//!     offline; exit = KVM_RUN; online            (rcu-qs: the guest is a quiescent state)
+//!     run state = in the VMM
+//!     x2APIC / TSC-deadline MSR  -> the local APIC (IPIs to the others, timer re-armed)
+//!     HLT                        -> wait through the halt poller until work arrives (halt-poll)
+//!     port I/O                   -> the device bus, read through RCU (or a lock, as chosen)
+//!     kick (EINTR)               -> acknowledge, look again
 //! }
 //! ```
-//! The exit handling itself is [`exit::handle_exit`](crate::exit::handle_exit);
-//! kicks follow the strategy described in [`crate::kick`].
+//! Kicks follow the strategy described in [`crate::kick`]; delivery to other
+//! vCPUs is [`crate::irq`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kvm_ioctls::VcpuFd;
+use halt_poll::{FutexWake, HaltPoller, PollPolicy};
+use kvm_bindings::kvm_interrupt;
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use lapic_timer::{Clock, GuestTime, MonotonicClock, NoEvents, SpinAt, TimerThread, TscClock};
+use rcu_qs::{Domain, Reader};
+use vcpu_sched::RunState;
 use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::ioctl::ioctl_with_ref;
 
-use crate::devices::IoBus;
-use crate::error::{Error, RegisterDump};
+use crate::apic::{Action, LocalApic};
+use crate::devices::SharedBus;
+use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitError, Flow, Report, handle_exit};
+use crate::irq::Interrupts;
 use crate::kick;
+use crate::mechanisms::Mechanisms;
+
+/// The vCPU ioctl this needs that kvm-ioctls does not wrap.
+mod ioctls {
+    use kvm_bindings::{KVMIO, kvm_interrupt};
+    vmm_sys_util::ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_interrupt);
+}
 
 /// What every vCPU thread of a VM shares.
 pub struct VmShared {
     /// Guest memory.
     pub memory: GuestMemoryMmap,
-    /// Port-I/O devices.
-    pub io_bus: IoBus,
+    /// Port-I/O devices, as the vCPU threads read them.
+    pub bus: SharedBus,
+    /// The RCU domain whose readers are the vCPU threads.
+    pub domain: Domain,
+    /// Pending interrupts, run states and boosts.
+    pub irqs: Arc<Interrupts>,
+    /// The mechanisms chosen.
+    pub mechanisms: Mechanisms,
     /// Set before kicking the vCPUs to make them stop.
     stop: AtomicBool,
 }
 
 impl VmShared {
-    /// State for a VM with `memory` and the devices on `io_bus`.
-    pub fn new(memory: GuestMemoryMmap, io_bus: IoBus) -> Self {
+    /// State for a VM.
+    pub fn new(
+        memory: GuestMemoryMmap,
+        bus: SharedBus,
+        domain: Domain,
+        irqs: Arc<Interrupts>,
+        mechanisms: Mechanisms,
+    ) -> Self {
         Self {
             memory,
-            io_bus,
+            bus,
+            domain,
+            irqs,
+            mechanisms,
             stop: AtomicBool::new(false),
         }
     }
@@ -75,6 +111,23 @@ pub struct VcpuRunner {
     reports: Vec<Report>,
 }
 
+/// The per-thread pieces of the loop.
+struct Loop {
+    apic: LocalApic,
+    timer: TimerThread,
+    poller: HaltPoller<Box<dyn PollPolicy + Send>, Arc<FutexWake>>,
+    reader: Reader,
+}
+
+/// Unregisters the vCPU thread from kicks however the loop ends.
+struct Registered<'a>(&'a Interrupts, usize);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.unregister_thread(self.1);
+    }
+}
+
 impl VcpuRunner {
     /// A runner for vCPU `index`, whose registers are already set.
     pub fn new(index: u32, fd: VcpuFd, shared: Arc<VmShared>) -> Self {
@@ -87,38 +140,177 @@ impl VcpuRunner {
         }
     }
 
+    fn vcpu(&self) -> usize {
+        self.index as usize
+    }
+
     /// Runs the vCPU on the calling thread until its program finishes, it is
     /// stopped, or something goes wrong.
     pub fn run(mut self) -> Result<VcpuSummary, Error> {
         kick::prepare_vcpu_thread(&self.fd).map_err(Error::Kick)?;
+        let shared = self.shared.clone();
+        let irqs = &shared.irqs;
+        irqs.register_thread(self.vcpu());
+        let _registered = Registered(irqs, self.vcpu());
+        let mut l = self.start_loop()?;
         loop {
-            if self.shared.stop_requested() {
+            if shared.stop_requested() {
                 return Ok(self.summary(false));
             }
-            let flow = match self.fd.run() {
-                Ok(exit) => {
-                    self.exits += 1;
-                    handle_exit(
-                        exit,
-                        &self.shared.io_bus,
-                        &self.shared.memory,
-                        &mut self.reports,
-                    )
-                }
-                Err(e) if e.errno() == libc::EINTR => Ok(Flow::Kicked),
-                Err(source) => {
-                    return Err(Error::Kvm {
-                        op: "KVM_RUN",
-                        source,
-                    });
-                }
-            };
+            self.prepare_entry(&mut l)?;
+            let flow = self.run_once(&mut l);
             match flow {
                 Ok(Flow::Continue) => {}
                 Ok(Flow::Kicked) => kick::acknowledge().map_err(Error::Kick)?,
                 Ok(Flow::Done) => return Ok(self.summary(true)),
                 Err(e) => return Err(self.exit_error(e)),
             }
+        }
+    }
+
+    fn start_loop(&self) -> Result<Loop, Error> {
+        let clock = TscClock::shared();
+        let time = GuestTime::from_host(&clock, self.tsc_offset());
+        let m = self.shared.mechanisms;
+        let sink = self.shared.irqs.timer_sink(self.vcpu());
+        let timer = TimerThread::start(
+            m.timer_advance.policy(clock.tsc_khz()),
+            sink,
+            NoEvents,
+            SpinAt::Receiver,
+        )
+        .map_err(|source| Error::SpawnThread {
+            vcpu: self.index,
+            source,
+        })?;
+        let poller = HaltPoller::new(
+            self.shared.irqs.wake_source(self.vcpu()),
+            m.halt_poll.policy(),
+        );
+        Ok(Loop {
+            apic: LocalApic::new(self.index, time),
+            timer,
+            poller,
+            reader: self.shared.domain.register_reader(),
+        })
+    }
+
+    /// Guest TSC minus host TSC (0 on PVM; what KVM chose elsewhere).
+    fn tsc_offset(&self) -> i64 {
+        const IA32_TSC: u32 = 0x10;
+        let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+            index: IA32_TSC,
+            ..Default::default()
+        }])
+        .expect("one entry fits");
+        match self.fd.get_msrs(&mut msrs) {
+            Ok(1) => msrs.as_slice()[0]
+                .data
+                .wrapping_sub(lapic_timer::time::rdtsc()) as i64,
+            _ => 0,
+        }
+    }
+
+    /// Before entry: fire a due timer (spinning to its exact deadline first),
+    /// then inject the highest deliverable interrupt or ask for a window.
+    fn prepare_entry(&mut self, l: &mut Loop) -> Result<(), Error> {
+        let irqs = &self.shared.irqs;
+        let vcpu = self.vcpu();
+        if let Some(expiry) = irqs.take_timer(vcpu) {
+            expiry.spin(&MonotonicClock);
+            if let Some(fired) = l.apic.timer().expire(MonotonicClock.now_ns()) {
+                irqs.post_local(vcpu, fired.vector);
+            }
+            rearm(l);
+        }
+        let pending = irqs.pending(vcpu);
+        let deliverable = l.apic.deliverable(&pending);
+        let run = self.fd.get_kvm_run();
+        let can_inject = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+        run.request_interrupt_window = u8::from(deliverable.is_some() && !can_inject);
+        if let (Some(vector), true) = (deliverable, can_inject) {
+            let arg = kvm_interrupt {
+                irq: u32::from(vector),
+            };
+            // SAFETY: a vCPU fd and a kvm_interrupt that lives for the call,
+            // which only reads it; the result is checked.
+            let ret = unsafe { ioctl_with_ref(&self.fd, ioctls::KVM_INTERRUPT(), &arg) };
+            if ret != 0 {
+                return Err(Error::Kvm {
+                    op: "KVM_INTERRUPT",
+                    source: vmm_sys_util::errno::Error::last(),
+                });
+            }
+            irqs.take(vcpu, vector);
+            l.apic.start_service(vector);
+            // More pending: come back as soon as the guest can take one.
+            self.fd.get_kvm_run().request_interrupt_window = u8::from(irqs.pending(vcpu) != [0; 4]);
+        }
+        Ok(())
+    }
+
+    /// One `KVM_RUN`, offline for RCU and with the run state published, and
+    /// the handling of its exit.
+    fn run_once(&mut self, l: &mut Loop) -> Result<Flow, ExitError> {
+        let shared = self.shared.clone();
+        let (irqs, vcpu) = (&shared.irqs, self.vcpu());
+        irqs.state(vcpu).entering_guest();
+        irqs.policy().on_run(&irqs.ctx(), vcpu);
+        let exit = l.reader.offline_while(|| self.fd.run());
+        irqs.state(vcpu).left_guest();
+        let exit = match exit {
+            Ok(exit) => exit,
+            Err(e) if e.errno() == libc::EINTR => return Ok(Flow::Kicked),
+            Err(source) => {
+                return Err(GuestFault::UnhandledExit(format!("KVM_RUN: {source}")).into());
+            }
+        };
+        self.exits += 1;
+        let now = MonotonicClock.now_ns();
+        match exit {
+            VcpuExit::X86Rdmsr(msr) => {
+                match l.apic.read(msr.index, &irqs.pending(vcpu), now) {
+                    Ok(value) => *msr.data = value,
+                    Err(_) => *msr.error = 1, // #GP, as the architecture says
+                }
+                Ok(Flow::Continue)
+            }
+            VcpuExit::X86Wrmsr(msr) => {
+                match l.apic.write(msr.index, msr.data, now) {
+                    Ok(Action::Ipi { vector, to }) => {
+                        irqs.ipi(vcpu, vector, to);
+                    }
+                    Ok(Action::TimerChanged) => rearm(l),
+                    Ok(Action::Eoi | Action::None) => {}
+                    Err(_) => *msr.error = 1,
+                }
+                Ok(Flow::Continue)
+            }
+            VcpuExit::Hlt => self.halt(l),
+            VcpuExit::IrqWindowOpen => Ok(Flow::Continue),
+            other => shared.bus.with(&l.reader, |bus| {
+                handle_exit(other, bus, &shared.memory, &mut self.reports)
+            }),
+        }
+    }
+
+    /// `KVM_EXIT_HLT`: wait, polling or blocked as the halt-poll policy says,
+    /// until an interrupt can be delivered, the timer fires, or a stop.
+    fn halt(&mut self, l: &mut Loop) -> Result<Flow, ExitError> {
+        if self.fd.get_kvm_run().if_flag == 0 {
+            return Err(GuestFault::HaltedForever.into());
+        }
+        let (irqs, vcpu) = (&self.shared.irqs, self.vcpu());
+        let state = irqs.state(vcpu);
+        loop {
+            state.set_run_state(RunState::Halted);
+            let work = l.apic.deliverable(&irqs.pending(vcpu)).is_some() || irqs.has_timer(vcpu);
+            if work || self.shared.stop_requested() {
+                state.set_run_state(RunState::InVmm);
+                return Ok(Flow::Continue);
+            }
+            l.poller.halt();
+            state.set_run_state(RunState::InVmm);
         }
     }
 
@@ -149,4 +341,14 @@ impl VcpuRunner {
             },
         }
     }
+}
+
+/// Arms the host timer for the LVT timer's next expiry, or disarms it.
+fn rearm(l: &mut Loop) {
+    // A timerfd that cannot be set is out of the guest's reach and of ours: the
+    // timer then fires at the next exit instead (prepare_entry checks).
+    let _ = match l.apic.timer().next_expiry_ns() {
+        Some(at) => l.timer.arm(at, 0),
+        None => l.timer.disarm(),
+    };
 }

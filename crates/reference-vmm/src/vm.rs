@@ -11,12 +11,15 @@ use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use crate::devices::{IoBus, SerialConsole};
+use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
+use crate::devices::{IoBus, SerialConsole, SharedBus};
 use crate::error::{ConfigError, Error};
 use crate::exit::Report;
 use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
+use crate::irq::Interrupts;
 use crate::kick;
 use crate::layout::*;
+use crate::mechanisms::Mechanisms;
 use crate::vcpu::{VcpuRunner, VcpuSummary, VmShared};
 use crate::x86::boot::{VcpuBootInfo, entry_regs, long_mode_sregs, set_apic_id};
 use crate::x86::gdt::{IO_BITMAP_SIZE, TSS_HEADER_SIZE, build_gdt, tss_header};
@@ -32,6 +35,10 @@ pub struct VmConfig {
     pub mem_mib: u64,
     /// Stop every vCPU and fail if the guest has not finished by then.
     pub timeout: Option<Duration>,
+    /// The latency mechanisms on the exit path.
+    pub mechanisms: Mechanisms,
+    /// The guest program's parameters (in the shared page).
+    pub params: [u64; PARAMS],
 }
 
 impl Default for VmConfig {
@@ -40,6 +47,8 @@ impl Default for VmConfig {
             vcpus: 1,
             mem_mib: 64,
             timeout: None,
+            mechanisms: Mechanisms::default(),
+            params: [0; PARAMS],
         }
     }
 }
@@ -118,6 +127,8 @@ pub struct Vm {
     _vm: VmFd,
     memory: GuestMemoryMmap,
     timeout: Option<Duration>,
+    mechanisms: Mechanisms,
+    devices: Vec<(u16, u16, Arc<dyn crate::devices::PioDevice>)>,
 }
 
 impl Vm {
@@ -131,7 +142,15 @@ impl Vm {
         let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
             .map_err(|e| Error::AllocateMemory(e.to_string()))?;
         register_memory(&vm, &memory)?;
+        route_apic_msrs_to_userspace(&vm)?;
         write_boot_structures(&memory, vcpus, mem_size)?;
+        let params: Vec<u8> = config.params.iter().flat_map(|p| p.to_le_bytes()).collect();
+        memory
+            .write_slice(&params, GuestAddress(SHARED_DATA_ADDR + PARAMS_OFFSET))
+            .map_err(|source| Error::WriteMemory {
+                what: "the program parameters",
+                source,
+            })?;
         let cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
@@ -143,7 +162,19 @@ impl Vm {
             _vm: vm,
             memory,
             timeout: config.timeout,
+            mechanisms: config.mechanisms,
+            devices: Vec::new(),
         })
+    }
+
+    /// Guest memory, shared with the VM (for a scenario to read results).
+    pub fn memory(&self) -> GuestMemoryMmap {
+        self.memory.clone()
+    }
+
+    /// Adds `device` at ports `base..base + len` for the run.
+    pub fn add_device(&mut self, base: u16, len: u16, device: Arc<dyn crate::devices::PioDevice>) {
+        self.devices.push((base, len, device));
     }
 
     /// Runs `program` on every vCPU, each on its own thread, until all have
@@ -163,8 +194,24 @@ impl Vm {
         io_bus
             .insert(SERIAL_PORT, 8, Arc::new(SerialConsole::new(serial_out)))
             .expect("the serial console is the first device on an empty bus");
-        let shared = Arc::new(VmShared::new(self.memory, io_bus));
-
+        for (base, len, device) in self.devices {
+            io_bus
+                .insert(base, len, device)
+                .map_err(|e| Error::Config(ConfigError::Device(e.to_string())))?;
+        }
+        let domain = rcu_qs::Domain::new();
+        let bus = SharedBus::new(self.mechanisms.bus, io_bus, &domain);
+        let irqs = Arc::new(Interrupts::new(
+            count as usize,
+            self.mechanisms.boost.policy(),
+        ));
+        let shared = Arc::new(VmShared::new(
+            self.memory,
+            bus,
+            domain,
+            irqs,
+            self.mechanisms,
+        ));
         let start = Instant::now();
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
@@ -246,6 +293,7 @@ fn collect(
 
 fn stop_all(shared: &VmShared, threads: &[JoinHandle<()>]) {
     shared.request_stop();
+    shared.irqs.wake_all();
     for t in threads {
         // A thread that already returned cannot be kicked and needs no kick.
         let _ = kick::kick(t);
@@ -302,12 +350,19 @@ fn write_boot_structures(memory: &GuestMemoryMmap, vcpus: u32, mem_size: u64) ->
         write("a page table", &table.to_bytes(), table.addr)?;
     }
     write("the guest image", guest::image(), IMAGE_ADDR)?;
+    let irq_entry = IMAGE_ADDR + guest::irq_entry_offset();
     let idt = build_idt(
-        (0..EXCEPTION_VECTORS).map(|v| (v, IMAGE_ADDR + guest::exception_stub_offset(v))),
+        (0..EXCEPTION_VECTORS)
+            .map(|v| (v, IMAGE_ADDR + guest::exception_stub_offset(v), 0))
+            .chain((EXCEPTION_VECTORS..=u8::MAX).map(|v| (v, irq_entry, IRQ_STACK))),
     );
     let io_bitmap = vec![0u8; IO_BITMAP_SIZE as usize];
     for i in 0..vcpus {
-        write("a TSS", &tss_header(kernel_stack_top(i)), tss_addr(i))?;
+        write(
+            "a TSS",
+            &tss_header(exception_stack_top(i), irq_record(i)),
+            tss_addr(i),
+        )?;
         write("an I/O bitmap", &io_bitmap, tss_addr(i) + TSS_HEADER_SIZE)?;
         write(
             "an I/O bitmap",
@@ -321,6 +376,39 @@ fn write_boot_structures(memory: &GuestMemoryMmap, vcpus: u32, mem_size: u64) ->
         &[0u8; PAGE_SIZE as usize],
         SHARED_DATA_ADDR,
     )
+}
+
+/// The interrupt-stack-table entry of external interrupts.
+const IRQ_STACK: u8 = 1;
+
+/// x2APIC MSRs exit to userspace as invalid (there is no in-kernel APIC);
+/// IA32_TSC_DEADLINE and IA32_APIC_BASE, which KVM would otherwise handle or
+/// drop, are denied by the MSR filter so that they exit too.
+fn route_apic_msrs_to_userspace(vm: &VmFd) -> Result<(), Error> {
+    use kvm_bindings::{
+        KVM_CAP_X86_USER_SPACE_MSR, KVM_MSR_EXIT_REASON_FILTER, KVM_MSR_EXIT_REASON_INVAL,
+        kvm_enable_cap,
+    };
+    use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags};
+    let mut cap = kvm_enable_cap {
+        cap: KVM_CAP_X86_USER_SPACE_MSR,
+        ..Default::default()
+    };
+    cap.args[0] = u64::from(KVM_MSR_EXIT_REASON_INVAL | KVM_MSR_EXIT_REASON_FILTER);
+    vm.enable_cap(&cap)
+        .map_err(kvm_err("KVM_ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
+    let deny = [0u8];
+    let range = |base| MsrFilterRange {
+        flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+        base,
+        msr_count: 1,
+        bitmap: &deny,
+    };
+    vm.set_msr_filter(
+        MsrFilterDefaultAction::ALLOW,
+        &[range(MSR_TSC_DEADLINE), range(MSR_APIC_BASE)],
+    )
+    .map_err(kvm_err("KVM_X86_SET_MSR_FILTER"))
 }
 
 fn create_vcpu(

@@ -2,6 +2,8 @@
 
 mod bus;
 mod serial;
+mod shared;
 
 pub use bus::{BusError, IoBus, PioDevice};
 pub use serial::{NoIrq, SerialConsole, SharedBuffer};
+pub use shared::SharedBus;

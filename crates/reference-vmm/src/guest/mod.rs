@@ -14,7 +14,11 @@
 
 use std::fmt;
 
-use crate::layout::{SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR};
+use crate::apic;
+use crate::layout::{
+    IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, PARAMS_OFFSET, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR,
+    VCPU_DATA_OFFSET,
+};
 use crate::ucall::{self, UCALL_PORT};
 
 /// Port of the 16550 serial console (COM1).
@@ -23,6 +27,12 @@ pub const SERIAL_PORT: u16 = 0x3f8;
 pub const SYS_CPUID: u32 = 1;
 /// `ud2` service number (in `eax`) that triple-faults the vCPU.
 pub const SYS_SHUTDOWN: u32 = 2;
+/// `ud2` service number: halt unless `*rdi >= rsi` (checked with interrupts off).
+pub const SYS_HALT: u32 = 3;
+/// `ud2` service number: write MSR `edi` with `rsi`.
+pub const SYS_WRMSR: u32 = 4;
+/// `ud2` service number: read MSR `edi` into `rax`.
+pub const SYS_RDMSR: u32 = 5;
 /// Number of exception vectors the runtime has a stub for.
 pub const EXCEPTION_VECTORS: u8 = 32;
 /// Distance between two exception stubs in the image.
@@ -32,6 +42,7 @@ core::arch::global_asm!(
     include_str!("runtime.s"),
     include_str!("hello.s"),
     include_str!("faults.s"),
+    include_str!("ipi.s"),
     ".globl reference_vmm_guest_image_end",
     "reference_vmm_guest_image_end:",
     ".popsection",
@@ -44,6 +55,17 @@ core::arch::global_asm!(
     serial_lock = const SHARED_DATA_ADDR + SERIAL_LOCK_OFFSET,
     sys_cpuid = const SYS_CPUID,
     sys_shutdown = const SYS_SHUTDOWN,
+    sys_halt = const SYS_HALT,
+    sys_wrmsr = const SYS_WRMSR,
+    sys_rdmsr = const SYS_RDMSR,
+    msr_eoi = const apic::MSR_EOI,
+    msr_svr = const apic::MSR_SVR,
+    msr_icr = const apic::MSR_ICR,
+    msr_esr = const apic::MSR_ESR,
+    msr_lvt_timer = const apic::MSR_LVT_TIMER,
+    msr_tsc_deadline = const apic::MSR_TSC_DEADLINE,
+    irq_record_below_data = const VCPU_DATA_OFFSET - KERNEL_STACK_TOP_OFFSET + IRQ_RECORD_SIZE,
+    params = const SHARED_DATA_ADDR + PARAMS_OFFSET,
 );
 
 // SAFETY: these symbols are labels in the read-only image emitted by the
@@ -59,6 +81,10 @@ unsafe extern "C" {
     safe static reference_vmm_guest_gp_fault: u8;
     safe static reference_vmm_guest_assert_fail: u8;
     safe static reference_vmm_guest_spin: u8;
+    safe static reference_vmm_guest_irq_entry: u8;
+    safe static reference_vmm_guest_pingpong: u8;
+    safe static reference_vmm_guest_apic_abuse: u8;
+    safe static reference_vmm_guest_apic_gp: u8;
 }
 
 /// The whole guest image: runtime and every program.
@@ -74,6 +100,11 @@ pub fn image() -> &'static [u8] {
 fn offset_of(label: &'static u8) -> u64 {
     let start = &raw const reference_vmm_guest_image_start as usize;
     (label as *const u8 as usize - start) as u64
+}
+
+/// Offset in the image of the runtime's entry for external interrupts (32-255).
+pub fn irq_entry_offset() -> u64 {
+    offset_of(&reference_vmm_guest_irq_entry)
 }
 
 /// Offset in the image of the runtime's stub for exception `vector` (< 32).
@@ -139,6 +170,21 @@ pub static PROGRAMS: &[GuestProgram] = &[
         name: "gp-fault",
         about: "executes hlt at CPL3, which raises #GP",
         entry: &reference_vmm_guest_gp_fault,
+    },
+    GuestProgram {
+        name: "pingpong",
+        about: "vCPUs 0 and 1 bounce an IPI params[0] times, halting in between",
+        entry: &reference_vmm_guest_pingpong,
+    },
+    GuestProgram {
+        name: "apic-abuse",
+        about: "programs absurd local-APIC values (illegal vector, missing vCPU, past deadline)",
+        entry: &reference_vmm_guest_apic_abuse,
+    },
+    GuestProgram {
+        name: "apic-gp",
+        about: "writes a non-zero value to the x2APIC EOI register, which raises #GP",
+        entry: &reference_vmm_guest_apic_gp,
     },
     GuestProgram {
         name: "assert-fail",

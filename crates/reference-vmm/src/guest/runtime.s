@@ -93,6 +93,12 @@ rt_ud_dispatch:
     je rt_sys_cpuid
     cmp eax, {sys_shutdown}
     je rt_sys_shutdown
+    cmp eax, {sys_halt}
+    je rt_sys_halt
+    cmp eax, {sys_wrmsr}
+    je rt_sys_wrmsr
+    cmp eax, {sys_rdmsr}
+    je rt_sys_rdmsr
 1:  push 0
     push 6
     jmp rt_exception_common
@@ -117,6 +123,59 @@ rt_null_idtr:
     .word 0
     .quad 0
 
+// Service `sys_halt`: halts unless the u64 at rdi is already >= rsi. The check
+// runs with interrupts off and `sti; hlt` cannot be split (STI's shadow), so an
+// interrupt that arrives after the check always ends the halt: no lost wake-up.
+rt_sys_halt:
+    cmp [rdi], rsi
+    jae 1f
+    sti
+    hlt
+1:  add qword ptr [rsp], 2
+    iretq
+
+// Service `sys_wrmsr`: MSR edi = rsi.
+rt_sys_wrmsr:
+    mov ecx, edi
+    mov rax, rsi
+    mov rdx, rsi
+    shr rdx, 32
+    wrmsr
+    add qword ptr [rsp], 2
+    iretq
+
+// Service `sys_rdmsr`: rax = MSR edi.
+rt_sys_rdmsr:
+    mov ecx, edi
+    rdmsr
+    shl rdx, 32
+    or rax, rdx
+    add qword ptr [rsp], 2
+    iretq
+
+// CPL0: every external interrupt (vectors 32-255), on the interrupt stack
+// (IST 1), whose top is this vCPU's interrupt record: the TSC of the last
+// interrupt at +0, the number of interrupts at +8. Then EOI, and back.
+// 3 pushes and the CPU's 5-quadword frame put the record at rsp + 64.
+    .balign 16
+    .globl reference_vmm_guest_irq_entry
+reference_vmm_guest_irq_entry:
+    push rax
+    push rcx
+    push rdx
+    rdtsc
+    mov [rsp + 64], eax
+    mov [rsp + 68], edx
+    inc qword ptr [rsp + 72]
+    mov ecx, {msr_eoi}
+    xor eax, eax
+    xor edx, edx
+    wrmsr
+    pop rdx
+    pop rcx
+    pop rax
+    iretq
+
 // ---------------------------------------------------------------------------
 // CPL3 library.
 
@@ -140,6 +199,40 @@ rt_cpuid:
     mov eax, {sys_cpuid}
     ud2
     ret
+
+// rt_halt_below(addr: *const u64, value: u64): halts until an interrupt, unless
+// *addr >= value already (checked with interrupts off: see rt_sys_halt).
+rt_halt_below:
+    mov eax, {sys_halt}
+    ud2
+    ret
+
+// rt_wrmsr(msr: u32, value: u64)
+rt_wrmsr:
+    mov eax, {sys_wrmsr}
+    ud2
+    ret
+
+// rt_rdmsr(msr: u32) -> u64
+rt_rdmsr:
+    mov eax, {sys_rdmsr}
+    ud2
+    ret
+
+// rt_apic_enable(): software-enables the local APIC (SVR = spurious vector
+// 0xFF | enable), as a guest kernel does once at boot.
+rt_apic_enable:
+    mov edi, {msr_svr}
+    mov esi, 0x1ff
+    jmp rt_wrmsr
+
+// rt_send_ipi(dest: u32, vector: u8): a fixed IPI to x2APIC ID `dest`.
+rt_send_ipi:
+    shl rdi, 32
+    movzx esi, sil
+    or rsi, rdi
+    mov edi, {msr_icr}
+    jmp rt_wrmsr
 
 // rt_report(name: *const c_char, value: u64): a named value for the VMM's report.
 rt_report:

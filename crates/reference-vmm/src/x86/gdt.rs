@@ -87,14 +87,17 @@ pub fn build_gdt(vcpus: u32, tss_addr: impl Fn(u32) -> u64) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-/// The 64-bit TSS header of a vCPU: kernel stack `rsp0`, I/O bitmap right after it.
+/// The 64-bit TSS header of a vCPU: kernel stack `rsp0`, interrupt stack
+/// `ist1` (every external interrupt switches to it, from CPL3 or CPL0), I/O
+/// bitmap right after the header.
 ///
 /// The I/O bitmap itself (all zero: every port allowed at CPL3) and its trailing
 /// 0xFF byte follow the header in memory. PVM drops RFLAGS.IOPL once a TSS is
 /// loaded, so the bitmap is what lets CPL3 code use `in`/`out`.
-pub fn tss_header(rsp0: u64) -> [u8; TSS_HEADER_SIZE as usize] {
+pub fn tss_header(rsp0: u64, ist1: u64) -> [u8; TSS_HEADER_SIZE as usize] {
     let mut tss = [0u8; TSS_HEADER_SIZE as usize];
     tss[4..12].copy_from_slice(&rsp0.to_le_bytes());
+    tss[0x24..0x2c].copy_from_slice(&ist1.to_le_bytes());
     tss[0x66..0x68].copy_from_slice(&(TSS_HEADER_SIZE as u16).to_le_bytes());
     tss
 }
@@ -186,11 +189,15 @@ mod tests {
     }
 
     #[test]
-    fn tss_header_holds_rsp0_and_the_io_bitmap_offset() {
-        let tss = tss_header(0xdead_b000);
+    fn tss_header_holds_rsp0_ist1_and_the_io_bitmap_offset() {
+        let tss = tss_header(0xdead_b000, 0xbeef_c000);
         assert_eq!(
             u64::from_le_bytes(tss[4..12].try_into().unwrap()),
             0xdead_b000
+        );
+        assert_eq!(
+            u64::from_le_bytes(tss[0x24..0x2c].try_into().unwrap()),
+            0xbeef_c000
         );
         assert_eq!(
             u16::from_le_bytes(tss[0x66..0x68].try_into().unwrap()),

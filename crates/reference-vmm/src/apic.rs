@@ -1,0 +1,452 @@
+//! A local APIC in x2APIC mode, emulated in the VMM: there is no in-kernel
+//! irqchip, so every x2APIC MSR access exits to userspace (KVM's `INVAL`
+//! reason), and IA32_TSC_DEADLINE and IA32_APIC_BASE through the MSR filter.
+//!
+//! The model is plain data owned by its vCPU's thread: only that vCPU reads
+//! and writes its registers. Interrupts posted by other threads (IPIs, the
+//! timer thread) arrive as IRR bits in [`crate::irq`]; the vCPU thread moves
+//! the highest deliverable one into service here when it injects it.
+//!
+//! What it does, with the SDM's rules: ID (read-only, the vCPU index), version,
+//! TPR and PPR, EOI (clears the highest in-service vector), SVR (software
+//! enable; disabled at reset), ISR/TMR/IRR reads, ESR (write, then read),
+//! ICR (fixed IPIs: physical destination, self, all, all-excluding-self), the
+//! self-IPI register, the LVT entries, and the timer through
+//! [`lapic_timer::LapicTimer`] (one-shot, periodic, TSC-deadline). Accesses the
+//! architecture forbids (writing a read-only register, reading EOI, an unknown
+//! x2APIC MSR) are errors the VMM turns into #GP; an IPI with an illegal
+//! vector (0-15) is not sent and sets the ESR, as hardware does.
+
+use lapic_timer::{GuestTime, LapicTimer, TimerRegister};
+
+/// IA32_APIC_BASE.
+pub const MSR_APIC_BASE: u32 = 0x1B;
+/// IA32_TSC_DEADLINE.
+pub const MSR_TSC_DEADLINE: u32 = 0x6E0;
+/// First x2APIC MSR.
+pub const X2APIC_FIRST: u32 = 0x800;
+/// Last x2APIC MSR.
+pub const X2APIC_LAST: u32 = 0x8FF;
+
+const ID: u32 = 0x802;
+const VERSION: u32 = 0x803;
+const TPR: u32 = 0x808;
+const PPR: u32 = 0x80A;
+const EOI: u32 = 0x80B;
+const LDR: u32 = 0x80D;
+const SVR: u32 = 0x80F;
+const ISR: u32 = 0x810;
+const TMR: u32 = 0x818;
+const IRR: u32 = 0x820;
+const ESR: u32 = 0x828;
+const ICR: u32 = 0x830;
+const LVT_FIRST: u32 = 0x832;
+const LVT_LAST: u32 = 0x837;
+const SELF_IPI: u32 = 0x83F;
+
+/// The x2APIC EOI register.
+pub const MSR_EOI: u32 = EOI;
+/// The x2APIC interrupt command register.
+pub const MSR_ICR: u32 = ICR;
+/// The x2APIC spurious-interrupt vector register.
+pub const MSR_SVR: u32 = SVR;
+/// The x2APIC error status register.
+pub const MSR_ESR: u32 = ESR;
+/// The x2APIC LVT Timer register.
+pub const MSR_LVT_TIMER: u32 = LVT_FIRST;
+
+/// Version register: version 0x14, 6 LVT entries (max LVT index 5).
+const VERSION_VALUE: u64 = 0x14 | 5 << 16;
+/// SVR's APIC software-enable bit.
+const SVR_ENABLED: u32 = 1 << 8;
+/// Value of SVR at reset: spurious vector 0xFF, disabled.
+const SVR_RESET: u32 = 0xFF;
+/// IA32_APIC_BASE at reset for the bootstrap processor, enabled, x2APIC mode.
+const APIC_BASE_VALUE: u64 = 0xFEE0_0000 | 1 << 11 | 1 << 10;
+/// ESR bit: an IPI with an illegal vector was sent.
+pub const ESR_SEND_ILLEGAL_VECTOR: u32 = 1 << 5;
+/// ESR bit: an illegal vector was received (the self-IPI register).
+pub const ESR_RECEIVE_ILLEGAL_VECTOR: u32 = 1 << 6;
+/// LVT mask bit.
+const LVT_MASKED: u32 = 1 << 16;
+
+/// Whom an IPI goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// One vCPU, by x2APIC ID (the vCPU index here); may not exist.
+    Physical(u32),
+    /// The sender itself.
+    SelfOnly,
+    /// Every vCPU, the sender included.
+    All,
+    /// Every vCPU but the sender.
+    AllExcludingSelf,
+}
+
+/// What a register write asks of the VMM beyond the register itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing.
+    None,
+    /// Send fixed interrupt `vector` to `to`.
+    Ipi {
+        /// The vector (16-255).
+        vector: u8,
+        /// Whom to.
+        to: Destination,
+    },
+    /// An in-service vector ended: another may be deliverable now.
+    Eoi,
+    /// The timer's registers changed: re-arm its host timer.
+    TimerChanged,
+}
+
+/// An access the architecture does not allow: the guest gets #GP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApicFault {
+    /// An MSR this APIC does not have.
+    #[error("MSR {0:#x} is not an x2APIC register")]
+    NoSuchRegister(u32),
+    /// A write to a read-only register.
+    #[error("MSR {0:#x} is read-only")]
+    ReadOnly(u32),
+    /// A read of a write-only register.
+    #[error("MSR {0:#x} is write-only")]
+    WriteOnly(u32),
+    /// A non-zero write to EOI, or reserved ICR bits.
+    #[error("reserved bits set in a write of {value:#x} to MSR {msr:#x}")]
+    Reserved {
+        /// The MSR.
+        msr: u32,
+        /// The value written.
+        value: u64,
+    },
+}
+
+/// One vCPU's local APIC registers.
+#[derive(Clone, Debug)]
+pub struct LocalApic {
+    id: u32,
+    tpr: u8,
+    svr: u32,
+    isr: [u64; 4],
+    esr: u32,
+    /// ESR bits collected since the last ESR write.
+    esr_pending: u32,
+    icr: u64,
+    /// LVT Thermal, PMC, LINT0, LINT1, Error (the timer's lives in `timer`).
+    lvt: [u32; 5],
+    timer: LapicTimer,
+}
+
+impl LocalApic {
+    /// The APIC of vCPU `id`, in its reset state, with a timer on `time`.
+    pub fn new(id: u32, time: GuestTime) -> Self {
+        Self {
+            id,
+            tpr: 0,
+            svr: SVR_RESET,
+            isr: [0; 4],
+            esr: 0,
+            esr_pending: 0,
+            icr: 0,
+            lvt: [LVT_MASKED; 5],
+            timer: LapicTimer::new(time),
+        }
+    }
+
+    /// The timer, for the VMM to expire and arm.
+    pub fn timer(&mut self) -> &mut LapicTimer {
+        &mut self.timer
+    }
+
+    /// Whether the guest has software-enabled the APIC.
+    pub fn enabled(&self) -> bool {
+        self.svr & SVR_ENABLED != 0
+    }
+
+    /// The processor priority: the higher of TPR and the in-service class.
+    pub fn ppr(&self) -> u8 {
+        let isrv = highest(&self.isr).unwrap_or(0);
+        if self.tpr >> 4 >= isrv >> 4 {
+            self.tpr
+        } else {
+            isrv & 0xF0
+        }
+    }
+
+    /// The vector to inject now, if any: the highest pending in `irr` whose
+    /// priority class is above the processor priority's.
+    pub fn deliverable(&self, irr: &[u64; 4]) -> Option<u8> {
+        let v = highest(irr)?;
+        (self.enabled() && v >> 4 > self.ppr() >> 4).then_some(v)
+    }
+
+    /// `vector` was injected: it is in service until its EOI.
+    pub fn start_service(&mut self, vector: u8) {
+        self.isr[usize::from(vector / 64)] |= 1 << (vector % 64);
+    }
+
+    /// Reads MSR `msr`; `irr` is the vCPU's pending set, `now_ns` host time.
+    pub fn read(&self, msr: u32, irr: &[u64; 4], now_ns: u64) -> Result<u64, ApicFault> {
+        Ok(match msr {
+            MSR_APIC_BASE => APIC_BASE_VALUE,
+            MSR_TSC_DEADLINE => self.timer.tsc_deadline(),
+            ID => u64::from(self.id),
+            VERSION => VERSION_VALUE,
+            TPR => u64::from(self.tpr),
+            PPR => u64::from(self.ppr()),
+            LDR => u64::from((self.id >> 4) << 16 | 1 << (self.id & 0xF)),
+            SVR => u64::from(self.svr),
+            ISR..=0x817 => word32(&self.isr, msr - ISR),
+            TMR..=0x81F => 0,
+            IRR..=0x827 => word32(irr, msr - IRR),
+            ESR => u64::from(self.esr),
+            ICR => self.icr,
+            LVT_FIRST..=LVT_LAST | 0x838 | 0x839 | 0x83E => self.read_lvt_or_timer(msr, now_ns)?,
+            EOI | SELF_IPI => return Err(ApicFault::WriteOnly(msr)),
+            other => return Err(ApicFault::NoSuchRegister(other)),
+        })
+    }
+
+    fn read_lvt_or_timer(&self, msr: u32, now_ns: u64) -> Result<u64, ApicFault> {
+        match TimerRegister::from_x2apic_msr(msr) {
+            Some(reg) => Ok(u64::from(self.timer.read(reg, now_ns))),
+            None => self.lvt_index(msr).map(|i| u64::from(self.lvt[i])),
+        }
+    }
+
+    fn lvt_index(&self, msr: u32) -> Result<usize, ApicFault> {
+        match msr {
+            0x833..=LVT_LAST => Ok((msr - 0x833) as usize),
+            other => Err(ApicFault::NoSuchRegister(other)),
+        }
+    }
+
+    /// Writes `value` to MSR `msr` at host time `now_ns`.
+    pub fn write(&mut self, msr: u32, value: u64, now_ns: u64) -> Result<Action, ApicFault> {
+        let low = value as u32;
+        match msr {
+            MSR_APIC_BASE => return Ok(Action::None), // x2APIC mode stays on
+            MSR_TSC_DEADLINE => {
+                self.timer.write_tsc_deadline(value);
+                return Ok(Action::TimerChanged);
+            }
+            TPR => self.tpr = low as u8,
+            SVR => self.svr = low & 0x11FF,
+            ESR => self.esr = std::mem::take(&mut self.esr_pending),
+            EOI if value != 0 => return Err(ApicFault::Reserved { msr, value }),
+            EOI => return Ok(self.eoi()),
+            ICR => return self.write_icr(value),
+            SELF_IPI => return Ok(self.ipi(low as u8, Destination::SelfOnly)),
+            0x833..=LVT_LAST => self.lvt[(msr - 0x833) as usize] = low,
+            LVT_FIRST | 0x838 | 0x83E => {
+                let reg =
+                    TimerRegister::from_x2apic_msr(msr).ok_or(ApicFault::NoSuchRegister(msr))?;
+                self.timer
+                    .write(reg, low, now_ns)
+                    .map_err(|_| ApicFault::ReadOnly(msr))?;
+                return Ok(Action::TimerChanged);
+            }
+            ID | VERSION | PPR | LDR | 0x839 | ISR..=0x827 => return Err(ApicFault::ReadOnly(msr)),
+            other => return Err(ApicFault::NoSuchRegister(other)),
+        }
+        Ok(Action::None)
+    }
+
+    fn eoi(&mut self) -> Action {
+        if let Some(v) = highest(&self.isr) {
+            self.isr[usize::from(v / 64)] &= !(1 << (v % 64));
+        }
+        Action::Eoi
+    }
+
+    /// ICR: fixed delivery mode only (others are ignored, as a VMM without
+    /// INIT/SIPI support does), with the destination shorthand or a
+    /// physical destination in bits 63:32.
+    fn write_icr(&mut self, value: u64) -> Result<Action, ApicFault> {
+        const DELIVERY_MODE: u64 = 0x700;
+        const RESERVED: u64 = 0xFFF3_3000; // bits 12, 13, 16, 17, 20-31
+        if value & RESERVED != 0 {
+            return Err(ApicFault::Reserved { msr: ICR, value });
+        }
+        self.icr = value;
+        if value & DELIVERY_MODE != 0 {
+            return Ok(Action::None);
+        }
+        let to = match (value >> 18) & 3 {
+            0 => Destination::Physical((value >> 32) as u32),
+            1 => Destination::SelfOnly,
+            2 => Destination::All,
+            _ => Destination::AllExcludingSelf,
+        };
+        Ok(self.ipi(value as u8, to))
+    }
+
+    fn ipi(&mut self, vector: u8, to: Destination) -> Action {
+        if vector < 16 {
+            self.esr_pending |= if to == Destination::SelfOnly {
+                ESR_RECEIVE_ILLEGAL_VECTOR
+            } else {
+                ESR_SEND_ILLEGAL_VECTOR
+            };
+            return Action::None;
+        }
+        Action::Ipi { vector, to }
+    }
+}
+
+/// The highest set bit of a 256-bit vector set.
+pub fn highest(bits: &[u64; 4]) -> Option<u8> {
+    (0..4)
+        .rev()
+        .find(|&w| bits[w] != 0)
+        .map(|w| (w * 64 + 63 - bits[w].leading_zeros() as usize) as u8)
+}
+
+/// 32 bits of a 256-bit set, as the x2APIC ISR/TMR/IRR registers show them.
+fn word32(bits: &[u64; 4], index: u32) -> u64 {
+    let (word, shift) = ((index / 2) as usize, (index % 2) * 32);
+    (bits[word] >> shift) & 0xFFFF_FFFF
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apic() -> LocalApic {
+        let time = GuestTime {
+            tsc_khz: 1_000_000,
+            ns: 0,
+            tsc_at_ns: 0,
+        };
+        let mut a = LocalApic::new(3, time);
+        a.write(SVR, 0x1FF, 0).unwrap();
+        a
+    }
+
+    fn irr(vectors: &[u8]) -> [u64; 4] {
+        let mut bits = [0; 4];
+        for &v in vectors {
+            bits[usize::from(v / 64)] |= 1 << (v % 64);
+        }
+        bits
+    }
+
+    #[test]
+    fn the_highest_pending_vector_above_the_priority_is_delivered() {
+        let mut a = apic();
+        assert_eq!(a.deliverable(&irr(&[0x31, 0x52, 0x40])), Some(0x52));
+        a.write(TPR, 0x50, 0).unwrap();
+        assert_eq!(a.deliverable(&irr(&[0x52])), None, "same class as TPR");
+        assert_eq!(a.deliverable(&irr(&[0x61])), Some(0x61));
+        a.write(TPR, 0, 0).unwrap();
+        a.start_service(0x61);
+        assert_eq!(a.ppr(), 0x60);
+        assert_eq!(
+            a.deliverable(&irr(&[0x65])),
+            None,
+            "in-service class blocks"
+        );
+        assert_eq!(
+            a.deliverable(&irr(&[0x70])),
+            Some(0x70),
+            "a higher class nests"
+        );
+        assert_eq!(a.write(EOI, 0, 0), Ok(Action::Eoi));
+        assert_eq!(a.deliverable(&irr(&[0x65])), Some(0x65));
+        assert_eq!(
+            a.read(ISR + 1, &[0; 4], 0),
+            Ok(0),
+            "EOI cleared vector 0x61"
+        );
+    }
+
+    #[test]
+    fn a_disabled_apic_delivers_nothing() {
+        let mut a = apic();
+        a.write(SVR, 0xFF, 0).unwrap();
+        assert!(!a.enabled());
+        assert_eq!(a.deliverable(&irr(&[0x80])), None);
+    }
+
+    #[test]
+    fn icr_sends_fixed_ipis_by_destination_and_shorthand() {
+        let mut a = apic();
+        let to = |a: &mut LocalApic, v| match a.write(ICR, v, 0).unwrap() {
+            Action::Ipi { vector, to } => Some((vector, to)),
+            _ => None,
+        };
+        assert_eq!(
+            to(&mut a, 7 << 32 | 0x40),
+            Some((0x40, Destination::Physical(7)))
+        );
+        assert_eq!(
+            to(&mut a, 1 << 18 | 0x41),
+            Some((0x41, Destination::SelfOnly))
+        );
+        assert_eq!(to(&mut a, 2 << 18 | 0x42), Some((0x42, Destination::All)));
+        assert_eq!(
+            to(&mut a, 3 << 18 | 0x43),
+            Some((0x43, Destination::AllExcludingSelf))
+        );
+        assert_eq!(to(&mut a, 0x500 | 0x44), None, "INIT is not emulated");
+        assert_eq!(a.read(ICR, &[0; 4], 0), Ok(0x500 | 0x44));
+        assert_eq!(
+            a.write(SELF_IPI, 0x45, 0),
+            Ok(Action::Ipi {
+                vector: 0x45,
+                to: Destination::SelfOnly
+            })
+        );
+    }
+
+    #[test]
+    fn absurd_values_get_the_architectural_answer() {
+        let mut a = apic();
+        assert_eq!(
+            a.write(ICR, 1 << 32 | 0x05, 0),
+            Ok(Action::None),
+            "illegal vector: not sent"
+        );
+        a.write(ESR, 0, 0).unwrap();
+        assert_eq!(
+            a.read(ESR, &[0; 4], 0),
+            Ok(u64::from(ESR_SEND_ILLEGAL_VECTOR))
+        );
+        assert_eq!(
+            a.write(ICR, 1 << 13 | 0x40, 0),
+            Err(ApicFault::Reserved {
+                msr: ICR,
+                value: 1 << 13 | 0x40
+            })
+        );
+        assert_eq!(
+            a.write(EOI, 1, 0),
+            Err(ApicFault::Reserved { msr: EOI, value: 1 })
+        );
+        assert_eq!(a.write(ID, 9, 0), Err(ApicFault::ReadOnly(ID)));
+        assert_eq!(a.read(EOI, &[0; 4], 0), Err(ApicFault::WriteOnly(EOI)));
+        assert_eq!(
+            a.read(0x8FF, &[0; 4], 0),
+            Err(ApicFault::NoSuchRegister(0x8FF))
+        );
+        assert_eq!(a.write(MSR_TSC_DEADLINE, 1, 10), Ok(Action::TimerChanged));
+        assert!(
+            a.timer().expire(10).is_none(),
+            "the LVT timer is masked at reset"
+        );
+    }
+
+    #[test]
+    fn registers_read_back() {
+        let a = apic();
+        assert_eq!(a.read(ID, &[0; 4], 0), Ok(3));
+        assert_eq!(a.read(VERSION, &[0; 4], 0), Ok(VERSION_VALUE));
+        assert_eq!(a.read(IRR + 2, &irr(&[64]), 0), Ok(1));
+        assert_eq!(a.read(LDR, &[0; 4], 0), Ok(1 << 3));
+        assert_eq!(a.read(MSR_APIC_BASE, &[0; 4], 0), Ok(APIC_BASE_VALUE));
+        assert_eq!(highest(&irr(&[0, 255])), Some(255));
+        assert_eq!(highest(&[0; 4]), None);
+    }
+}

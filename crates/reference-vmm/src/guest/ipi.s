@@ -1,0 +1,108 @@
+// Programs that send and wait for interrupts (the local APIC in the VMM).
+
+// pingpong: vCPUs 0 and 1 bounce a fixed IPI (vector 0x40) params[0] times;
+// each halts until the other's IPI has arrived. vCPU 0 reports the TSC ticks
+// of all round trips ("ticks") and both report the interrupts they took
+// ("irqs"). Other vCPUs finish at once.
+    .globl reference_vmm_guest_pingpong
+reference_vmm_guest_pingpong:
+    mov r12, rdi                // vCPU index
+    lea r13, [rdx - {irq_record_below_data}]
+    call rt_apic_enable
+    cmp r12, 1
+    ja 9f
+    mov r14, [{params}]         // rounds
+    xor r15, r15                // rounds done
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rbx, rax
+1:  cmp r15, r14
+    jae 8f
+    inc r15
+    test r12, r12
+    jnz 2f
+    mov edi, 1                  // vCPU 0: send, then wait for the answer
+    mov esi, 0x40
+    call rt_send_ipi
+    lea rdi, [r13 + 8]
+    mov rsi, r15
+    call rt_wait_count
+    jmp 1b
+2:  lea rdi, [r13 + 8]          // vCPU 1: wait, then answer
+    mov rsi, r15
+    call rt_wait_count
+    xor edi, edi
+    mov esi, 0x40
+    call rt_send_ipi
+    jmp 1b
+8:  test r12, r12
+    jnz 3f
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    sub rax, rbx
+    lea rdi, [rip + 10f]
+    mov rsi, rax
+    call rt_report
+3:  lea rdi, [rip + 11f]
+    mov rsi, [r13 + 8]
+    call rt_report
+9:  call rt_done
+10: .asciz "ticks"
+11: .asciz "irqs"
+
+// rt_wait_count(counter: *const u64, n: u64): halts until *counter >= n.
+rt_wait_count:
+1:  cmp [rdi], rsi
+    jae 2f
+    call rt_halt_below
+    jmp 1b
+2:  ret
+
+// apic-abuse: absurd local-APIC values, which must get the architectural
+// answer: an IPI with vector 5 is not sent and sets ESR ("esr"); an IPI to a
+// vCPU that does not exist vanishes; a TSC deadline in the past fires at once
+// ("irqs" = 1: only the timer's interrupt arrives).
+    .globl reference_vmm_guest_apic_abuse
+reference_vmm_guest_apic_abuse:
+    lea r13, [rdx - {irq_record_below_data}]
+    call rt_apic_enable
+    xor edi, edi
+    mov esi, 5
+    call rt_send_ipi
+    mov edi, {msr_esr}
+    xor esi, esi
+    call rt_wrmsr
+    mov edi, {msr_esr}
+    call rt_rdmsr
+    lea rdi, [rip + 1f]
+    mov rsi, rax
+    call rt_report
+    mov edi, 200
+    mov esi, 0x40
+    call rt_send_ipi
+    mov edi, {msr_lvt_timer}
+    mov esi, 0x40050            // TSC-deadline mode, vector 0x50
+    call rt_wrmsr
+    mov edi, {msr_tsc_deadline}
+    mov esi, 1                  // long past
+    call rt_wrmsr
+    lea rdi, [r13 + 8]
+    mov rsi, 1
+    call rt_wait_count
+    lea rdi, [rip + 2f]
+    mov rsi, [r13 + 8]
+    call rt_report
+    call rt_done
+1:  .asciz "esr"
+2:  .asciz "irqs"
+
+// apic-gp: writes a non-zero value to EOI, which raises #GP.
+    .globl reference_vmm_guest_apic_gp
+reference_vmm_guest_apic_gp:
+    call rt_apic_enable
+    mov edi, {msr_eoi}
+    mov esi, 1
+    call rt_wrmsr
+    call rt_done

@@ -1,0 +1,316 @@
+//! Delivering interrupts to vCPUs: the pending (IRR) bits of every vCPU, and
+//! the wake-up that makes sure the target sees them.
+//!
+//! Any thread may post: a vCPU writing its ICR, a vCPU's timer thread. The
+//! poster sets the IRR bit, tells the boost policy (`vcpu-sched`) that the
+//! target was delivered to, and then looks at where the target is:
+//! - in the guest: a kick ([`crate::kick`]) brings it out of `KVM_RUN`;
+//! - halted: its halt-poll wake source wakes it (polling or blocked);
+//! - in the VMM: nothing; it checks its IRR before it enters the guest again.
+//!
+//! The vCPU publishes its run state before it checks its IRR, and the poster
+//! publishes the IRR bit before it reads the run state, all SeqCst (with the
+//! fences in `VcpuState`): one of the two always sees the other, so no
+//! interrupt waits for an unrelated exit.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use halt_poll::FutexWake;
+use lapic_timer::{Expiry, TimerSink};
+use vcpu_sched::{
+    BoostPolicy, Booster, Ctx, FifoBoost, NoGuestView, RunState, SchedStats, VcpuState,
+};
+use vmm_sys_util::signal::Killable;
+
+use crate::apic::Destination;
+use crate::kick;
+
+/// Wake-source bit for an interrupt.
+pub const WAKE_INTERRUPT: u32 = 0;
+/// Wake-source bit for a timer expiry.
+pub const WAKE_TIMER: u32 = 1;
+
+/// A vCPU thread, for kicks; cleared before the thread exits, so a kick never
+/// signals a thread that is gone.
+struct ThreadSlot(Mutex<Option<libc::pthread_t>>);
+
+/// A registered vCPU thread's handle.
+struct Pthread(libc::pthread_t);
+
+// SAFETY: the handle is only used while the slot's lock is held, and the vCPU
+// thread clears the slot (under the lock) before it exits.
+unsafe impl Killable for Pthread {
+    fn pthread_handle(&self) -> libc::pthread_t {
+        self.0
+    }
+}
+
+/// One vCPU's delivery state.
+struct Link {
+    irr: [AtomicU64; 4],
+    timer_due: Mutex<Option<Expiry>>,
+    wake: Arc<FutexWake>,
+    thread: ThreadSlot,
+}
+
+/// Counters of what delivery did.
+#[derive(Debug, Default)]
+pub struct IrqStats {
+    /// Interrupts posted.
+    pub posted: AtomicU64,
+    /// Kicks sent to vCPUs in the guest.
+    pub kicks: AtomicU64,
+    /// Wake-ups of halted vCPUs.
+    pub wakes: AtomicU64,
+    /// IPIs to a vCPU that does not exist (dropped, as hardware does).
+    pub dropped: AtomicU64,
+}
+
+/// Every vCPU's pending interrupts, run state and boost.
+pub struct Interrupts {
+    links: Vec<Link>,
+    states: Vec<VcpuState>,
+    booster: Booster<FifoBoost, Arc<SchedStats>>,
+    policy: Box<dyn BoostPolicy>,
+    last_boosted: AtomicUsize,
+    /// What delivery did.
+    pub stats: IrqStats,
+    /// What boosting did.
+    pub sched: Arc<SchedStats>,
+}
+
+impl Interrupts {
+    /// Delivery for `vcpus` vCPUs, boosting with `policy`.
+    pub fn new(vcpus: usize, policy: Box<dyn BoostPolicy>) -> Self {
+        let sched = Arc::new(SchedStats::default());
+        Self {
+            links: (0..vcpus)
+                .map(|_| Link {
+                    irr: Default::default(),
+                    timer_due: Mutex::new(None),
+                    wake: Arc::new(FutexWake::new()),
+                    thread: ThreadSlot(Mutex::new(None)),
+                })
+                .collect(),
+            states: (0..vcpus).map(|_| VcpuState::new()).collect(),
+            booster: Booster::with_events(vcpus, FifoBoost::default(), sched.clone()),
+            policy,
+            last_boosted: AtomicUsize::new(0),
+            stats: IrqStats::default(),
+            sched,
+        }
+    }
+
+    /// vCPU `vcpu`'s run state.
+    pub fn state(&self, vcpu: usize) -> &VcpuState {
+        &self.states[vcpu]
+    }
+
+    /// vCPU `vcpu`'s halt-poll wake source.
+    pub fn wake_source(&self, vcpu: usize) -> Arc<FutexWake> {
+        self.links[vcpu].wake.clone()
+    }
+
+    /// What a boost policy acts on.
+    pub fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            vcpus: &self.states,
+            booster: &self.booster,
+            last_boosted: &self.last_boosted,
+            guest: &NoGuestView,
+        }
+    }
+
+    /// The boost policy.
+    pub fn policy(&self) -> &dyn BoostPolicy {
+        self.policy.as_ref()
+    }
+
+    /// Registers the calling thread as vCPU `vcpu`'s, for kicks and boosts.
+    pub fn register_thread(&self, vcpu: usize) {
+        // SAFETY: pthread_self has no preconditions.
+        let me = unsafe { libc::pthread_self() };
+        *self.links[vcpu]
+            .thread
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(me);
+        self.booster
+            .register(vcpu, vcpu_sched::thread::current_tid());
+    }
+
+    /// The calling thread stops running vCPU `vcpu`: no more kicks to it.
+    pub fn unregister_thread(&self, vcpu: usize) {
+        *self.links[vcpu]
+            .thread
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        let _ = self.booster.ran(vcpu);
+    }
+
+    /// Sends `vector` from vCPU `from` to `to`. Returns how many vCPUs got it.
+    pub fn ipi(&self, from: usize, vector: u8, to: Destination) -> usize {
+        let n = self.links.len();
+        let targets: Vec<usize> = match to {
+            Destination::Physical(id) => match usize::try_from(id).ok().filter(|&i| i < n) {
+                Some(i) => vec![i],
+                None => {
+                    self.stats.dropped.fetch_add(1, SeqCst);
+                    vec![]
+                }
+            },
+            Destination::SelfOnly => vec![from],
+            Destination::All => (0..n).collect(),
+            Destination::AllExcludingSelf => (0..n).filter(|&i| i != from).collect(),
+        };
+        for &t in &targets {
+            self.post(t, vector);
+        }
+        targets.len()
+    }
+
+    /// Makes `vector` pending on vCPU `vcpu` and makes sure it notices.
+    pub fn post(&self, vcpu: usize, vector: u8) {
+        let link = &self.links[vcpu];
+        link.irr[usize::from(vector / 64)].fetch_or(1 << (vector % 64), SeqCst);
+        self.stats.posted.fetch_add(1, SeqCst);
+        self.policy.on_delivery(&self.ctx(), vcpu);
+        self.notify(vcpu, WAKE_INTERRUPT);
+    }
+
+    /// The pending vectors of vCPU `vcpu`.
+    pub fn pending(&self, vcpu: usize) -> [u64; 4] {
+        let irr = &self.links[vcpu].irr;
+        [0, 1, 2, 3].map(|w| irr[w].load(SeqCst))
+    }
+
+    /// Whether vCPU `vcpu` has anything pending (an interrupt or a timer).
+    pub fn has_work(&self, vcpu: usize) -> bool {
+        self.pending(vcpu) != [0; 4] || self.timer_pending(vcpu)
+    }
+
+    /// Takes `vector` off vCPU `vcpu`'s pending set (it is being injected).
+    pub fn take(&self, vcpu: usize, vector: u8) {
+        self.links[vcpu].irr[usize::from(vector / 64)].fetch_and(!(1 << (vector % 64)), SeqCst);
+    }
+
+    /// Sets `vector` pending on the calling vCPU itself (its own timer).
+    pub fn post_local(&self, vcpu: usize, vector: u8) {
+        self.links[vcpu].irr[usize::from(vector / 64)].fetch_or(1 << (vector % 64), SeqCst);
+    }
+
+    /// Takes vCPU `vcpu`'s timer expiry, if its timer thread delivered one.
+    pub fn take_timer(&self, vcpu: usize) -> Option<Expiry> {
+        self.links[vcpu]
+            .timer_due
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Whether vCPU `vcpu`'s timer thread has delivered an expiry.
+    pub fn has_timer(&self, vcpu: usize) -> bool {
+        self.timer_pending(vcpu)
+    }
+
+    /// Wakes every halted vCPU (to stop it).
+    pub fn wake_all(&self) {
+        for link in &self.links {
+            link.wake.wake(WAKE_INTERRUPT);
+        }
+    }
+
+    fn timer_pending(&self, vcpu: usize) -> bool {
+        self.links[vcpu]
+            .timer_due
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// A timer sink that delivers vCPU `vcpu`'s expiries.
+    pub fn timer_sink(self: &Arc<Self>, vcpu: usize) -> VcpuTimerSink {
+        VcpuTimerSink {
+            irqs: self.clone(),
+            vcpu,
+        }
+    }
+
+    fn notify(&self, vcpu: usize, source: u32) {
+        let link = &self.links[vcpu];
+        match self.states[vcpu].run_state() {
+            RunState::InGuest => {
+                let thread = link.thread.0.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(t) = *thread {
+                    // A kick can only fail for a thread that is gone.
+                    let _ = kick::kick(&Pthread(t));
+                    self.stats.kicks.fetch_add(1, SeqCst);
+                }
+            }
+            RunState::Halted => {
+                link.wake.wake(source);
+                self.stats.wakes.fetch_add(1, SeqCst);
+            }
+            RunState::InVmm => {}
+        }
+    }
+}
+
+/// Delivers one vCPU's timer expiries: the expiry waits for the vCPU thread,
+/// which spins to the exact deadline just before it enters the guest.
+pub struct VcpuTimerSink {
+    irqs: Arc<Interrupts>,
+    vcpu: usize,
+}
+
+impl TimerSink for VcpuTimerSink {
+    fn expired(&self, expiry: Expiry) {
+        let link = &self.irqs.links[self.vcpu];
+        *link
+            .timer_due
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(expiry);
+        self.irqs.notify(self.vcpu, WAKE_TIMER);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vcpu_sched::NoBoost;
+
+    #[test]
+    fn ipis_reach_their_destinations_and_unknown_ones_are_dropped() {
+        let irqs = Interrupts::new(3, Box::new(NoBoost));
+        assert_eq!(irqs.ipi(0, 0x40, Destination::Physical(2)), 1);
+        assert_eq!(irqs.pending(2), [0, 1, 0, 0], "vector 0x40: word 1, bit 0");
+        assert_eq!(irqs.ipi(0, 0x41, Destination::AllExcludingSelf), 2);
+        assert_eq!(irqs.pending(0), [0; 4]);
+        assert_eq!(irqs.ipi(1, 0x42, Destination::All), 3);
+        assert_eq!(irqs.ipi(1, 0x43, Destination::SelfOnly), 1);
+        assert_eq!(irqs.ipi(0, 0x44, Destination::Physical(7)), 0);
+        assert_eq!(irqs.stats.dropped.load(SeqCst), 1);
+        irqs.take(2, 0x40);
+        assert_eq!(irqs.pending(2)[1] & 1, 0);
+        assert!(irqs.has_work(2));
+    }
+
+    #[test]
+    fn a_halted_vcpu_is_woken_and_one_in_the_vmm_is_left_alone() {
+        use halt_poll::WakeSource;
+        let irqs = Interrupts::new(2, Box::new(NoBoost));
+        irqs.state(1).set_run_state(RunState::Halted);
+        irqs.post(1, 0x50);
+        assert_ne!(irqs.wake_source(1).take(), 0, "woken");
+        irqs.state(1).set_run_state(RunState::InVmm);
+        irqs.post(1, 0x51);
+        assert_eq!(
+            irqs.wake_source(1).take(),
+            0,
+            "it checks its IRR before entry"
+        );
+        assert_eq!(irqs.stats.wakes.load(SeqCst), 1);
+    }
+}

@@ -1,0 +1,263 @@
+//! The latency mechanisms on the vCPU exit path, each with its baseline, as
+//! the command line chooses them: `--halt-poll`, `--timer-advance`, `--boost`
+//! and `--bus`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use halt_poll::{AioPoll, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive};
+use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile};
+use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
+
+/// A choice given on the command line that names nothing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {given:?} is not one of: {choices}")]
+pub struct ChoiceError {
+    what: &'static str,
+    given: String,
+    choices: &'static str,
+}
+
+fn choice<T>(what: &'static str, choices: &'static str, given: &str) -> Result<T, ChoiceError> {
+    Err(ChoiceError {
+        what,
+        given: given.to_owned(),
+        choices,
+    })
+}
+
+/// How a halted vCPU waits (`halt-poll`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HaltPoll {
+    /// KVM's grow/shrink window (`KvmGrowShrink`).
+    Kvm,
+    /// The guest cpuidle-haltpoll governor's rule (`GuestHaltpoll`).
+    Haltpoll,
+    /// QEMU's AioContext rule (`AioPoll`).
+    Aio,
+    /// halt-poll's own `Predictive`.
+    #[default]
+    Own,
+    /// Block at once (`Never`): the baseline.
+    Off,
+}
+
+impl HaltPoll {
+    /// Every choice, in command-line order.
+    pub const ALL: [HaltPoll; 5] = [Self::Kvm, Self::Haltpoll, Self::Aio, Self::Own, Self::Off];
+
+    /// The policy.
+    pub fn policy(self) -> Box<dyn PollPolicy + Send> {
+        match self {
+            Self::Kvm => Box::new(KvmGrowShrink::new()),
+            Self::Haltpoll => Box::new(GuestHaltpoll::new()),
+            Self::Aio => Box::new(AioPoll::new()),
+            Self::Own => Box::new(Predictive::default()),
+            Self::Off => Box::new(Never),
+        }
+    }
+}
+
+impl FromStr for HaltPoll {
+    type Err = ChoiceError;
+    fn from_str(s: &str) -> Result<Self, ChoiceError> {
+        Ok(match s {
+            "kvm" => Self::Kvm,
+            "haltpoll" => Self::Haltpoll,
+            "aio" => Self::Aio,
+            "own" => Self::Own,
+            "off" => Self::Off,
+            _ => return choice("--halt-poll", "kvm, haltpoll, aio, own, off", s),
+        })
+    }
+}
+
+impl fmt::Display for HaltPoll {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Kvm => "kvm",
+            Self::Haltpoll => "haltpoll",
+            Self::Aio => "aio",
+            Self::Own => "own",
+            Self::Off => "off",
+        })
+    }
+}
+
+/// How early the host timer of a guest timer fires (`lapic-timer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TimerAdvance {
+    /// Armed for the deadline itself: the baseline.
+    None,
+    /// A fixed advance.
+    Fixed(Duration),
+    /// KVM's adaptive `lapic_timer_advance`.
+    Kvm,
+    /// lapic-timer's own `Percentile`.
+    #[default]
+    Own,
+}
+
+impl TimerAdvance {
+    /// The policy, for a TSC of `tsc_khz`.
+    pub fn policy(self, tsc_khz: u64) -> Box<dyn AdvancePolicy + Send> {
+        match self {
+            Self::None => Box::new(NoAdvance),
+            Self::Fixed(d) => Box::new(Fixed(d)),
+            Self::Kvm => Box::new(KvmAdaptive::new(tsc_khz)),
+            Self::Own => Box::new(Percentile::default()),
+        }
+    }
+}
+
+impl FromStr for TimerAdvance {
+    type Err = ChoiceError;
+    fn from_str(s: &str) -> Result<Self, ChoiceError> {
+        const CHOICES: &str = "none, fixed:NS (NS up to 1000000), kvm, own";
+        Ok(match s {
+            "none" => Self::None,
+            "kvm" => Self::Kvm,
+            "own" => Self::Own,
+            _ => match s.strip_prefix("fixed:").map(str::parse::<u64>) {
+                Some(Ok(ns)) if ns <= 1_000_000 => Self::Fixed(Duration::from_nanos(ns)),
+                _ => return choice("--timer-advance", CHOICES, s),
+            },
+        })
+    }
+}
+
+impl fmt::Display for TimerAdvance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::None => f.write_str("none"),
+            Self::Fixed(d) => write!(f, "fixed:{}", d.as_nanos()),
+            Self::Kvm => f.write_str("kvm"),
+            Self::Own => f.write_str("own"),
+        }
+    }
+}
+
+/// What delivering an interrupt does for its target's thread (`vcpu-sched`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Boost {
+    /// Nothing: the baseline.
+    None,
+    /// Mark it ready for directed yield (`KvmReady`, the seed).
+    Ready,
+    /// vcpu-sched's own `DirectedYield`.
+    #[default]
+    Own,
+}
+
+impl Boost {
+    /// The policy.
+    pub fn policy(self) -> Box<dyn BoostPolicy> {
+        match self {
+            Self::None => Box::new(NoBoost),
+            Self::Ready => Box::new(KvmReady),
+            Self::Own => Box::new(DirectedYield::new()),
+        }
+    }
+}
+
+impl FromStr for Boost {
+    type Err = ChoiceError;
+    fn from_str(s: &str) -> Result<Self, ChoiceError> {
+        Ok(match s {
+            "none" => Self::None,
+            "ready" => Self::Ready,
+            "own" => Self::Own,
+            _ => return choice("--boost", "none, ready, own", s),
+        })
+    }
+}
+
+impl fmt::Display for Boost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::None => "none",
+            Self::Ready => "ready",
+            Self::Own => "own",
+        })
+    }
+}
+
+/// How vCPU threads read the device bus on an exit (`rcu-qs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BusAccess {
+    /// Through an `RcuCell`; the vCPU thread is offline around `KVM_RUN`.
+    #[default]
+    Rcu,
+    /// Through a `RwLock`: the baseline.
+    RwLock,
+    /// Through an `ArcSwap`.
+    ArcSwap,
+}
+
+impl FromStr for BusAccess {
+    type Err = ChoiceError;
+    fn from_str(s: &str) -> Result<Self, ChoiceError> {
+        Ok(match s {
+            "rcu" => Self::Rcu,
+            "rwlock" => Self::RwLock,
+            "arc-swap" => Self::ArcSwap,
+            _ => return choice("--bus", "rcu, rwlock, arc-swap", s),
+        })
+    }
+}
+
+impl fmt::Display for BusAccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Rcu => "rcu",
+            Self::RwLock => "rwlock",
+            Self::ArcSwap => "arc-swap",
+        })
+    }
+}
+
+/// Every mechanism's choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mechanisms {
+    /// `--halt-poll`.
+    pub halt_poll: HaltPoll,
+    /// `--timer-advance`.
+    pub timer_advance: TimerAdvance,
+    /// `--boost`.
+    pub boost: Boost,
+    /// `--bus`.
+    pub bus: BusAccess,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_round_trip_and_bad_ones_list_the_good_ones() {
+        for h in HaltPoll::ALL {
+            assert_eq!(h.to_string().parse::<HaltPoll>(), Ok(h));
+        }
+        for t in [
+            TimerAdvance::None,
+            TimerAdvance::Fixed(Duration::from_micros(20)),
+            TimerAdvance::Kvm,
+            TimerAdvance::Own,
+        ] {
+            assert_eq!(t.to_string().parse::<TimerAdvance>(), Ok(t));
+        }
+        for b in [Boost::None, Boost::Ready, Boost::Own] {
+            assert_eq!(b.to_string().parse::<Boost>(), Ok(b));
+        }
+        for b in [BusAccess::Rcu, BusAccess::RwLock, BusAccess::ArcSwap] {
+            assert_eq!(b.to_string().parse::<BusAccess>(), Ok(b));
+        }
+        let err = "fast".parse::<HaltPoll>().unwrap_err().to_string();
+        assert!(err.contains("kvm, haltpoll, aio, own, off"), "{err}");
+        assert!("fixed:x".parse::<TimerAdvance>().is_err());
+        assert!("fixed:9999999".parse::<TimerAdvance>().is_err());
+        assert!("spin".parse::<BusAccess>().is_err());
+        assert!("max".parse::<Boost>().is_err());
+    }
+}

@@ -1,0 +1,81 @@
+//! The userspace local APIC on real `/dev/kvm`: IPIs between vCPUs that halt
+//! between messages are all delivered, under every halt-poll and boost
+//! policy, and absurd APIC programming gets the architectural answer or a
+//! clear error.
+
+mod common;
+
+use std::time::Duration;
+
+use common::kvm_available;
+use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Mechanisms};
+use reference_vmm::{Error, GuestFault, RunReport, Vm, VmConfig, guest};
+
+fn run(name: &str, vcpus: u32, mechanisms: Mechanisms, params: &[u64]) -> Result<RunReport, Error> {
+    let mut config = VmConfig {
+        vcpus,
+        timeout: Some(Duration::from_secs(120)),
+        mechanisms,
+        ..VmConfig::default()
+    };
+    config.params[..params.len()].copy_from_slice(params);
+    Vm::new(&config)?.run(guest::find(name).unwrap(), Box::new(std::io::sink()))
+}
+
+#[test]
+fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {
+    if !kvm_available("every_ipi_of_a_long_ping_pong_arrives_under_every_policy") {
+        return;
+    }
+    const ROUNDS: u64 = 2000;
+    for halt_poll in HaltPoll::ALL {
+        for (boost, bus) in [
+            (Boost::None, BusAccess::RwLock),
+            (Boost::Own, BusAccess::Rcu),
+        ] {
+            let m = Mechanisms {
+                halt_poll,
+                boost,
+                bus,
+                ..Mechanisms::default()
+            };
+            let report = run("pingpong", 2, m, &[ROUNDS]).unwrap_or_else(|e| panic!("{m:?}: {e}"));
+            for vcpu in 0..2 {
+                assert_eq!(
+                    report.value(vcpu, "irqs"),
+                    Some(ROUNDS),
+                    "{m:?} vCPU {vcpu}"
+                );
+            }
+            assert!(report.value(0, "ticks").unwrap() > 0);
+        }
+    }
+}
+
+#[test]
+fn absurd_apic_values_get_the_architectural_answer() {
+    if !kvm_available("absurd_apic_values_get_the_architectural_answer") {
+        return;
+    }
+    let report = run("apic-abuse", 2, Mechanisms::default(), &[]).unwrap();
+    assert_eq!(report.value(0, "esr"), Some(1 << 5), "send illegal vector");
+    assert_eq!(
+        report.value(0, "irqs"),
+        Some(1),
+        "the past deadline fired; nothing else came"
+    );
+}
+
+#[test]
+fn a_reserved_apic_write_is_a_gp_fault_reported_not_a_vmm_panic() {
+    if !kvm_available("a_reserved_apic_write_is_a_gp_fault_reported_not_a_vmm_panic") {
+        return;
+    }
+    match run("apic-gp", 1, Mechanisms::default(), &[]) {
+        Err(Error::Guest {
+            fault: GuestFault::Exception { vector: 13, .. },
+            ..
+        }) => {}
+        other => panic!("expected #GP, got {other:?}"),
+    }
+}
