@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 pub mod apic;
+pub mod bench;
 pub mod devices;
 pub mod error;
 pub mod exit;
@@ -42,7 +43,7 @@ pub mod vm;
 pub mod x86;
 
 pub use error::{ConfigError, Error, GuestFault};
-pub use vm::{RunReport, Vm, VmConfig};
+pub use vm::{RunReport, Vm, VmConfig, VmStats};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

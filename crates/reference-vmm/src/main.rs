@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use reference_vmm::bench;
 use reference_vmm::guest::{self, GuestProgram, PROGRAMS};
 use reference_vmm::layout::{MAX_VCPUS, PARAMS};
 use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Mechanisms, TimerAdvance};
@@ -27,6 +28,32 @@ enum Command {
     Run(Box<RunArgs>),
     /// List the built-in guest programs.
     Guests,
+    /// Measure each mechanism end to end against its baseline.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// The scenario.
+    #[arg(value_enum)]
+    scenario: Scenario,
+    /// Print the results as JSON instead of Markdown tables.
+    #[arg(long)]
+    json: bool,
+    /// Few rounds and one repetition: checks that everything runs.
+    #[arg(long)]
+    quick: bool,
+    /// With `all`: where to write the Markdown report.
+    #[arg(long, value_name = "PATH", default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    /// IPI ping-pong between halting vCPUs, per halt-poll policy.
+    Halt,
+    /// Every scenario; also writes the Markdown report (--out).
+    All,
 }
 
 #[derive(Debug, clap::Args)]
@@ -56,7 +83,7 @@ struct RunArgs {
 /// The mechanism switches, each with its baseline.
 #[derive(Debug, clap::Args)]
 struct MechanismArgs {
-    /// How a halted vCPU waits: kvm, haltpoll, aio, own, off.
+    /// How a halted vCPU waits: kvm, haltpoll, aio, own, off, always.
     #[arg(long, default_value = "own")]
     halt_poll: HaltPoll,
     /// How early a guest timer's host timer fires: none, fixed:NS, kvm, own.
@@ -128,6 +155,7 @@ fn parse_mem_mib(s: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Run(args) => run(*args),
+        Command::Bench(args) => bench(args),
         Command::Guests => {
             let lines: String = PROGRAMS
                 .iter()
@@ -157,6 +185,41 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(report) => print_or_fail(&format!("{report}\n")),
         Err(e) => fail(&e.to_string()),
     }
+}
+
+fn bench(args: BenchArgs) -> ExitCode {
+    let opts = bench::Options { quick: args.quick };
+    let start = std::time::Instant::now();
+    let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
+    let scenarios: &[Scenario] = match args.scenario {
+        Scenario::All => &[Scenario::Halt],
+        _ => std::slice::from_ref(&args.scenario),
+    };
+    let mut tables = Vec::new();
+    for scenario in scenarios {
+        let table = match scenario {
+            Scenario::Halt => bench::halt::run(opts, &mut progress),
+            Scenario::All => unreachable!("expanded above"),
+        };
+        match table {
+            Ok(t) => tables.push(t),
+            Err(e) => return fail(&format!("bench {scenario:?}: {e}")),
+        }
+    }
+    let output = if args.json {
+        let items: Vec<String> = tables.iter().map(bench::Table::json).collect();
+        format!("[{}]\n", items.join(",\n"))
+    } else {
+        tables.iter().map(|t| t.markdown() + "\n").collect()
+    };
+    if args.scenario == Scenario::All {
+        let report = bench::report(&tables, opts, start.elapsed());
+        if let Err(e) = std::fs::write(&args.out, report) {
+            return fail(&format!("cannot write {}: {e}", args.out.display()));
+        }
+        eprintln!("wrote {}", args.out.display());
+    }
+    print_or_fail(&output)
 }
 
 fn print_or_fail(text: &str) -> ExitCode {

@@ -6,7 +6,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use halt_poll::{AioPoll, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive};
+use halt_poll::{
+    AioPoll, Fixed as FixedPoll, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive,
+};
 use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile};
 use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
 
@@ -41,11 +43,20 @@ pub enum HaltPoll {
     Own,
     /// Block at once (`Never`): the baseline.
     Off,
+    /// Poll for up to 10 ms before blocking (`Fixed`): the other baseline.
+    Always,
 }
 
 impl HaltPoll {
     /// Every choice, in command-line order.
-    pub const ALL: [HaltPoll; 5] = [Self::Kvm, Self::Haltpoll, Self::Aio, Self::Own, Self::Off];
+    pub const ALL: [HaltPoll; 6] = [
+        Self::Kvm,
+        Self::Haltpoll,
+        Self::Aio,
+        Self::Own,
+        Self::Off,
+        Self::Always,
+    ];
 
     /// The policy.
     pub fn policy(self) -> Box<dyn PollPolicy + Send> {
@@ -55,6 +66,7 @@ impl HaltPoll {
             Self::Aio => Box::new(AioPoll::new()),
             Self::Own => Box::new(Predictive::default()),
             Self::Off => Box::new(Never),
+            Self::Always => Box::new(FixedPoll(Duration::from_millis(10))),
         }
     }
 }
@@ -68,7 +80,8 @@ impl FromStr for HaltPoll {
             "aio" => Self::Aio,
             "own" => Self::Own,
             "off" => Self::Off,
-            _ => return choice("--halt-poll", "kvm, haltpoll, aio, own, off", s),
+            "always" => Self::Always,
+            _ => return choice("--halt-poll", "kvm, haltpoll, aio, own, off, always", s),
         })
     }
 }
@@ -81,6 +94,7 @@ impl fmt::Display for HaltPoll {
             Self::Aio => "aio",
             Self::Own => "own",
             Self::Off => "off",
+            Self::Always => "always",
         })
     }
 }
@@ -254,7 +268,10 @@ mod tests {
             assert_eq!(b.to_string().parse::<BusAccess>(), Ok(b));
         }
         let err = "fast".parse::<HaltPoll>().unwrap_err().to_string();
-        assert!(err.contains("kvm, haltpoll, aio, own, off"), "{err}");
+        assert!(
+            err.contains("kvm, haltpoll, aio, own, off, always"),
+            "{err}"
+        );
         assert!("fixed:x".parse::<TimerAdvance>().is_err());
         assert!("fixed:9999999".parse::<TimerAdvance>().is_err());
         assert!("spin".parse::<BusAccess>().is_err());

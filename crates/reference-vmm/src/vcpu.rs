@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use halt_poll::{FutexWake, HaltPoller, PollPolicy};
+use halt_poll::{FutexWake, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy};
 use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use lapic_timer::{Clock, GuestTime, MonotonicClock, NoEvents, SpinAt, TimerThread, TscClock};
@@ -55,6 +55,8 @@ pub struct VmShared {
     pub irqs: Arc<Interrupts>,
     /// The mechanisms chosen.
     pub mechanisms: Mechanisms,
+    /// What the halt pollers did.
+    pub halt_stats: Arc<HaltStats>,
     /// Set before kicking the vCPUs to make them stop.
     stop: AtomicBool,
 }
@@ -74,6 +76,7 @@ impl VmShared {
             domain,
             irqs,
             mechanisms,
+            halt_stats: Arc::default(),
             stop: AtomicBool::new(false),
         }
     }
@@ -115,7 +118,7 @@ pub struct VcpuRunner {
 struct Loop {
     apic: LocalApic,
     timer: TimerThread,
-    poller: HaltPoller<Box<dyn PollPolicy + Send>, Arc<FutexWake>>,
+    poller: HaltPoller<Box<dyn PollPolicy + Send>, Arc<FutexWake>, MonotonicPoll, Arc<HaltStats>>,
     reader: Reader,
 }
 
@@ -186,7 +189,8 @@ impl VcpuRunner {
         let poller = HaltPoller::new(
             self.shared.irqs.wake_source(self.vcpu()),
             m.halt_poll.policy(),
-        );
+        )
+        .with_events(self.shared.halt_stats.clone());
         Ok(Loop {
             apic: LocalApic::new(self.index, time),
             timer,

@@ -88,6 +88,46 @@ pub struct RunReport {
     pub vcpus: Vec<VcpuSummary>,
     /// Wall time from starting the first vCPU to the last one finishing.
     pub elapsed: Duration,
+    /// What the mechanisms did.
+    pub stats: VmStats,
+}
+
+/// What the mechanisms did during a run, summed over the vCPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmStats {
+    /// Time halted vCPU threads spent polling, ns (halt-poll).
+    pub polled_ns: u64,
+    /// Time halted vCPU threads spent blocked, ns.
+    pub blocked_ns: u64,
+    /// Halts that ended while polling.
+    pub successful_polls: u64,
+    /// Interrupts posted to vCPUs.
+    pub interrupts: u64,
+    /// Kicks of vCPUs in the guest.
+    pub kicks: u64,
+    /// Wake-ups of halted vCPUs.
+    pub wakes: u64,
+    /// Boosts of vCPU threads (vcpu-sched).
+    pub boosts: u64,
+    /// Directed yields attempted (KVM's `directed_yield_attempted`).
+    pub directed_yield_attempted: u64,
+}
+
+impl VmStats {
+    fn collect(shared: &VmShared) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (h, i, s) = (&shared.halt_stats, &shared.irqs.stats, &shared.irqs.sched);
+        Self {
+            polled_ns: h.halt_poll_success_ns.load(Relaxed) + h.halt_poll_fail_ns.load(Relaxed),
+            blocked_ns: h.halt_wait_ns.load(Relaxed),
+            successful_polls: h.halt_successful_poll.load(Relaxed),
+            interrupts: i.posted.load(Relaxed),
+            kicks: i.kicks.load(Relaxed),
+            wakes: i.wakes.load(Relaxed),
+            boosts: s.boosts.load(Relaxed),
+            directed_yield_attempted: s.directed_yield_attempted.load(Relaxed),
+        }
+    }
 }
 
 impl RunReport {
@@ -242,6 +282,7 @@ impl Vm {
             guest: program.name,
             vcpus,
             elapsed: start.elapsed(),
+            stats: VmStats::collect(&shared),
         })
     }
 }
@@ -489,6 +530,7 @@ mod tests {
                 }],
             }],
             elapsed: Duration::from_millis(2),
+            stats: VmStats::default(),
         };
         assert_eq!(report.value(1, "apic_id"), Some(1));
         assert_eq!(report.value(0, "apic_id"), None);

@@ -1,0 +1,155 @@
+//! Results as tables: Markdown for people, JSON for tools.
+
+use std::fmt::Write;
+
+/// One cell: its text, and its number for JSON where it has one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cell {
+    /// As printed.
+    pub text: String,
+    /// As a number.
+    pub value: Option<f64>,
+}
+
+impl Cell {
+    /// A text cell.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            value: None,
+        }
+    }
+
+    /// A number printed with `decimals` decimals.
+    pub fn num(value: f64, decimals: usize) -> Self {
+        Self {
+            text: format!("{value:.decimals$}"),
+            value: Some(value),
+        }
+    }
+
+    /// A ratio, printed as `1.23x`.
+    pub fn ratio(value: f64) -> Self {
+        Self {
+            text: format!("{value:.2}x"),
+            value: Some(value),
+        }
+    }
+}
+
+/// A scenario's table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Table {
+    /// What it measures.
+    pub title: String,
+    /// Column headings.
+    pub columns: Vec<String>,
+    /// Rows of cells, one per column.
+    pub rows: Vec<Vec<Cell>>,
+    /// Lines under the table: the setup, the goal and how it went.
+    pub notes: Vec<String>,
+}
+
+impl Table {
+    /// An empty table titled `title` with `columns`.
+    pub fn new(title: impl Into<String>, columns: &[&str]) -> Self {
+        Self {
+            title: title.into(),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Adds a row.
+    pub fn row(&mut self, cells: Vec<Cell>) {
+        self.rows.push(cells);
+    }
+
+    /// Adds a note.
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+
+    /// The table in Markdown, under a `###` heading.
+    pub fn markdown(&self) -> String {
+        let mut out = format!("### {}\n\n| {} |\n|", self.title, self.columns.join(" | "));
+        out.push_str(&"---|".repeat(self.columns.len()));
+        for row in &self.rows {
+            let cells: Vec<&str> = row.iter().map(|c| c.text.as_str()).collect();
+            let _ = write!(out, "\n| {} |", cells.join(" | "));
+        }
+        out.push('\n');
+        for note in &self.notes {
+            let _ = write!(out, "\n{note}\n");
+        }
+        out
+    }
+
+    /// The table as a JSON object: title, columns, rows (numbers where a cell
+    /// has one), notes.
+    pub fn json(&self) -> String {
+        let strings = |v: &[String]| v.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ");
+        let rows: Vec<String> = self
+            .rows
+            .iter()
+            .map(|row| {
+                let cells: Vec<String> = row
+                    .iter()
+                    .map(|c| match c.value {
+                        Some(v) if v.is_finite() => format!("{v}"),
+                        _ => quote(&c.text),
+                    })
+                    .collect();
+                format!("[{}]", cells.join(", "))
+            })
+            .collect();
+        format!(
+            "{{\"title\": {}, \"columns\": [{}], \"rows\": [{}], \"notes\": [{}]}}",
+            quote(&self.title),
+            strings(&self.columns),
+            rows.join(", "),
+            strings(&self.notes)
+        )
+    }
+}
+
+/// A JSON string literal.
+fn quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_markdown_and_json() {
+        let mut t = Table::new("halt \"x\"", &["variant", "µs"]);
+        t.row(vec![Cell::text("own"), Cell::num(1.234, 1)]);
+        t.row(vec![Cell::text("off"), Cell::ratio(2.0)]);
+        t.note("goal: met");
+        let md = t.markdown();
+        assert!(
+            md.contains("| variant | µs |\n|---|---|\n| own | 1.2 |\n| off | 2.00x |"),
+            "{md}"
+        );
+        assert!(md.ends_with("\ngoal: met\n"));
+        assert_eq!(
+            t.json(),
+            r#"{"title": "halt \"x\"", "columns": ["variant", "µs"], "rows": [["own", 1.234], ["off", 2]], "notes": ["goal: met"]}"#
+        );
+    }
+}
