@@ -79,6 +79,9 @@ pub const PARAMS_OFFSET: u64 = 0x100;
 pub const PARAMS: usize = 16;
 /// First guest physical address that guest programs may use freely.
 pub const FREE_MEMORY_START: u64 = 0x110_0000;
+/// Where measuring programs store their samples (u64 each), for the VMM to
+/// read after the run: the start of free memory.
+pub const SAMPLES_ADDR: u64 = FREE_MEMORY_START;
 
 /// Smallest guest memory the layout fits in, in MiB.
 pub const MIN_MEM_MIB: u64 = 32;

@@ -52,6 +52,8 @@ struct BenchArgs {
 enum Scenario {
     /// IPI ping-pong between halting vCPUs, per halt-poll policy.
     Halt,
+    /// A guest cyclictest on the TSC-deadline timer, per timer-advance policy.
+    Timer,
     /// Every scenario; also writes the Markdown report (--out).
     All,
 }
@@ -192,13 +194,14 @@ fn bench(args: BenchArgs) -> ExitCode {
     let start = std::time::Instant::now();
     let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
     let scenarios: &[Scenario] = match args.scenario {
-        Scenario::All => &[Scenario::Halt],
+        Scenario::All => &[Scenario::Halt, Scenario::Timer],
         _ => std::slice::from_ref(&args.scenario),
     };
     let mut tables = Vec::new();
     for scenario in scenarios {
         let table = match scenario {
             Scenario::Halt => bench::halt::run(opts, &mut progress),
+            Scenario::Timer => bench::timer::run(opts, &mut progress),
             Scenario::All => unreachable!("expanded above"),
         };
         match table {

@@ -23,10 +23,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use halt_poll::{FutexWake, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy};
 use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use lapic_timer::{Clock, GuestTime, MonotonicClock, NoEvents, SpinAt, TimerThread, TscClock};
+use lapic_timer::{
+    Clock, DeliveryLead, GuestTime, MonotonicClock, NoEvents, SpinAt, TimerThread, TscClock,
+};
 use rcu_qs::{Domain, Reader};
+use std::time::Duration;
 use vcpu_sched::RunState;
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
 use crate::apic::{Action, LocalApic};
@@ -35,6 +38,7 @@ use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitError, Flow, Report, handle_exit};
 use crate::irq::Interrupts;
 use crate::kick;
+use crate::layout::irq_record;
 use crate::mechanisms::Mechanisms;
 
 /// The vCPU ioctl this needs that kvm-ioctls does not wrap.
@@ -118,6 +122,7 @@ pub struct VcpuRunner {
 struct Loop {
     apic: LocalApic,
     timer: TimerThread,
+    lead: TimerLead,
     poller: HaltPoller<Box<dyn PollPolicy + Send>, Arc<FutexWake>, MonotonicPoll, Arc<HaltStats>>,
     reader: Reader,
 }
@@ -194,6 +199,7 @@ impl VcpuRunner {
         Ok(Loop {
             apic: LocalApic::new(self.index, time),
             timer,
+            lead: TimerLead::new(time, irq_record(self.index)),
             poller,
             reader: self.shared.domain.register_reader(),
         })
@@ -222,8 +228,11 @@ impl VcpuRunner {
         let vcpu = self.vcpu();
         if let Some(expiry) = irqs.take_timer(vcpu) {
             expiry.spin(&MonotonicClock);
-            if let Some(fired) = l.apic.timer().expire(MonotonicClock.now_ns()) {
+            // Delivery starts `lead` early: the guest's entry runs that much later.
+            let now = MonotonicClock.now_ns() + l.lead.current().as_nanos() as u64;
+            if let Some(fired) = l.apic.timer().expire(now) {
                 irqs.post_local(vcpu, fired.vector);
+                l.lead.fired(fired.vector, fired.due_ns);
             }
             rearm(l);
         }
@@ -247,6 +256,7 @@ impl VcpuRunner {
             }
             irqs.take(vcpu, vector);
             l.apic.start_service(vector);
+            l.lead.injected(vector, &self.shared.memory);
             // More pending: come back as soon as the guest can take one.
             self.fd.get_kvm_run().request_interrupt_window = u8::from(irqs.pending(vcpu) != [0; 4]);
         }
@@ -262,6 +272,9 @@ impl VcpuRunner {
         irqs.policy().on_run(&irqs.ctx(), vcpu);
         let exit = l.reader.offline_while(|| self.fd.run());
         irqs.state(vcpu).left_guest();
+        if let Some(lead) = l.lead.learn(&shared.memory) {
+            l.timer.set_lead(lead);
+        }
         let exit = match exit {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR => return Ok(Flow::Kicked),
@@ -344,6 +357,80 @@ impl VcpuRunner {
                 source,
             },
         }
+    }
+}
+
+/// The longest delivery lead a guest's own reports can buy (its interrupt
+/// record is guest memory: a guest that lies only moves its own timer).
+const MAX_LEAD: Duration = Duration::from_micros(50);
+
+/// Learns how long delivery takes, from injecting a timer interrupt to the
+/// guest's interrupt entry (which records the TSC it ran at), and lets the
+/// timer start delivery that much before the deadline (lapic-timer's
+/// `DeliveryLead`), never so early that the guest sees it before the deadline.
+struct TimerLead {
+    lead: DeliveryLead,
+    time: GuestTime,
+    record: u64,
+    /// The timer vector just fired, and its deadline's guest TSC.
+    fired: Option<(u8, u64)>,
+    /// Injected: guest TSC at injection, the deadline's, the record's count before.
+    inflight: Option<(u64, u64, u64)>,
+}
+
+impl TimerLead {
+    fn new(time: GuestTime, record: u64) -> Self {
+        Self {
+            lead: DeliveryLead::default(),
+            time,
+            record,
+            fired: None,
+            inflight: None,
+        }
+    }
+
+    /// The lead in force.
+    fn current(&self) -> Duration {
+        self.lead.lead().min(MAX_LEAD)
+    }
+
+    fn fired(&mut self, vector: u8, due_ns: u64) {
+        self.fired = Some((vector, self.time.tsc_at(due_ns)));
+    }
+
+    fn read(&self, memory: &GuestMemoryMmap) -> Option<(u64, u64)> {
+        let tsc = memory.read_obj(GuestAddress(self.record)).ok()?;
+        let count = memory.read_obj(GuestAddress(self.record + 8)).ok()?;
+        Some((tsc, count))
+    }
+
+    fn injected(&mut self, vector: u8, memory: &GuestMemoryMmap) {
+        if let Some((v, deadline)) = self.fired.take_if(|(v, _)| *v == vector) {
+            debug_assert_eq!(v, vector);
+            let now = self.time.tsc_at(MonotonicClock.now_ns());
+            self.inflight = self.read(memory).map(|(_, count)| (now, deadline, count));
+        }
+    }
+
+    /// After an exit: if the guest took the timer interrupt, learn from it and
+    /// return the new lead.
+    fn learn(&mut self, memory: &GuestMemoryMmap) -> Option<Duration> {
+        let (injected, deadline, count) = self.inflight?;
+        let (entry_tsc, now_count) = self.read(memory)?;
+        if now_count == count {
+            return None;
+        }
+        self.inflight = None;
+        let ns = |ticks: u64| {
+            Duration::from_nanos(ticks.saturating_mul(1_000_000) / self.time.tsc_khz.max(1))
+        };
+        if entry_tsc < deadline {
+            self.lead.learn_early(ns(deadline - entry_tsc));
+        } else {
+            self.lead
+                .learn_latency(ns(entry_tsc.saturating_sub(injected)));
+        }
+        Some(self.current())
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod halt;
 pub mod table;
+pub mod timer;
 
 use std::time::{Duration, Instant};
 

@@ -16,8 +16,8 @@ use std::fmt;
 
 use crate::apic;
 use crate::layout::{
-    IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, PARAMS_OFFSET, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR,
-    VCPU_DATA_OFFSET,
+    IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, PARAMS_OFFSET, SAMPLES_ADDR, SERIAL_LOCK_OFFSET,
+    SHARED_DATA_ADDR, VCPU_DATA_OFFSET,
 };
 use crate::ucall::{self, UCALL_PORT};
 
@@ -43,6 +43,7 @@ core::arch::global_asm!(
     include_str!("hello.s"),
     include_str!("faults.s"),
     include_str!("ipi.s"),
+    include_str!("timer.s"),
     ".globl reference_vmm_guest_image_end",
     "reference_vmm_guest_image_end:",
     ".popsection",
@@ -66,6 +67,7 @@ core::arch::global_asm!(
     msr_tsc_deadline = const apic::MSR_TSC_DEADLINE,
     irq_record_below_data = const VCPU_DATA_OFFSET - KERNEL_STACK_TOP_OFFSET + IRQ_RECORD_SIZE,
     params = const SHARED_DATA_ADDR + PARAMS_OFFSET,
+    samples = const SAMPLES_ADDR,
 );
 
 // SAFETY: these symbols are labels in the read-only image emitted by the
@@ -85,6 +87,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_pingpong: u8;
     safe static reference_vmm_guest_apic_abuse: u8;
     safe static reference_vmm_guest_apic_gp: u8;
+    safe static reference_vmm_guest_cyclictest: u8;
 }
 
 /// The whole guest image: runtime and every program.
@@ -185,6 +188,11 @@ pub static PROGRAMS: &[GuestProgram] = &[
         name: "apic-gp",
         about: "writes a non-zero value to the x2APIC EOI register, which raises #GP",
         entry: &reference_vmm_guest_apic_gp,
+    },
+    GuestProgram {
+        name: "cyclictest",
+        about: "vCPU 0 arms params[0] TSC deadlines params[1] ticks apart and records each lateness",
+        entry: &reference_vmm_guest_cyclictest,
     },
     GuestProgram {
         name: "assert-fail",

@@ -1,0 +1,41 @@
+// cyclictest: arms the TSC-deadline timer params[0] times, params[1] TSC
+// ticks apart (each deadline the previous one plus the period), halting until
+// each interrupt; stores each lateness (the TSC the interrupt entry read minus
+// the deadline, in ticks, signed) at the samples area, and reports "samples".
+// Only vCPU 0 measures; the others finish at once.
+    .globl reference_vmm_guest_cyclictest
+reference_vmm_guest_cyclictest:
+    test rdi, rdi
+    jnz 9f
+    lea r13, [rdx - {irq_record_below_data}]
+    call rt_apic_enable
+    mov edi, {msr_lvt_timer}
+    mov esi, 0x40050            // TSC-deadline mode, vector 0x50
+    call rt_wrmsr
+    mov r14, [{params}]         // samples
+    mov r15, [{params} + 8]     // period, ticks
+    xor ebx, ebx
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov r12, rax                // the deadline
+1:  cmp rbx, r14
+    jae 8f
+    add r12, r15
+    mov edi, {msr_tsc_deadline}
+    mov rsi, r12
+    call rt_wrmsr
+    lea rdi, [r13 + 8]
+    lea rsi, [rbx + 1]
+    call rt_wait_count
+    mov rax, [r13]
+    sub rax, r12
+    mov rcx, {samples}
+    mov [rcx + rbx * 8], rax
+    inc rbx
+    jmp 1b
+8:  lea rdi, [rip + 10f]
+    mov rsi, rbx
+    call rt_report
+9:  call rt_done
+10: .asciz "samples"
