@@ -77,6 +77,9 @@ pub const SERIAL_LOCK_OFFSET: u64 = 0;
 pub const PARAMS_OFFSET: u64 = 0x100;
 /// Number of program parameters.
 pub const PARAMS: usize = 16;
+/// Offset of a counter of acknowledgements in the shared page, on a cache
+/// line of its own.
+pub const ACKS_OFFSET: u64 = 0x200;
 /// First guest physical address that guest programs may use freely.
 pub const FREE_MEMORY_START: u64 = 0x110_0000;
 /// Where measuring programs store their samples (u64 each), for the VMM to

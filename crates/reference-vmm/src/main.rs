@@ -54,6 +54,8 @@ enum Scenario {
     Halt,
     /// A guest cyclictest on the TSC-deadline timer, per timer-advance policy.
     Timer,
+    /// IPIs to overcommitted vCPUs beside a CPU hog, per boost policy.
+    Sched,
     /// Every scenario; also writes the Markdown report (--out).
     All,
 }
@@ -194,7 +196,7 @@ fn bench(args: BenchArgs) -> ExitCode {
     let start = std::time::Instant::now();
     let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
     let scenarios: &[Scenario] = match args.scenario {
-        Scenario::All => &[Scenario::Halt, Scenario::Timer],
+        Scenario::All => &[Scenario::Halt, Scenario::Timer, Scenario::Sched],
         _ => std::slice::from_ref(&args.scenario),
     };
     let mut tables = Vec::new();
@@ -202,6 +204,7 @@ fn bench(args: BenchArgs) -> ExitCode {
         let table = match scenario {
             Scenario::Halt => bench::halt::run(opts, &mut progress),
             Scenario::Timer => bench::timer::run(opts, &mut progress),
+            Scenario::Sched => bench::sched::run(opts, &mut progress),
             Scenario::All => unreachable!("expanded above"),
         };
         match table {

@@ -36,6 +36,7 @@ use crate::apic::{Action, LocalApic};
 use crate::devices::SharedBus;
 use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitError, Flow, Report, handle_exit};
+use crate::guest::PAUSE_PORT;
 use crate::irq::Interrupts;
 use crate::kick;
 use crate::layout::irq_record;
@@ -304,6 +305,11 @@ impl VcpuRunner {
                 Ok(Flow::Continue)
             }
             VcpuExit::Hlt => self.halt(l),
+            VcpuExit::IoOut(PAUSE_PORT, _) => {
+                // A pause-loop exit: this vCPU waits on others.
+                irqs.policy().on_wait(&irqs.ctx(), vcpu);
+                Ok(Flow::Continue)
+            }
             VcpuExit::IrqWindowOpen => Ok(Flow::Continue),
             other => shared.bus.with(&l.reader, |bus| {
                 handle_exit(other, bus, &shared.memory, &mut self.reports)

@@ -106,3 +106,63 @@ reference_vmm_guest_apic_gp:
     mov esi, 1
     call rt_wrmsr
     call rt_done
+
+// sched-ipi: vCPU 0 sends an IPI (vector 0x41) to all others params[0]
+// times and each time spins until all have acknowledged (a shared counter),
+// exiting every params[1] pause iterations as a pause-loop exit would (a
+// write of its index to the pause port); the others halt until each IPI and
+// acknowledge it. vCPU 0 reports the TSC ticks of all rounds ("ticks").
+    .globl reference_vmm_guest_sched_ipi
+reference_vmm_guest_sched_ipi:
+    mov r12, rdi                // vCPU index
+    mov rbx, rsi                // vCPU count
+    lea r13, [rdx - {irq_record_below_data}]
+    call rt_apic_enable
+    mov r14, [{params}]         // rounds
+    mov r8, {acks}
+    xor r15, r15                // rounds done
+    test r12, r12
+    jnz 5f
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rbp, rax                // the start TSC
+    dec rbx                     // acknowledgements per round
+1:  cmp r15, r14
+    jae 4f
+    inc r15
+    mov rsi, 0xc0041            // all excluding self, vector 0x41
+    mov edi, {msr_icr}
+    call rt_wrmsr
+    mov r10, r15
+    imul r10, rbx               // acknowledgements expected so far
+    mov r8, {acks}
+2:  mov rcx, [{params} + 8]     // pause iterations per exit
+3:  cmp [r8], r10
+    jae 1b
+    pause
+    dec rcx
+    jnz 3b
+    mov eax, r12d
+    mov dx, {pause_port}
+    out dx, eax
+    jmp 2b
+4:  rdtsc
+    shl rdx, 32
+    or rax, rdx
+    sub rax, rbp
+    lea rdi, [rip + 10f]
+    mov rsi, rax
+    call rt_report
+    call rt_done
+5:  cmp r15, r14                // the others: wait for each IPI, acknowledge it
+    jae 6f
+    inc r15
+    lea rdi, [r13 + 8]
+    mov rsi, r15
+    call rt_wait_count
+    mov r8, {acks}
+    lock inc qword ptr [r8]
+    jmp 5b
+6:  call rt_done
+10: .asciz "ticks"

@@ -16,8 +16,8 @@ use std::fmt;
 
 use crate::apic;
 use crate::layout::{
-    IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, PARAMS_OFFSET, SAMPLES_ADDR, SERIAL_LOCK_OFFSET,
-    SHARED_DATA_ADDR, VCPU_DATA_OFFSET,
+    ACKS_OFFSET, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, PARAMS_OFFSET, SAMPLES_ADDR,
+    SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, VCPU_DATA_OFFSET,
 };
 use crate::ucall::{self, UCALL_PORT};
 
@@ -33,6 +33,9 @@ pub const SYS_HALT: u32 = 3;
 pub const SYS_WRMSR: u32 = 4;
 /// `ud2` service number: read MSR `edi` into `rax`.
 pub const SYS_RDMSR: u32 = 5;
+/// The port a spinning guest writes its vCPU index to, as a pause-loop exit:
+/// the VMM's boost policy hears that this vCPU waits on others.
+pub const PAUSE_PORT: u16 = 0x1001;
 /// Number of exception vectors the runtime has a stub for.
 pub const EXCEPTION_VECTORS: u8 = 32;
 /// Distance between two exception stubs in the image.
@@ -68,6 +71,8 @@ core::arch::global_asm!(
     irq_record_below_data = const VCPU_DATA_OFFSET - KERNEL_STACK_TOP_OFFSET + IRQ_RECORD_SIZE,
     params = const SHARED_DATA_ADDR + PARAMS_OFFSET,
     samples = const SAMPLES_ADDR,
+    acks = const SHARED_DATA_ADDR + ACKS_OFFSET,
+    pause_port = const PAUSE_PORT,
 );
 
 // SAFETY: these symbols are labels in the read-only image emitted by the
@@ -88,6 +93,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_apic_abuse: u8;
     safe static reference_vmm_guest_apic_gp: u8;
     safe static reference_vmm_guest_cyclictest: u8;
+    safe static reference_vmm_guest_sched_ipi: u8;
 }
 
 /// The whole guest image: runtime and every program.
@@ -193,6 +199,11 @@ pub static PROGRAMS: &[GuestProgram] = &[
         name: "cyclictest",
         about: "vCPU 0 arms params[0] TSC deadlines params[1] ticks apart and records each lateness",
         entry: &reference_vmm_guest_cyclictest,
+    },
+    GuestProgram {
+        name: "sched-ipi",
+        about: "vCPU 0 IPIs all others params[0] times, spinning (with pause exits) for their acks",
+        entry: &reference_vmm_guest_sched_ipi,
     },
     GuestProgram {
         name: "assert-fail",
