@@ -56,6 +56,8 @@ enum Scenario {
     Timer,
     /// IPIs to overcommitted vCPUs beside a CPU hog, per boost policy.
     Sched,
+    /// Device-bus reads per exit and writer grace periods, per RCU mode.
+    Rcu,
     /// Every scenario; also writes the Markdown report (--out).
     All,
 }
@@ -99,6 +101,10 @@ struct MechanismArgs {
     /// How vCPU threads read the device bus: rcu, rwlock, arc-swap.
     #[arg(long, default_value = "rcu")]
     bus: BusAccess,
+    /// Keep vCPU threads RCU-online in the guest (they note a quiescent state
+    /// at each exit instead of being offline while in the guest).
+    #[arg(long)]
+    no_extended_qs: bool,
 }
 
 impl MechanismArgs {
@@ -108,6 +114,7 @@ impl MechanismArgs {
             timer_advance: self.timer_advance,
             boost: self.boost,
             bus: self.bus,
+            extended_qs: !self.no_extended_qs,
         }
     }
 }
@@ -196,7 +203,12 @@ fn bench(args: BenchArgs) -> ExitCode {
     let start = std::time::Instant::now();
     let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
     let scenarios: &[Scenario] = match args.scenario {
-        Scenario::All => &[Scenario::Halt, Scenario::Timer, Scenario::Sched],
+        Scenario::All => &[
+            Scenario::Halt,
+            Scenario::Timer,
+            Scenario::Sched,
+            Scenario::Rcu,
+        ],
         _ => std::slice::from_ref(&args.scenario),
     };
     let mut tables = Vec::new();
@@ -205,6 +217,7 @@ fn bench(args: BenchArgs) -> ExitCode {
             Scenario::Halt => bench::halt::run(opts, &mut progress),
             Scenario::Timer => bench::timer::run(opts, &mut progress),
             Scenario::Sched => bench::sched::run(opts, &mut progress),
+            Scenario::Rcu => bench::rcu::run(opts, &mut progress),
             Scenario::All => unreachable!("expanded above"),
         };
         match table {

@@ -232,7 +232,7 @@ impl fmt::Display for BusAccess {
 }
 
 /// Every mechanism's choice.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mechanisms {
     /// `--halt-poll`.
     pub halt_poll: HaltPoll,
@@ -242,6 +242,22 @@ pub struct Mechanisms {
     pub boost: Boost,
     /// `--bus`.
     pub bus: BusAccess,
+    /// vCPU threads are RCU-offline while in the guest (an extended
+    /// quiescent state, as KVM treats guest mode); without it they note a
+    /// quiescent state at each exit (`--no-extended-qs`).
+    pub extended_qs: bool,
+}
+
+impl Default for Mechanisms {
+    fn default() -> Self {
+        Self {
+            halt_poll: HaltPoll::default(),
+            timer_advance: TimerAdvance::default(),
+            boost: Boost::default(),
+            bus: BusAccess::default(),
+            extended_qs: true,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -55,13 +55,15 @@ pub struct VmShared {
     /// Port-I/O devices, as the vCPU threads read them.
     pub bus: SharedBus,
     /// The RCU domain whose readers are the vCPU threads.
-    pub domain: Domain,
+    pub domain: Arc<Domain>,
     /// Pending interrupts, run states and boosts.
     pub irqs: Arc<Interrupts>,
     /// The mechanisms chosen.
     pub mechanisms: Mechanisms,
     /// What the halt pollers did.
     pub halt_stats: Arc<HaltStats>,
+    /// Device-bus lookups on exits, and their cost.
+    pub bus_lookups: BusLookups,
     /// Set before kicking the vCPUs to make them stop.
     stop: AtomicBool,
 }
@@ -71,7 +73,7 @@ impl VmShared {
     pub fn new(
         memory: GuestMemoryMmap,
         bus: SharedBus,
-        domain: Domain,
+        domain: Arc<Domain>,
         irqs: Arc<Interrupts>,
         mechanisms: Mechanisms,
     ) -> Self {
@@ -82,6 +84,7 @@ impl VmShared {
             irqs,
             mechanisms,
             halt_stats: Arc::default(),
+            bus_lookups: BusLookups::default(),
             stop: AtomicBool::new(false),
         }
     }
@@ -94,6 +97,23 @@ impl VmShared {
 
     fn stop_requested(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts device-bus lookups on exits and the TSC ticks they took
+/// (including the device's handling).
+#[derive(Debug, Default)]
+pub struct BusLookups {
+    /// Lookups.
+    pub count: std::sync::atomic::AtomicU64,
+    /// TSC ticks in them.
+    pub ticks: std::sync::atomic::AtomicU64,
+}
+
+impl BusLookups {
+    fn record(&self, ticks: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ticks.fetch_add(ticks, Ordering::Relaxed);
     }
 }
 
@@ -271,7 +291,16 @@ impl VcpuRunner {
         let (irqs, vcpu) = (&shared.irqs, self.vcpu());
         irqs.state(vcpu).entering_guest();
         irqs.policy().on_run(&irqs.ctx(), vcpu);
-        let exit = l.reader.offline_while(|| self.fd.run());
+        let exit = if shared.mechanisms.extended_qs {
+            l.reader.offline();
+            let exit = self.fd.run();
+            l.reader.online();
+            exit
+        } else {
+            let exit = self.fd.run();
+            l.reader.quiescent();
+            exit
+        };
         irqs.state(vcpu).left_guest();
         if let Some(lead) = l.lead.learn(&shared.memory) {
             l.timer.set_lead(lead);
@@ -311,9 +340,16 @@ impl VcpuRunner {
                 Ok(Flow::Continue)
             }
             VcpuExit::IrqWindowOpen => Ok(Flow::Continue),
-            other => shared.bus.with(&l.reader, |bus| {
-                handle_exit(other, bus, &shared.memory, &mut self.reports)
-            }),
+            other => {
+                let start = lapic_timer::time::rdtsc();
+                let flow = shared.bus.with(&l.reader, |bus| {
+                    handle_exit(other, bus, &shared.memory, &mut self.reports)
+                });
+                shared
+                    .bus_lookups
+                    .record(lapic_timer::time::rdtsc().wrapping_sub(start));
+                flow
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
-use crate::devices::{IoBus, SerialConsole, SharedBus};
+use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole, SharedBus};
 use crate::error::{ConfigError, Error};
 use crate::exit::Report;
 use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
@@ -111,6 +111,10 @@ pub struct VmStats {
     pub boosts: u64,
     /// Directed yields attempted (KVM's `directed_yield_attempted`).
     pub directed_yield_attempted: u64,
+    /// Device-bus lookups on exits.
+    pub bus_lookups: u64,
+    /// TSC ticks spent in them (with the device's handling).
+    pub bus_lookup_ticks: u64,
 }
 
 impl VmStats {
@@ -126,6 +130,8 @@ impl VmStats {
             wakes: i.wakes.load(Relaxed),
             boosts: s.boosts.load(Relaxed),
             directed_yield_attempted: s.directed_yield_attempted.load(Relaxed),
+            bus_lookups: shared.bus_lookups.count.load(Relaxed),
+            bus_lookup_ticks: shared.bus_lookups.ticks.load(Relaxed),
         }
     }
 }
@@ -169,6 +175,7 @@ pub struct Vm {
     timeout: Option<Duration>,
     mechanisms: Mechanisms,
     devices: Vec<(u16, u16, Arc<dyn crate::devices::PioDevice>)>,
+    domain: Arc<rcu_qs::Domain>,
 }
 
 impl Vm {
@@ -204,12 +211,19 @@ impl Vm {
             timeout: config.timeout,
             mechanisms: config.mechanisms,
             devices: Vec::new(),
+            domain: Arc::new(rcu_qs::Domain::new()),
         })
     }
 
     /// Guest memory, shared with the VM (for a scenario to read results).
     pub fn memory(&self) -> GuestMemoryMmap {
         self.memory.clone()
+    }
+
+    /// The RCU domain whose readers the vCPU threads will be: a writer may
+    /// wait for grace periods on it while the VM runs.
+    pub fn rcu_domain(&self) -> Arc<rcu_qs::Domain> {
+        self.domain.clone()
     }
 
     /// Adds `device` at ports `base..base + len` for the run.
@@ -234,12 +248,15 @@ impl Vm {
         io_bus
             .insert(SERIAL_PORT, 8, Arc::new(SerialConsole::new(serial_out)))
             .expect("the serial console is the first device on an empty bus");
+        io_bus
+            .insert(POST_PORT, 1, Arc::new(PostCode::default()))
+            .expect("the POST-code port is free");
         for (base, len, device) in self.devices {
             io_bus
                 .insert(base, len, device)
                 .map_err(|e| Error::Config(ConfigError::Device(e.to_string())))?;
         }
-        let domain = rcu_qs::Domain::new();
+        let domain = self.domain;
         let bus = SharedBus::new(self.mechanisms.bus, io_bus, &domain);
         let irqs = Arc::new(Interrupts::new(
             count as usize,

@@ -6,6 +6,7 @@
 //! [`Table`] with ratios to the baseline measured in the same run.
 
 pub mod halt;
+pub mod rcu;
 pub mod sched;
 pub mod table;
 pub mod timer;

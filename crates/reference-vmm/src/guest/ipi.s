@@ -166,3 +166,27 @@ reference_vmm_guest_sched_ipi:
     jmp 5b
 6:  call rt_done
 10: .asciz "ticks"
+
+// port-exits: every vCPU writes params[0] times to the POST-code port, with
+// params[1] pause instructions between two writes; each write is an exit that
+// the VMM routes through its device bus. Reports "exits".
+    .globl reference_vmm_guest_port_exits
+reference_vmm_guest_port_exits:
+    mov r14, [{params}]
+    xor r15, r15
+1:  cmp r15, r14
+    jae 3f
+    mov rcx, [{params} + 8]
+2:  pause
+    dec rcx
+    jnz 2b
+    mov eax, r15d
+    mov dx, {post_port}
+    out dx, al
+    inc r15
+    jmp 1b
+3:  lea rdi, [rip + 4f]
+    mov rsi, r15
+    call rt_report
+    call rt_done
+4:  .asciz "exits"

@@ -73,6 +73,7 @@ core::arch::global_asm!(
     samples = const SAMPLES_ADDR,
     acks = const SHARED_DATA_ADDR + ACKS_OFFSET,
     pause_port = const PAUSE_PORT,
+    post_port = const crate::devices::POST_PORT,
 );
 
 // SAFETY: these symbols are labels in the read-only image emitted by the
@@ -94,6 +95,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_apic_gp: u8;
     safe static reference_vmm_guest_cyclictest: u8;
     safe static reference_vmm_guest_sched_ipi: u8;
+    safe static reference_vmm_guest_port_exits: u8;
 }
 
 /// The whole guest image: runtime and every program.
@@ -204,6 +206,11 @@ pub static PROGRAMS: &[GuestProgram] = &[
         name: "sched-ipi",
         about: "vCPU 0 IPIs all others params[0] times, spinning (with pause exits) for their acks",
         entry: &reference_vmm_guest_sched_ipi,
+    },
+    GuestProgram {
+        name: "port-exits",
+        about: "every vCPU writes params[0] times to the POST-code port, params[1] pauses apart",
+        entry: &reference_vmm_guest_port_exits,
     },
     GuestProgram {
         name: "assert-fail",
