@@ -11,15 +11,10 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dirty_log::{
-    DirtyLog, DirtySet, DirtyStats, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig,
-    RingFull, Slots, copy_round_pipelined, enable_dirty_ring,
-};
+use dirty_log::perf::{self, Mode, RING_BYTES, Row, Tracker};
+use dirty_log::{DirtyStats, RingFull, Slots, enable_dirty_ring};
 use kvm_ioctls::VcpuFd;
 use test_support::kvm::{Stop, Writer, WriterVm, run};
-
-/// The ring: 65536 entries, KVM's largest here.
-const RING_BYTES: u32 = 1 << 20;
 
 #[derive(Clone, Copy, Debug)]
 struct Options {
@@ -63,43 +58,6 @@ fn parse() -> Result<Options, String> {
         );
     }
     Ok(o)
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Bitmap,
-    /// Manual protect, one CLEAR per slot (no chunking).
-    ManualWholeSlot,
-    /// Manual protect with INITIALLY_SET, 256 KiB CLEARs on a worker thread.
-    ManualChunked,
-    Ring,
-}
-
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Bitmap => "bitmap (GET)",
-            Mode::ManualWholeSlot => "manual protect, whole-slot CLEAR",
-            Mode::ManualChunked => "manual + INITIALLY_SET, 256 KiB CLEARs off-thread",
-            Mode::Ring => "dirty ring (64Ki entries)",
-        }
-    }
-}
-
-enum Log {
-    Generic(Box<dyn DirtyLog>),
-    Pipelined(KvmManualProtect<vm_memory::bitmap::AtomicBitmap, Arc<DirtyStats>>),
-}
-
-struct Row {
-    populate: Duration,
-    enable: Duration,
-    first: Duration,
-    rest: Duration,
-    get: Duration,
-    clear: Duration,
-    disable: Duration,
-    worst_ioctl: Duration,
 }
 
 /// The vCPU threads: each runs one round per `go`, and reports its time.
@@ -180,80 +138,14 @@ fn measure(mode: Mode, o: Options) -> Result<Row, test_support::kvm::Error> {
         .collect::<Result<_, _>>()?;
     let stats = Arc::new(DirtyStats::default());
     let slots = Slots::with_ids(&vm.memory, &[0, 1])?;
-    let whole_slot = ManualConfig {
-        initially_set: false,
-        chunk_bytes: data,
-        max_stall: Duration::MAX,
-    };
-    let mut ring = None;
-    let mut log = match mode {
-        Mode::Bitmap => Log::Generic(Box::new(KvmBitmap::with_events(
-            vm.vm.clone(),
-            slots,
-            stats.clone(),
-        ))),
-        Mode::ManualWholeSlot => Log::Generic(Box::new(KvmManualProtect::with_events(
-            vm.vm.clone(),
-            slots,
-            whole_slot,
-            stats.clone(),
-        )?)),
-        Mode::ManualChunked => Log::Pipelined(KvmManualProtect::with_events(
-            vm.vm.clone(),
-            slots,
-            ManualConfig::default(),
-            stats.clone(),
-        )?),
-        Mode::Ring => {
-            let r = KvmDirtyRing::with_events(vm.vm.clone(), slots, RING_BYTES, stats.clone());
-            for (i, v) in vcpus.iter().enumerate() {
-                r.attach(i, v)?;
-            }
-            ring = Some(r.full_handler());
-            Log::Generic(Box::new(r))
-        }
-    };
+    let refs: Vec<&VcpuFd> = vcpus.iter().collect();
+    let (mut tracker, ring) = Tracker::new(mode, vm.vm.clone(), slots, stats.clone(), &refs)?;
     let threads = Vcpus::start(vcpus, ring);
-    let populate = threads.iteration();
-    let dirty_log: &mut dyn DirtyLog = match &mut log {
-        Log::Generic(l) => l.as_mut(),
-        Log::Pipelined(l) => l,
-    };
-    let start = Instant::now();
-    dirty_log.enable()?;
-    let enable = start.elapsed();
-    let mut times = Vec::new();
-    for _ in 0..o.iterations {
-        times.push(threads.iteration());
-        match &mut log {
-            Log::Generic(l) => l.harvest(&mut DirtySet::for_slots(l.slots()))?,
-            Log::Pipelined(l) => {
-                copy_round_pipelined(l, |_| Ok(()))?;
-            }
-        }
-    }
+    let row = perf::measure(mode, &mut tracker, &stats, o.iterations, || {
+        Ok(threads.iteration())
+    });
     threads.stop();
-    let dirty_log: &mut dyn DirtyLog = match &mut log {
-        Log::Generic(l) => l.as_mut(),
-        Log::Pipelined(l) => l,
-    };
-    let start = Instant::now();
-    dirty_log.disable()?;
-    let disable = start.elapsed();
-    let ns = |a: &std::sync::atomic::AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
-    let rest = times[1..].iter().sum::<Duration>() / (times.len() - 1) as u32;
-    Ok(Row {
-        populate,
-        enable,
-        first: times[0],
-        rest,
-        get: ns(&stats.get_ns)
-            + ns(&stats.harvest_ns).saturating_sub(ns(&stats.reset_ns))
-                * u32::from(mode == Mode::Ring),
-        clear: ns(&stats.clear_ns) + ns(&stats.reset_ns),
-        disable,
-        worst_ioctl: ns(&stats.worst_ioctl_ns),
-    })
+    Ok(row?)
 }
 
 fn main() {
@@ -273,38 +165,15 @@ fn main() {
         if o.thp { "THP" } else { "4 KiB" },
         o.iterations
     );
-    println!(
-        "| mode | populate | enable | iteration 1 | iteration N | 1/N | get (total) | clear (total) | disable | longest ioctl |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for mode in [
-        Mode::Bitmap,
-        Mode::ManualWholeSlot,
-        Mode::ManualChunked,
-        Mode::Ring,
-    ] {
+    println!("| {} |", perf::COLUMNS.join(" | "));
+    println!("|{}", "---|".repeat(perf::COLUMNS.len()));
+    for mode in Mode::ALL {
         match measure(mode, o) {
-            Ok(r) => println!(
-                "| {} | {:.1} ms | {:.3} ms | {:.1} ms | {:.1} ms | {:.2} | {:.2} ms | {:.2} ms | {:.3} ms | {:.0} µs |",
-                mode.name(),
-                ms(r.populate),
-                ms(r.enable),
-                ms(r.first),
-                ms(r.rest),
-                r.first.as_secs_f64() / r.rest.as_secs_f64(),
-                ms(r.get),
-                ms(r.clear),
-                ms(r.disable),
-                r.worst_ioctl.as_secs_f64() * 1e6
-            ),
+            Ok(r) => println!("| {} |", r.cells(mode).join(" | ")),
             Err(e) => {
                 eprintln!("perf: {}: {e}", mode.name());
                 std::process::exit(1);
             }
         }
     }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

@@ -15,6 +15,7 @@
 //! - [`precopy`]: rounds that always clear before they copy;
 //!   [`copy_round_pipelined`] clears on a background thread, in bounded chunks.
 //! - [`DirtyEvents`] with the no-op [`NoEvents`], and [`DirtyStats`].
+//! - [`perf`]: `dirty_log_perf_test`'s measurement, for any VM.
 //!
 //! # Example
 //! ```
@@ -40,6 +41,7 @@ pub mod ioctls;
 pub mod kvm_bitmap;
 pub mod log;
 pub mod manual;
+pub mod perf;
 pub mod precopy;
 pub mod ring;
 pub mod slots;

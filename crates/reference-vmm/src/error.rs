@@ -74,6 +74,9 @@ pub enum Error {
     /// A vCPU thread panicked: a bug in the VMM, never the guest's doing.
     #[error("the thread of vCPU {0} panicked")]
     VcpuPanicked(u32),
+    /// Dirty logging could not be set up.
+    #[error("dirty logging: {0}")]
+    DirtyLog(String),
     /// The run did not finish in time; every vCPU was kicked out and stopped.
     #[error("the guest did not finish within {0:?}; stopped every vCPU")]
     Timeout(Duration),

@@ -85,6 +85,8 @@ pub const FREE_MEMORY_START: u64 = 0x110_0000;
 /// Where measuring programs store their samples (u64 each), for the VMM to
 /// read after the run: the start of free memory.
 pub const SAMPLES_ADDR: u64 = FREE_MEMORY_START;
+/// Where `dirty-writer` writes: free memory from 32 MiB on.
+pub const DIRTY_AREA_ADDR: u64 = 32 << 20;
 
 /// Smallest guest memory the layout fits in, in MiB.
 pub const MIN_MEM_MIB: u64 = 32;
@@ -160,3 +162,4 @@ mod tests {
         assert!(kernel_stack_top(MAX_VCPUS - 1) < 1 << 32);
     }
 }
+const _: () = assert!(SAMPLES_ADDR < DIRTY_AREA_ADDR);

@@ -58,6 +58,8 @@ enum Scenario {
     Sched,
     /// Device-bus reads per exit and writer grace periods, per RCU mode.
     Rcu,
+    /// dirty_log_perf_test per dirty-log backend.
+    Dirty,
     /// Every scenario; also writes the Markdown report (--out).
     All,
 }
@@ -191,6 +193,7 @@ fn run(args: RunArgs) -> ExitCode {
         timeout: args.timeout_ms.map(Duration::from_millis),
         mechanisms: args.mechanisms.mechanisms(),
         params: args.params.0,
+        ..VmConfig::default()
     };
     match Vm::new(&config).and_then(|vm| vm.run(args.guest, serial_out)) {
         Ok(report) => print_or_fail(&format!("{report}\n")),
@@ -218,6 +221,7 @@ fn bench(args: BenchArgs) -> ExitCode {
             Scenario::Timer => bench::timer::run(opts, &mut progress),
             Scenario::Sched => bench::sched::run(opts, &mut progress),
             Scenario::Rcu => bench::rcu::run(opts, &mut progress),
+            Scenario::Dirty => bench::dirty::run(opts, &mut progress),
             Scenario::All => unreachable!("expanded above"),
         };
         match table {

@@ -64,6 +64,8 @@ pub struct VmShared {
     pub halt_stats: Arc<HaltStats>,
     /// Device-bus lookups on exits, and their cost.
     pub bus_lookups: BusLookups,
+    /// Drains the dirty rings when one is full (with a dirty ring only).
+    pub ring_full: Option<dirty_log::RingFull>,
     /// Set before kicking the vCPUs to make them stop.
     stop: AtomicBool,
 }
@@ -85,6 +87,7 @@ impl VmShared {
             mechanisms,
             halt_stats: Arc::default(),
             bus_lookups: BusLookups::default(),
+            ring_full: None,
             stop: AtomicBool::new(false),
         }
     }
@@ -340,6 +343,16 @@ impl VcpuRunner {
                 Ok(Flow::Continue)
             }
             VcpuExit::IrqWindowOpen => Ok(Flow::Continue),
+            VcpuExit::Unsupported(kvm_bindings::KVM_EXIT_DIRTY_RING_FULL) => {
+                match &shared.ring_full {
+                    Some(rings) => rings.drain().map(|()| Flow::Continue).map_err(|e| {
+                        GuestFault::UnhandledExit(format!("dirty ring full: {e}")).into()
+                    }),
+                    None => Err(
+                        GuestFault::UnhandledExit("dirty ring full without a ring".into()).into(),
+                    ),
+                }
+            }
             other => {
                 let start = lapic_timer::time::rdtsc();
                 let flow = shared.bus.with(&l.reader, |bus| {

@@ -39,6 +39,9 @@ pub struct VmConfig {
     pub mechanisms: Mechanisms,
     /// The guest program's parameters (in the shared page).
     pub params: [u64; PARAMS],
+    /// A dirty ring of this many bytes per vCPU (enabled before the vCPUs
+    /// exist, as KVM requires).
+    pub dirty_ring: Option<u32>,
 }
 
 impl Default for VmConfig {
@@ -49,6 +52,7 @@ impl Default for VmConfig {
             timeout: None,
             mechanisms: Mechanisms::default(),
             params: [0; PARAMS],
+            dirty_ring: None,
         }
     }
 }
@@ -170,12 +174,13 @@ impl fmt::Display for RunReport {
 /// A VM ready to run a guest program: memory, boot structures and vCPUs set up.
 pub struct Vm {
     vcpus: Vec<VcpuFd>,
-    _vm: VmFd,
+    vm: Arc<VmFd>,
     memory: GuestMemoryMmap,
     timeout: Option<Duration>,
     mechanisms: Mechanisms,
     devices: Vec<(u16, u16, Arc<dyn crate::devices::PioDevice>)>,
     domain: Arc<rcu_qs::Domain>,
+    ring_full: Option<dirty_log::RingFull>,
 }
 
 impl Vm {
@@ -186,6 +191,9 @@ impl Vm {
         let vcpus = check_vcpus(config.vcpus, kvm_max)?;
         let mem_size = check_mem_mib(config.mem_mib)? << 20;
         let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+        if let Some(bytes) = config.dirty_ring {
+            dirty_log::enable_dirty_ring(&vm, bytes).map_err(|e| Error::DirtyLog(e.to_string()))?;
+        }
         let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
             .map_err(|e| Error::AllocateMemory(e.to_string()))?;
         register_memory(&vm, &memory)?;
@@ -206,18 +214,34 @@ impl Vm {
             .collect::<Result<_, _>>()?;
         Ok(Self {
             vcpus: vcpu_fds,
-            _vm: vm,
+            vm: Arc::new(vm),
             memory,
             timeout: config.timeout,
             mechanisms: config.mechanisms,
             devices: Vec::new(),
             domain: Arc::new(rcu_qs::Domain::new()),
+            ring_full: None,
         })
     }
 
     /// Guest memory, shared with the VM (for a scenario to read results).
     pub fn memory(&self) -> GuestMemoryMmap {
         self.memory.clone()
+    }
+
+    /// The VM, for dirty logging.
+    pub fn vm_fd(&self) -> Arc<VmFd> {
+        self.vm.clone()
+    }
+
+    /// The vCPUs, for attaching dirty rings.
+    pub fn vcpu_fds(&self) -> &[VcpuFd] {
+        &self.vcpus
+    }
+
+    /// What vCPU threads do on `KVM_EXIT_DIRTY_RING_FULL`: drain the rings.
+    pub fn set_ring_full(&mut self, handler: dirty_log::RingFull) {
+        self.ring_full = Some(handler);
     }
 
     /// The RCU domain whose readers the vCPU threads will be: a writer may

@@ -5,6 +5,7 @@
 //! `--quick`, several times, alternating, reporting medians), and returns a
 //! [`Table`] with ratios to the baseline measured in the same run.
 
+pub mod dirty;
 pub mod halt;
 pub mod rcu;
 pub mod sched;

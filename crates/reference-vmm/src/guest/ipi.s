@@ -190,3 +190,32 @@ reference_vmm_guest_port_exits:
     call rt_report
     call rt_done
 4:  .asciz "exits"
+
+// dirty-writer: each vCPU writes every page of its own params[0] pages of
+// free memory (from the dirty area, vCPU i's part after vCPU i-1's) once per
+// pass, then stops at the iteration gate (a port write the VMM holds until
+// the next pass); params[1] passes in all (dirty_log_perf_test's loop).
+    .globl reference_vmm_guest_dirty_writer
+reference_vmm_guest_dirty_writer:
+    mov r14, [{params}]         // pages
+    mov r15, [{params} + 8]     // passes
+    mov rax, r14
+    shl rax, 12
+    imul rax, rdi
+    mov r12, {dirty_area}
+    add r12, rax                // this vCPU's part
+    xor ebx, ebx                // passes done
+1:  cmp rbx, r15
+    jae 3f
+    mov rax, r12
+    mov rcx, r14
+2:  mov [rax], rbx
+    add rax, 4096
+    dec rcx
+    jnz 2b
+    mov eax, ebx
+    mov dx, {gate_port}
+    out dx, al
+    inc rbx
+    jmp 1b
+3:  call rt_done

@@ -16,8 +16,8 @@ use std::fmt;
 
 use crate::apic;
 use crate::layout::{
-    ACKS_OFFSET, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, PARAMS_OFFSET, SAMPLES_ADDR,
-    SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, VCPU_DATA_OFFSET,
+    ACKS_OFFSET, DIRTY_AREA_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, PARAMS_OFFSET,
+    SAMPLES_ADDR, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, VCPU_DATA_OFFSET,
 };
 use crate::ucall::{self, UCALL_PORT};
 
@@ -33,6 +33,9 @@ pub const SYS_HALT: u32 = 3;
 pub const SYS_WRMSR: u32 = 4;
 /// `ud2` service number: read MSR `edi` into `rax`.
 pub const SYS_RDMSR: u32 = 5;
+/// The port `dirty-writer` writes to after each pass; the VMM's iteration
+/// gate holds the vCPU there until the next pass (a device of `bench dirty`).
+pub const GATE_PORT: u16 = 0x1002;
 /// The port a spinning guest writes its vCPU index to, as a pause-loop exit:
 /// the VMM's boost policy hears that this vCPU waits on others.
 pub const PAUSE_PORT: u16 = 0x1001;
@@ -74,6 +77,8 @@ core::arch::global_asm!(
     acks = const SHARED_DATA_ADDR + ACKS_OFFSET,
     pause_port = const PAUSE_PORT,
     post_port = const crate::devices::POST_PORT,
+    gate_port = const GATE_PORT,
+    dirty_area = const DIRTY_AREA_ADDR,
 );
 
 // SAFETY: these symbols are labels in the read-only image emitted by the
@@ -96,6 +101,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_cyclictest: u8;
     safe static reference_vmm_guest_sched_ipi: u8;
     safe static reference_vmm_guest_port_exits: u8;
+    safe static reference_vmm_guest_dirty_writer: u8;
 }
 
 /// The whole guest image: runtime and every program.
@@ -211,6 +217,11 @@ pub static PROGRAMS: &[GuestProgram] = &[
         name: "port-exits",
         about: "every vCPU writes params[0] times to the POST-code port, params[1] pauses apart",
         entry: &reference_vmm_guest_port_exits,
+    },
+    GuestProgram {
+        name: "dirty-writer",
+        about: "each vCPU writes its params[0] pages once per pass, params[1] passes, waiting at a gate port",
+        entry: &reference_vmm_guest_dirty_writer,
     },
     GuestProgram {
         name: "assert-fail",

@@ -1,0 +1,169 @@
+//! `bench dirty`: `dirty_log_perf_test` on the reference VMM's own guest,
+//! for each dirty-log backend: vCPUs write every page of their part of
+//! memory once per pass, and the VMM harvests between passes.
+
+use std::io;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dirty_log::perf::{self, Mode, RING_BYTES, Tracker};
+use dirty_log::{DirtyStats, Slots};
+
+use crate::bench::{Cell, Options, Table};
+use crate::devices::PioDevice;
+use crate::error::Error;
+use crate::guest::{self, GATE_PORT};
+use crate::layout::{DIRTY_AREA_ADDR, PAGE_SIZE};
+use crate::mechanisms::Mechanisms;
+use crate::vm::{Vm, VmConfig};
+
+/// vCPUs, MiB each, passes after the populating one (without `--quick`).
+const VCPUS: u32 = 2;
+const MIB_PER_VCPU: u64 = 256;
+const ITERATIONS: usize = 4;
+/// How long the controller waits for the guest at the gate before giving up.
+const GATE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Holds each vCPU after a pass until the controller opens the next one.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    arrived: usize,
+    generation: u64,
+    /// Opened for good: the controller is gone.
+    open: bool,
+}
+
+impl PioDevice for Gate {
+    fn read(&self, _: u16, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    /// A vCPU finished a pass: wait for the next.
+    fn write(&self, _: u16, _: &[u8]) -> io::Result<()> {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let generation = s.generation;
+        s.arrived += 1;
+        self.changed.notify_all();
+        while s.generation == generation && !s.open {
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+        Ok(())
+    }
+}
+
+impl Gate {
+    /// Waits until `vcpus` have arrived.
+    fn wait_for(&self, vcpus: usize) -> Result<(), dirty_log::Error> {
+        let deadline = Instant::now() + GATE_TIMEOUT;
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while s.arrived < vcpus {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(dirty_log::Error::Worker(
+                    "the guest never reached the gate".into(),
+                ));
+            }
+            s = self
+                .changed
+                .wait_timeout(s, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Starts the next pass.
+    fn release(&self) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        s.arrived = 0;
+        s.generation += 1;
+        self.changed.notify_all();
+    }
+
+    /// Lets every vCPU through from now on.
+    fn open(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .open = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Runs the scenario: every mode in one run.
+pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
+    let mib = if opts.quick { 32 } else { MIB_PER_VCPU };
+    let iterations = if opts.quick { 2 } else { ITERATIONS };
+    let mut t = Table::new(
+        format!(
+            "dirty: dirty_log_perf_test, {VCPUS} vCPUs x {mib} MiB, {iterations} iterations, 4 KiB pages"
+        ),
+        &perf::COLUMNS,
+    );
+    for mode in Mode::ALL {
+        progress(&format!("dirty: {}", mode.name()));
+        let row = measure(mode, mib, iterations)?;
+        t.row(row.cells(mode).into_iter().map(Cell::text).collect());
+    }
+    t.note("Each vCPU writes every page of its part once per pass and stops at a gate port; the VMM harvests (and for the pipelined mode clears on a worker thread) between passes. Iteration N is the mean of passes 2 onwards; for the ring, get is collecting entries on the harvest thread, clear is KVM_RESET_DIRTY_RINGS, and drains on a full ring happen on the vCPU threads, inside their pass.".to_string());
+    Ok(t)
+}
+
+fn measure(mode: Mode, mib: u64, iterations: usize) -> Result<perf::Row, Error> {
+    let pages = (mib << 20) / PAGE_SIZE;
+    let mut config = VmConfig {
+        vcpus: VCPUS,
+        mem_mib: ((DIRTY_AREA_ADDR >> 20) + u64::from(VCPUS) * mib + 2).next_multiple_of(2),
+        timeout: Some(Duration::from_secs(600)),
+        mechanisms: Mechanisms::default(),
+        dirty_ring: (mode == Mode::Ring).then_some(RING_BYTES),
+        ..VmConfig::default()
+    };
+    config.params[0] = pages;
+    config.params[1] = iterations as u64 + 1;
+    let mut vm = Vm::new(&config)?;
+    let gate = Arc::new(Gate::default());
+    vm.add_device(GATE_PORT, 1, gate.clone());
+    let stats = Arc::new(DirtyStats::default());
+    let dirty = |e: dirty_log::Error| Error::DirtyLog(e.to_string());
+    let slots = Slots::new(&vm.memory()).map_err(dirty)?;
+    let vcpus: Vec<_> = vm.vcpu_fds().iter().collect();
+    let (mut tracker, ring) =
+        Tracker::new(mode, vm.vm_fd(), slots, stats.clone(), &vcpus).map_err(dirty)?;
+    if let Some(ring) = ring {
+        vm.set_ring_full(ring);
+    }
+    let controller = {
+        let gate = gate.clone();
+        thread::spawn(move || {
+            let mut started = Instant::now();
+            let mut first = true;
+            let result = perf::measure(mode, &mut tracker, &stats, iterations, || {
+                if !first {
+                    started = Instant::now();
+                    gate.release();
+                }
+                first = false;
+                gate.wait_for(VCPUS as usize)?;
+                Ok(started.elapsed())
+            });
+            gate.open(); // the last pass ends; nothing may wait any more
+            result
+        })
+    };
+    let program = guest::find("dirty-writer").expect("built in");
+    let run = vm.run(program, Box::new(io::sink()));
+    let row = controller
+        .join()
+        .map_err(|_| Error::DirtyLog("the controller panicked".into()))?
+        .map_err(dirty)?;
+    run?;
+    Ok(row)
+}
