@@ -139,6 +139,7 @@ const _: () = assert!(PD_ADDR + 3 * PAGE_SIZE <= IMAGE_ADDR);
 const _: () = assert!(vcpu_area(MAX_VCPUS) <= SHARED_DATA_ADDR);
 const _: () = assert!(SHARED_DATA_ADDR + PAGE_SIZE <= FREE_MEMORY_START);
 const _: () = assert!(FREE_MEMORY_START < MIN_MEM_MIB << 20);
+const _: () = assert!(SAMPLES_ADDR < DIRTY_AREA_ADDR);
 const _: () = assert!(MAX_MEM_MIB << 20 <= 3 << 30);
 
 #[cfg(test)]
@@ -162,4 +163,3 @@ mod tests {
         assert!(kernel_stack_top(MAX_VCPUS - 1) < 1 << 32);
     }
 }
-const _: () = assert!(SAMPLES_ADDR < DIRTY_AREA_ADDR);
