@@ -415,6 +415,10 @@ impl VcpuRunner {
     }
 }
 
+/// How far below the shortest recent delivery latency the lead stays: the
+/// path's own jitter must not make the guest see an interrupt early.
+const LEAD_MARGIN: Duration = Duration::from_micros(5);
+
 /// The longest delivery lead a guest's own reports can buy (its interrupt
 /// record is guest memory: a guest that lies only moves its own timer).
 const MAX_LEAD: Duration = Duration::from_micros(50);
@@ -436,7 +440,7 @@ struct TimerLead {
 impl TimerLead {
     fn new(time: GuestTime, record: u64) -> Self {
         Self {
-            lead: DeliveryLead::default(),
+            lead: DeliveryLead::new(LEAD_MARGIN),
             time,
             record,
             fired: None,

@@ -167,3 +167,62 @@ fn measure(mode: Mode, mib: u64, iterations: usize) -> Result<perf::Row, Error> 
     run?;
     Ok(row)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dirty_log::{DirtyLog, DirtySet, KvmBitmap};
+
+    /// Every page each vCPU wrote in a pass is in the harvest after it.
+    #[test]
+    fn every_pass_harvests_every_written_page() {
+        if kvm_ioctls::Kvm::new().is_err() {
+            eprintln!("SKIPPED every_pass_harvests_every_written_page: no usable /dev/kvm");
+            return;
+        }
+        const PAGES: u64 = 512;
+        const PASSES: u64 = 3;
+        let mut config = VmConfig {
+            vcpus: 2,
+            timeout: Some(Duration::from_secs(60)),
+            ..VmConfig::default()
+        };
+        config.params[0] = PAGES;
+        config.params[1] = PASSES;
+        let mut vm = Vm::new(&config).unwrap();
+        let gate = Arc::new(Gate::default());
+        vm.add_device(GATE_PORT, 1, gate.clone());
+        let mut log = KvmBitmap::new(vm.vm_fd(), Slots::new(&vm.memory()).unwrap());
+        log.enable().unwrap();
+        let checker = {
+            let gate = gate.clone();
+            thread::spawn(move || {
+                let first = DIRTY_AREA_ADDR / PAGE_SIZE;
+                let mut missing = Vec::new();
+                for _ in 0..PASSES {
+                    if gate.wait_for(2).is_err() {
+                        break;
+                    }
+                    let mut set = DirtySet::for_slots(log.slots());
+                    let harvested = log.harvest(&mut set).map(|()| set);
+                    missing.push(harvested.map(|set| {
+                        let bitmap = set.get(0).expect("slot 0");
+                        (first..first + 2 * PAGES)
+                            .filter(|&p| !bitmap.is_dirty(p))
+                            .count()
+                    }));
+                    gate.release();
+                }
+                gate.open(); // before any assertion: never leave a vCPU waiting
+                missing
+            })
+        };
+        vm.run(guest::find("dirty-writer").unwrap(), Box::new(io::sink()))
+            .unwrap();
+        let missing = checker.join().unwrap();
+        assert_eq!(missing.len() as u64, PASSES);
+        for (pass, m) in missing.into_iter().enumerate() {
+            assert_eq!(m.unwrap(), 0, "pass {pass}: written pages not harvested");
+        }
+    }
+}

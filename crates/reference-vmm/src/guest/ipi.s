@@ -111,7 +111,8 @@ reference_vmm_guest_apic_gp:
 // times and each time spins until all have acknowledged (a shared counter),
 // exiting every params[1] pause iterations as a pause-loop exit would (a
 // write of its index to the pause port); the others halt until each IPI and
-// acknowledge it. vCPU 0 reports the TSC ticks of all rounds ("ticks").
+// acknowledge it. vCPU 0 reports the TSC ticks of all rounds ("ticks") and
+// the acknowledgements ("acks").
     .globl reference_vmm_guest_sched_ipi
 reference_vmm_guest_sched_ipi:
     mov r12, rdi                // vCPU index
@@ -154,6 +155,10 @@ reference_vmm_guest_sched_ipi:
     lea rdi, [rip + 10f]
     mov rsi, rax
     call rt_report
+    lea rdi, [rip + 11f]
+    mov r8, {acks}
+    mov rsi, [r8]
+    call rt_report
     call rt_done
 5:  cmp r15, r14                // the others: wait for each IPI, acknowledge it
     jae 6f
@@ -166,6 +171,7 @@ reference_vmm_guest_sched_ipi:
     jmp 5b
 6:  call rt_done
 10: .asciz "ticks"
+11: .asciz "acks"
 
 // port-exits: every vCPU writes params[0] times to the POST-code port, with
 // params[1] pause instructions between two writes; each write is an exit that

@@ -1,0 +1,115 @@
+//! Every `bench` scenario in its `--quick` form on real `/dev/kvm`, and what
+//! each must get right whatever the speed: every IPI and acknowledgement
+//! delivered, every timer fired once and not early, grace periods complete.
+
+mod common;
+
+use std::time::Duration;
+
+use common::kvm_available;
+use reference_vmm::bench::{self, Options, Table};
+use reference_vmm::mechanisms::{Boost, Mechanisms, TimerAdvance};
+use reference_vmm::{Vm, VmConfig, guest};
+use vm_memory::{Bytes, GuestAddress};
+
+const QUICK: Options = Options { quick: true };
+
+/// Every cell that has a number has a finite one: nothing was left unmeasured.
+fn all_measured(t: &Table, rows: usize) {
+    assert_eq!(t.rows.len(), rows, "{}", t.markdown());
+    for row in &t.rows {
+        for cell in row {
+            assert!(cell.value.is_none_or(f64::is_finite), "{}", t.markdown());
+        }
+    }
+}
+
+#[test]
+fn every_scenario_runs_quick_and_measures_every_variant() {
+    if !kvm_available("every_scenario_runs_quick_and_measures_every_variant") {
+        return;
+    }
+    let mut quiet = |_: &str| {};
+    all_measured(&bench::halt::run(QUICK, &mut quiet).unwrap(), 6);
+    all_measured(&bench::timer::run(QUICK, &mut quiet).unwrap(), 8);
+    all_measured(&bench::sched::run(QUICK, &mut quiet).unwrap(), 3);
+    all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 7);
+    let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();
+    assert_eq!(dirty.rows.len(), 4);
+    let report = bench::report(&[dirty], QUICK, Duration::from_secs(1));
+    assert!(report.contains("bench all --quick") && report.contains("### dirty"));
+}
+
+fn run(
+    program: &str,
+    vcpus: u32,
+    mechanisms: Mechanisms,
+    params: &[u64],
+) -> (reference_vmm::RunReport, vm_memory::GuestMemoryMmap) {
+    let mut config = VmConfig {
+        vcpus,
+        timeout: Some(Duration::from_secs(120)),
+        mechanisms,
+        ..VmConfig::default()
+    };
+    config.params[..params.len()].copy_from_slice(params);
+    let vm = Vm::new(&config).unwrap();
+    let memory = vm.memory();
+    let report = vm
+        .run(guest::find(program).unwrap(), Box::new(std::io::sink()))
+        .unwrap();
+    (report, memory)
+}
+
+#[test]
+fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
+    if !kvm_available("every_timer_fires_once_in_order_and_never_before_its_deadline") {
+        return;
+    }
+    const SAMPLES: u64 = 200;
+    let period = (500.0 * bench::ticks_per_us()) as u64;
+    for timer_advance in [TimerAdvance::None, TimerAdvance::Kvm, TimerAdvance::Own] {
+        let m = Mechanisms {
+            timer_advance,
+            ..Mechanisms::default()
+        };
+        let (report, memory) = run("cyclictest", 1, m, &[SAMPLES, period]);
+        assert_eq!(report.value(0, "samples"), Some(SAMPLES), "{timer_advance}");
+        assert_eq!(
+            report.value(0, "irqs"),
+            Some(SAMPLES),
+            "{timer_advance}: one interrupt per timer"
+        );
+        let mut bytes = vec![0u8; SAMPLES as usize * 8];
+        memory
+            .read_slice(
+                &mut bytes,
+                GuestAddress(reference_vmm::layout::SAMPLES_ADDR),
+            )
+            .unwrap();
+        let early = bytes
+            .chunks_exact(8)
+            .filter(|c| i64::from_le_bytes((*c).try_into().unwrap()) < 0)
+            .count();
+        assert_eq!(
+            early, 0,
+            "{timer_advance}: {early} interrupts before their deadline"
+        );
+    }
+}
+
+#[test]
+fn every_overcommitted_vcpu_acknowledges_every_ipi_under_every_boost() {
+    if !kvm_available("every_overcommitted_vcpu_acknowledges_every_ipi_under_every_boost") {
+        return;
+    }
+    const ROUNDS: u64 = 200;
+    for boost in [Boost::None, Boost::Ready, Boost::Own] {
+        let m = Mechanisms {
+            boost,
+            ..Mechanisms::default()
+        };
+        let (report, _) = run("sched-ipi", 4, m, &[ROUNDS, 200]);
+        assert_eq!(report.value(0, "acks"), Some(ROUNDS * 3), "{boost}");
+    }
+}
