@@ -252,6 +252,14 @@ impl LapicTimer {
     pub fn guest_time(&self) -> GuestTime {
         self.time
     }
+
+    /// Re-anchors the guest-time mapping (the TSC deadline's host time
+    /// follows): a VMM refreshes it from a fresh (TSC, clock) pair before a
+    /// deadline is armed, so that an error in the TSC frequency only scales
+    /// the time to the deadline, not the time since the mapping was made.
+    pub fn set_guest_time(&mut self, time: GuestTime) {
+        self.time = time;
+    }
 }
 
 #[cfg(test)]
@@ -273,6 +281,21 @@ mod tests {
         let mut t = LapicTimer::new(TIME);
         t.write(LvtTimer, lvt, 0).unwrap();
         t
+    }
+
+    #[test]
+    fn re_anchoring_the_guest_time_moves_the_deadline_with_it() {
+        let mut t = timer(DEADLINE);
+        t.write_tsc_deadline(10_000);
+        assert_eq!(t.next_expiry_ns(), Some(10_000));
+        // The TSC read 9_000 at host ns 9_100: the deadline is 1 µs away.
+        t.set_guest_time(GuestTime {
+            ns: 9_100,
+            tsc_at_ns: 9_000,
+            ..TIME
+        });
+        assert_eq!(t.next_expiry_ns(), Some(10_100));
+        assert_eq!(t.guest_time().ns, 9_100);
     }
 
     #[test]

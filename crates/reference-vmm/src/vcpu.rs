@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use halt_poll::{FutexWake, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy};
 use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::{VcpuExit, VcpuFd};
+use lapic_timer::time::rdtsc;
 use lapic_timer::{
     Clock, DeliveryLead, GuestTime, MonotonicClock, NoEvents, SpinAt, TimerThread, TscClock,
 };
@@ -144,11 +145,59 @@ pub struct VcpuRunner {
 
 /// The per-thread pieces of the loop.
 struct Loop {
+    clock: GuestClock,
     apic: LocalApic,
     timer: TimerThread,
     lead: TimerLead,
     poller: HaltPoller<Box<dyn PollPolicy + Send>, Arc<FutexWake>, MonotonicPoll, Arc<HaltStats>>,
     reader: Reader,
+}
+
+impl Loop {
+    /// Refreshes the guest-time mapping of the timer and the lead from a
+    /// fresh (TSC, clock) pair, before a deadline is armed or checked.
+    fn reanchor(&mut self) {
+        let time = self.clock.now();
+        self.apic.timer().set_guest_time(time);
+        self.lead.time = time;
+    }
+}
+
+/// The guest's TSC against the host's `CLOCK_MONOTONIC`: the frequency KVM
+/// gives the guest (`KVM_GET_TSC_KHZ`) and the offset between guest and
+/// host TSC, read once; [`GuestClock::now`] pairs a fresh TSC reading with the
+/// clock, so conversions never drift far from an anchor.
+struct GuestClock {
+    tsc_khz: u64,
+    offset: i64,
+}
+
+impl GuestClock {
+    fn new(fd: &VcpuFd) -> Self {
+        const IA32_TSC: u32 = 0x10;
+        let tsc_khz = fd
+            .get_tsc_khz()
+            .map(u64::from)
+            .unwrap_or_else(|_| TscClock::shared().tsc_khz());
+        let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+            index: IA32_TSC,
+            ..Default::default()
+        }])
+        .expect("one entry fits");
+        let offset = match fd.get_msrs(&mut msrs) {
+            Ok(1) => msrs.as_slice()[0].data.wrapping_sub(rdtsc()) as i64,
+            _ => 0,
+        };
+        Self { tsc_khz, offset }
+    }
+
+    fn now(&self) -> GuestTime {
+        GuestTime {
+            tsc_khz: self.tsc_khz,
+            ns: MonotonicClock.now_ns(),
+            tsc_at_ns: rdtsc().wrapping_add_signed(self.offset),
+        }
+    }
 }
 
 /// Unregisters the vCPU thread from kicks however the loop ends.
@@ -201,12 +250,12 @@ impl VcpuRunner {
     }
 
     fn start_loop(&self) -> Result<Loop, Error> {
-        let clock = TscClock::shared();
-        let time = GuestTime::from_host(&clock, self.tsc_offset());
+        let clock = GuestClock::new(&self.fd);
+        let time = clock.now();
         let m = self.shared.mechanisms;
         let sink = self.shared.irqs.timer_sink(self.vcpu());
         let timer = TimerThread::start(
-            m.timer_advance.policy(clock.tsc_khz()),
+            m.timer_advance.policy(clock.tsc_khz),
             sink,
             NoEvents,
             SpinAt::Receiver,
@@ -224,25 +273,10 @@ impl VcpuRunner {
             apic: LocalApic::new(self.index, time),
             timer,
             lead: TimerLead::new(time, irq_record(self.index)),
+            clock,
             poller,
             reader: self.shared.domain.register_reader(),
         })
-    }
-
-    /// Guest TSC minus host TSC (0 on PVM; what KVM chose elsewhere).
-    fn tsc_offset(&self) -> i64 {
-        const IA32_TSC: u32 = 0x10;
-        let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
-            index: IA32_TSC,
-            ..Default::default()
-        }])
-        .expect("one entry fits");
-        match self.fd.get_msrs(&mut msrs) {
-            Ok(1) => msrs.as_slice()[0]
-                .data
-                .wrapping_sub(lapic_timer::time::rdtsc()) as i64,
-            _ => 0,
-        }
     }
 
     /// Before entry: fire a due timer (spinning to its exact deadline first),
@@ -252,9 +286,10 @@ impl VcpuRunner {
         let vcpu = self.vcpu();
         if let Some(expiry) = irqs.take_timer(vcpu) {
             expiry.spin(&MonotonicClock);
+            l.reanchor();
             // Delivery starts `lead` early: the guest's entry runs that much later.
             let now = MonotonicClock.now_ns() + l.lead.current().as_nanos() as u64;
-            if let Some(fired) = l.apic.timer().expire(now) {
+            if let Some(fired) = l.apic.timer().expire(now).filter(|f| f.deliver) {
                 irqs.post_local(vcpu, fired.vector);
                 l.lead.fired(fired.vector, fired.due_ns);
             }
@@ -326,6 +361,7 @@ impl VcpuRunner {
                 Ok(Flow::Continue)
             }
             VcpuExit::X86Wrmsr(msr) => {
+                l.reanchor();
                 match l.apic.write(msr.index, msr.data, now) {
                     Ok(Action::Ipi { vector, to }) => {
                         irqs.ipi(vcpu, vector, to);
