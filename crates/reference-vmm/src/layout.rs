@@ -80,6 +80,21 @@ pub const PARAMS: usize = 16;
 /// Offset of a counter of acknowledgements in the shared page, on a cache
 /// line of its own.
 pub const ACKS_OFFSET: u64 = 0x200;
+/// Offset of the per-vCPU mailboxes (guest-side polling) in the shared area:
+/// `1 << MAILBOX_SHIFT` bytes each. +0: the poll window in TSC ticks (the
+/// VMM writes it); +8: 0 idle, 1 polling, 2 a message was posted; +16: the
+/// outcome count; +32: a ring of [`MAILBOX_RING`] outcomes, 16 bytes each
+/// (ticks polled; ticks waited, bit 63 set if it then halted).
+pub const MAILBOX_OFFSET: u64 = 0x1000;
+/// log2 of a mailbox's size.
+pub const MAILBOX_SHIFT: u64 = 8;
+/// Outcomes a mailbox's ring holds.
+pub const MAILBOX_RING: u64 = 8;
+
+/// Guest physical address of vCPU `index`'s mailbox.
+pub const fn mailbox(index: u32) -> u64 {
+    SHARED_DATA_ADDR + MAILBOX_OFFSET + ((index as u64) << MAILBOX_SHIFT)
+}
 /// First guest physical address that guest programs may use freely.
 pub const FREE_MEMORY_START: u64 = 0x110_0000;
 /// Where measuring programs store their samples (u64 each), for the VMM to
@@ -140,6 +155,8 @@ const _: () = assert!(vcpu_area(MAX_VCPUS) <= SHARED_DATA_ADDR);
 const _: () = assert!(SHARED_DATA_ADDR + PAGE_SIZE <= FREE_MEMORY_START);
 const _: () = assert!(FREE_MEMORY_START < MIN_MEM_MIB << 20);
 const _: () = assert!(SAMPLES_ADDR < DIRTY_AREA_ADDR);
+const _: () = assert!(mailbox(MAX_VCPUS) <= FREE_MEMORY_START);
+const _: () = assert!(32 + 16 * MAILBOX_RING <= 1 << MAILBOX_SHIFT);
 const _: () = assert!(MAX_MEM_MIB << 20 <= 3 << 30);
 
 #[cfg(test)]

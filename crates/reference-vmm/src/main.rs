@@ -107,6 +107,10 @@ struct MechanismArgs {
     /// at each exit instead of being offline while in the guest).
     #[arg(long)]
     no_extended_qs: bool,
+    /// Let the guest poll its mailbox (for the window the halt-poll policy
+    /// publishes) before it halts; the VMM then blocks at once.
+    #[arg(long)]
+    guest_poll: bool,
 }
 
 impl MechanismArgs {
@@ -117,6 +121,7 @@ impl MechanismArgs {
             boost: self.boost,
             bus: self.bus,
             extended_qs: !self.no_extended_qs,
+            guest_poll: self.guest_poll,
         }
     }
 }

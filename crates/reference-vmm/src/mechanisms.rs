@@ -246,6 +246,11 @@ pub struct Mechanisms {
     /// quiescent state, as KVM treats guest mode); without it they note a
     /// quiescent state at each exit (`--no-extended-qs`).
     pub extended_qs: bool,
+    /// Guest-side polling (`--guest-poll`): the halt-poll policy sets the
+    /// window a guest polls its mailbox for before it halts (published in the
+    /// mailbox, learned from the outcomes the guest reports there), and the
+    /// VMM itself then blocks at once on a halt.
+    pub guest_poll: bool,
 }
 
 impl Default for Mechanisms {
@@ -256,6 +261,7 @@ impl Default for Mechanisms {
             boost: Boost::default(),
             bus: BusAccess::default(),
             extended_qs: true,
+            guest_poll: false,
         }
     }
 }

@@ -20,7 +20,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use halt_poll::{FutexWake, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy};
+use halt_poll::{
+    FutexWake, HaltOutcome, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy,
+};
 use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use lapic_timer::time::rdtsc;
@@ -40,8 +42,8 @@ use crate::exit::{ExitError, Flow, Report, handle_exit};
 use crate::guest::PAUSE_PORT;
 use crate::irq::Interrupts;
 use crate::kick;
-use crate::layout::irq_record;
-use crate::mechanisms::Mechanisms;
+use crate::layout::{MAILBOX_RING, irq_record, mailbox};
+use crate::mechanisms::{HaltPoll, Mechanisms};
 
 /// The vCPU ioctl this needs that kvm-ioctls does not wrap.
 mod ioctls {
@@ -146,6 +148,7 @@ pub struct VcpuRunner {
 /// The per-thread pieces of the loop.
 struct Loop {
     clock: GuestClock,
+    guest_poll: Option<GuestPoll>,
     apic: LocalApic,
     timer: TimerThread,
     lead: TimerLead,
@@ -160,6 +163,65 @@ impl Loop {
         let time = self.clock.now();
         self.apic.timer().set_guest_time(time);
         self.lead.time = time;
+    }
+}
+
+/// Guest-side polling: a halt-poll policy whose window the guest polls its
+/// mailbox for; the guest reports each wait's outcome in the mailbox ring,
+/// and the VMM learns from them at the vCPU's next exit and publishes the
+/// next window.
+struct GuestPoll {
+    policy: Box<dyn PollPolicy + Send>,
+    mailbox: u64,
+    tsc_khz: u64,
+    /// Outcomes learned so far.
+    seen: u64,
+    /// The window last published, ticks.
+    published: Option<u64>,
+}
+
+impl GuestPoll {
+    fn new(policy: Box<dyn PollPolicy + Send>, mailbox: u64, tsc_khz: u64) -> Self {
+        Self {
+            policy,
+            mailbox,
+            tsc_khz,
+            seen: 0,
+            published: None,
+        }
+    }
+
+    fn ticks_to(&self, ticks: u64) -> Duration {
+        Duration::from_nanos(ticks.saturating_mul(1_000_000) / self.tsc_khz.max(1))
+    }
+
+    /// Learns the outcomes the guest reported since the last look (the last
+    /// ring's worth at most: a guest may write anything there) and publishes
+    /// the policy's window.
+    fn learn(&mut self, memory: &GuestMemoryMmap) {
+        let word = |offset: u64| {
+            memory
+                .read_obj::<u64>(GuestAddress(self.mailbox + offset))
+                .unwrap_or(0)
+        };
+        let count = word(16);
+        for n in count.saturating_sub(MAILBOX_RING).max(self.seen)..count {
+            let at = 32 + (n % MAILBOX_RING) * 16;
+            let (polled, waited) = (word(at), word(at + 8));
+            let (halt, polled) = (self.ticks_to(waited & !(1 << 63)), self.ticks_to(polled));
+            self.policy.learn(&if waited >> 63 == 1 {
+                HaltOutcome::woken_after_blocking(polled, halt)
+            } else {
+                HaltOutcome::woken_while_polling(halt)
+            });
+        }
+        self.seen = count;
+        let window = self.policy.plan().window.as_nanos() as u64 * self.tsc_khz / 1_000_000;
+        if self.published != Some(window) {
+            // The mailbox is in guest memory the VMM laid out: writable.
+            let _ = memory.write_obj(window, GuestAddress(self.mailbox));
+            self.published = Some(window);
+        }
     }
 }
 
@@ -264,15 +326,20 @@ impl VcpuRunner {
             vcpu: self.index,
             source,
         })?;
-        let poller = HaltPoller::new(
-            self.shared.irqs.wake_source(self.vcpu()),
-            m.halt_poll.policy(),
-        )
-        .with_events(self.shared.halt_stats.clone());
+        let vmm_side = if m.guest_poll {
+            HaltPoll::Off
+        } else {
+            m.halt_poll
+        };
+        let poller = HaltPoller::new(self.shared.irqs.wake_source(self.vcpu()), vmm_side.policy())
+            .with_events(self.shared.halt_stats.clone());
         Ok(Loop {
             apic: LocalApic::new(self.index, time),
             timer,
             lead: TimerLead::new(time, irq_record(self.index)),
+            guest_poll: m
+                .guest_poll
+                .then(|| GuestPoll::new(m.halt_poll.policy(), mailbox(self.index), clock.tsc_khz)),
             clock,
             poller,
             reader: self.shared.domain.register_reader(),
@@ -342,6 +409,9 @@ impl VcpuRunner {
         irqs.state(vcpu).left_guest();
         if let Some(lead) = l.lead.learn(&shared.memory) {
             l.timer.set_lead(lead);
+        }
+        if let Some(poll) = &mut l.guest_poll {
+            poll.learn(&shared.memory);
         }
         let exit = match exit {
             Ok(exit) => exit,

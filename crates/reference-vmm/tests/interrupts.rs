@@ -53,6 +53,34 @@ fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {
 }
 
 #[test]
+fn every_message_arrives_once_with_guest_side_polling() {
+    if !kvm_available("every_message_arrives_once_with_guest_side_polling") {
+        return;
+    }
+    const ROUNDS: u64 = 5000;
+    for halt_poll in [HaltPoll::Own, HaltPoll::Off, HaltPoll::Kvm] {
+        let m = Mechanisms {
+            halt_poll,
+            guest_poll: true,
+            ..Mechanisms::default()
+        };
+        let report = run("pingpong", 2, m, &[ROUNDS, 1]).unwrap_or_else(|e| panic!("{m:?}: {e}"));
+        for vcpu in 0..2 {
+            let irqs = report.value(vcpu, "irqs").unwrap();
+            let mailbox = report.value(vcpu, "mailbox").unwrap();
+            assert_eq!(
+                irqs + mailbox,
+                ROUNDS,
+                "{halt_poll}: vCPU {vcpu} got {irqs} IPIs and {mailbox} posts"
+            );
+            if halt_poll == HaltPoll::Off {
+                assert_eq!(mailbox, 0, "a zero window never polls");
+            }
+        }
+    }
+}
+
+#[test]
 fn absurd_apic_values_get_the_architectural_answer() {
     if !kvm_available("absurd_apic_values_get_the_architectural_answer") {
         return;

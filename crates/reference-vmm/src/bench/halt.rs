@@ -1,6 +1,6 @@
 //! `bench halt`: two vCPUs ping-pong an IPI, each halting between messages
 //! (the seed's contextswitch); the halted side waits through each halt-poll
-//! policy in turn.
+//! policy in turn, and then the guest polls its mailbox itself first.
 
 use crate::bench::{Cell, Options, Table, measure, median, ticks_per_us};
 use crate::error::Error;
@@ -9,15 +9,26 @@ use crate::mechanisms::{HaltPoll, Mechanisms};
 /// Round trips per run, without `--quick`.
 const ROUNDS: u64 = 3000;
 
-/// The variants, baselines first.
-const VARIANTS: [HaltPoll; 6] = [
-    HaltPoll::Off,
-    HaltPoll::Always,
-    HaltPoll::Kvm,
-    HaltPoll::Haltpoll,
-    HaltPoll::Aio,
-    HaltPoll::Own,
+/// The variants, baselines first: VMM-side polling with each policy, then
+/// guest-side polling with the own policy's window.
+const VARIANTS: [(HaltPoll, bool); 7] = [
+    (HaltPoll::Off, false),
+    (HaltPoll::Always, false),
+    (HaltPoll::Kvm, false),
+    (HaltPoll::Haltpoll, false),
+    (HaltPoll::Aio, false),
+    (HaltPoll::Own, false),
+    (HaltPoll::Own, true),
 ];
+
+fn name(halt_poll: HaltPoll, guest_poll: bool) -> String {
+    match (halt_poll, guest_poll) {
+        (p, true) => format!("guest-side polling, {p} window"),
+        (HaltPoll::Off, _) => "off (block-only)".into(),
+        (HaltPoll::Always, _) => "always (poll 10 ms)".into(),
+        (p, false) => p.to_string(),
+    }
+}
 
 /// Runs the scenario; `progress` hears about each run.
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
@@ -26,17 +37,15 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     let mut cpu_us = vec![Vec::new(); VARIANTS.len()];
     let mut poll_us = vec![Vec::new(); VARIANTS.len()];
     for rep in 0..opts.reps() {
-        for (i, &halt_poll) in VARIANTS.iter().enumerate() {
-            progress(&format!(
-                "halt: --halt-poll {halt_poll} ({}/{})",
-                rep + 1,
-                opts.reps()
-            ));
+        for (i, &(halt_poll, guest_poll)) in VARIANTS.iter().enumerate() {
+            let variant = name(halt_poll, guest_poll);
+            progress(&format!("halt: {variant} ({}/{})", rep + 1, opts.reps()));
             let m = Mechanisms {
                 halt_poll,
+                guest_poll,
                 ..Mechanisms::default()
             };
-            let run = measure("pingpong", 2, m, &[rounds], |_| {})?;
+            let run = measure("pingpong", 2, m, &[rounds, u64::from(guest_poll)], |_| {})?;
             let ticks = run.report.value(0, "ticks").unwrap_or(0) as f64;
             rt_us[i].push(ticks / ticks_per_us() / rounds as f64);
             cpu_us[i].push(run.cpu.as_secs_f64() * 1e6 / rounds as f64);
@@ -57,14 +66,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             "process CPU per round trip (µs)",
         ],
     );
-    for (i, v) in VARIANTS.iter().enumerate() {
-        let name = match v {
-            HaltPoll::Off => "off (block-only)".to_string(),
-            HaltPoll::Always => "always (poll 10 ms)".to_string(),
-            other => other.to_string(),
-        };
+    for (i, &(v, guest)) in VARIANTS.iter().enumerate() {
         t.row(vec![
-            Cell::text(name),
+            Cell::text(name(v, guest)),
             Cell::num(rt[i], 1),
             Cell::ratio(rt[i] / rt[0]),
             Cell::num(poll[i], 1),
@@ -72,7 +76,8 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             Cell::num(cpu[i], 1),
         ]);
     }
-    let own = VARIANTS.len() - 1;
+    let own = VARIANTS.len() - 2;
+    let guest = VARIANTS.len() - 1;
     let better = rt[0].min(rt[1]);
     t.note(format!(
         "{rounds} round trips per run, median of {} runs per variant, alternating. Polling is the time the halted vCPU threads spent polling (halt-poll's halt_poll_success_ns + halt_poll_fail_ns): the CPU the policy spends. Process CPU also counts the guest (its CPL0 code is emulated on this KVM) and the VMM's exit handling.",
@@ -83,6 +88,11 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         rt[own] / better,
         poll[own] / poll[1],
         if rt[own] <= 1.1 * better && poll[own] <= 0.5 * poll[1] { "met" } else { "not met" }
+    ));
+    t.note(format!(
+        "Goal: guest-side polling at least 3x faster than block-only, as in the seed. Measured: {:.0}x: {}. (Its polling is the guest's, at CPL3, outside the VMM's accounting.)",
+        rt[0] / rt[guest],
+        if rt[0] >= 3.0 * rt[guest] { "met" } else { "not met" }
     ));
     Ok(t)
 }

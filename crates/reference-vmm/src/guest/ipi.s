@@ -1,9 +1,15 @@
 // Programs that send and wait for interrupts (the local APIC in the VMM).
 
-// pingpong: vCPUs 0 and 1 bounce a fixed IPI (vector 0x40) params[0] times;
-// each halts until the other's IPI has arrived. vCPU 0 reports the TSC ticks
-// of all round trips ("ticks") and both report the interrupts they took
-// ("irqs"). Other vCPUs finish at once.
+// pingpong: vCPUs 0 and 1 bounce a message params[0] times; each waits for
+// the other's. With params[1] = 0 a message is a fixed IPI (vector 0x40) and
+// the receiver halts until it arrives. With params[1] = 1 the receiver first
+// polls its mailbox at CPL3 for the window the VMM published there, and a
+// sender that finds its target polling posts to the mailbox instead of
+// sending an IPI (the guest haltpoll driver and TIF_POLLING_NRFLAG); each
+// wait's outcome goes to the mailbox's ring for the VMM's policy to learn.
+// vCPU 0 reports the TSC ticks of all round trips ("ticks"); both report
+// the interrupts they took ("irqs") and the messages that came by mailbox
+// ("mailbox"). Other vCPUs finish at once.
     .globl reference_vmm_guest_pingpong
 reference_vmm_guest_pingpong:
     mov r12, rdi                // vCPU index
@@ -13,6 +19,7 @@ reference_vmm_guest_pingpong:
     ja 9f
     mov r14, [{params}]         // rounds
     xor r15, r15                // rounds done
+    xor ebp, ebp                // messages that came by IPI, so far
     rdtsc
     shl rdx, 32
     or rax, rdx
@@ -23,18 +30,12 @@ reference_vmm_guest_pingpong:
     test r12, r12
     jnz 2f
     mov edi, 1                  // vCPU 0: send, then wait for the answer
-    mov esi, 0x40
-    call rt_send_ipi
-    lea rdi, [r13 + 8]
-    mov rsi, r15
-    call rt_wait_count
+    call pp_send
+    call pp_wait
     jmp 1b
-2:  lea rdi, [r13 + 8]          // vCPU 1: wait, then answer
-    mov rsi, r15
-    call rt_wait_count
+2:  call pp_wait                // vCPU 1: wait, then answer
     xor edi, edi
-    mov esi, 0x40
-    call rt_send_ipi
+    call pp_send
     jmp 1b
 8:  test r12, r12
     jnz 3f
@@ -48,9 +49,105 @@ reference_vmm_guest_pingpong:
 3:  lea rdi, [rip + 11f]
     mov rsi, [r13 + 8]
     call rt_report
+    mov rsi, r15
+    sub rsi, rbp
+    lea rdi, [rip + 12f]
+    call rt_report
 9:  call rt_done
 10: .asciz "ticks"
 11: .asciz "irqs"
+12: .asciz "mailbox"
+
+// pp_mailbox(vcpu: rdi) -> rax: the mailbox of vCPU rdi.
+pp_mailbox:
+    mov rax, rdi
+    shl rax, {mailbox_shift}
+    add rax, {mailboxes}
+    ret
+
+// pp_send(to: rdi): posts to the target's mailbox if it is polling (state
+// 1 -> 2, atomically), else sends the IPI.
+pp_send:
+    call pp_mailbox
+    mov rcx, rax
+    mov eax, 1
+    mov edx, 2
+    lock cmpxchg [rcx + 8], rdx
+    je 1f
+    mov esi, 0x40
+    jmp rt_send_ipi
+1:  ret
+
+// pp_wait(): waits for one message: polls the mailbox for the published
+// window if there is one (state 1; a sender makes it 2), then falls back to
+// halting for the IPI (state back to 0 with a cmpxchg, so a message posted
+// meanwhile is never missed). Records the outcome in the mailbox ring.
+pp_wait:
+    push rbx
+    mov rdi, r12
+    call pp_mailbox
+    mov rbx, rax                // this vCPU's mailbox
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov r8, rax                 // wait start
+    mov r9, rax                 // poll end (no window: none)
+    mov r10, [rbx]              // the window, ticks
+    test r10, r10
+    jz 4f
+    mov qword ptr [rbx + 8], 1  // polling
+    add r9, r10
+2:  cmp qword ptr [rbx + 8], 2
+    je 3f
+    pause
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    cmp rax, r9
+    jb 2b
+    mov eax, 1                  // window over: stop polling, unless a message came
+    xor edx, edx
+    lock cmpxchg [rbx + 8], rdx
+    jne 3f
+    mov r9, rax                 // (rax is 1 here; poll end taken below)
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov r9, rax
+    jmp 4f
+3:  mov qword ptr [rbx + 8], 0  // a message by mailbox
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov r9, rax                 // polled until now
+    xor r11d, r11d              // not blocked
+    jmp 5f
+4:  inc rbp                     // by IPI: halt until it arrives
+    lea rdi, [r13 + 8]
+    mov rsi, rbp
+    push r8
+    push r9
+    call rt_wait_count
+    pop r9
+    pop r8
+    mov r11, 1
+5:  rdtsc                       // record (polled, halt | blocked << 63)
+    shl rdx, 32
+    or rax, rdx
+    sub rax, r8
+    shl r11, 63
+    or rax, r11
+    sub r9, r8
+    mov rcx, [rbx + 16]
+    mov rdx, rcx
+    and rdx, {ring_mask}
+    shl rdx, 4
+    mov [rbx + rdx + 32], r9
+    mov [rbx + rdx + 40], rax
+    inc rcx
+    mov [rbx + 16], rcx
+    pop rbx
+    ret
 
 // rt_wait_count(counter: *const u64, n: u64): halts until *counter >= n.
 rt_wait_count:

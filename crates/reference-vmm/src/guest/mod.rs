@@ -16,8 +16,9 @@ use std::fmt;
 
 use crate::apic;
 use crate::layout::{
-    ACKS_OFFSET, DIRTY_AREA_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, PARAMS_OFFSET,
-    SAMPLES_ADDR, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, VCPU_DATA_OFFSET,
+    ACKS_OFFSET, DIRTY_AREA_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, MAILBOX_OFFSET,
+    MAILBOX_RING, MAILBOX_SHIFT, PARAMS_OFFSET, SAMPLES_ADDR, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR,
+    VCPU_DATA_OFFSET,
 };
 use crate::ucall::{self, UCALL_PORT};
 
@@ -78,6 +79,9 @@ core::arch::global_asm!(
     pause_port = const PAUSE_PORT,
     post_port = const crate::devices::POST_PORT,
     gate_port = const GATE_PORT,
+    mailboxes = const SHARED_DATA_ADDR + MAILBOX_OFFSET,
+    mailbox_shift = const MAILBOX_SHIFT,
+    ring_mask = const MAILBOX_RING - 1,
     dirty_area = const DIRTY_AREA_ADDR,
 );
 
@@ -190,7 +194,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
     },
     GuestProgram {
         name: "pingpong",
-        about: "vCPUs 0 and 1 bounce an IPI params[0] times, halting in between",
+        about: "vCPUs 0 and 1 bounce a message params[0] times (params[1] = 1: poll a mailbox first)",
         entry: &reference_vmm_guest_pingpong,
     },
     GuestProgram {
