@@ -211,12 +211,8 @@ fn bench(args: BenchArgs) -> ExitCode {
     let start = std::time::Instant::now();
     let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
     let scenarios: &[Scenario] = match args.scenario {
-        Scenario::All => &[
-            Scenario::Halt,
-            Scenario::Timer,
-            Scenario::Sched,
-            Scenario::Rcu,
-        ],
+        // Every scenario, in the order they are declared.
+        Scenario::All => &<Scenario as clap::ValueEnum>::value_variants()[..Scenario::All as usize],
         _ => std::slice::from_ref(&args.scenario),
     };
     let mut tables = Vec::new();

@@ -286,13 +286,9 @@ impl Vm {
             count as usize,
             self.mechanisms.boost.policy(),
         ));
-        let shared = Arc::new(VmShared::new(
-            self.memory,
-            bus,
-            domain,
-            irqs,
-            self.mechanisms,
-        ));
+        let mut shared = VmShared::new(self.memory, bus, domain, irqs, self.mechanisms);
+        shared.ring_full = self.ring_full;
+        let shared = Arc::new(shared);
         let start = Instant::now();
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();

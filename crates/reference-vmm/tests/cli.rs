@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["run"], "--guest <GUEST>"),
         (
             &["run", "--guest", "nope"],
@@ -38,6 +38,20 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
             "even number of MiB between 32 and 3072, not 33",
         ),
         (&["fly"], "unrecognized subcommand 'fly'"),
+        (
+            &["run", "--guest", "hello", "--halt-poll", "fast"],
+            "--halt-poll \"fast\" is not one of: kvm, haltpoll, aio, own, off, always",
+        ),
+        (
+            &["run", "--guest", "hello", "--timer-advance", "fixed:x"],
+            "none, fixed:NS (NS up to 1000000), kvm, own",
+        ),
+        (
+            &["run", "--guest", "pingpong", "--params", "1,x"],
+            "\"x\" is not a number",
+        ),
+        (&["bench", "fly"], "invalid value 'fly'"),
+        (&["bench"], "<SCENARIO>"),
     ];
     for (args, expected) in cases {
         let out = vmm(args);

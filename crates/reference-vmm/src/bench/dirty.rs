@@ -38,6 +38,8 @@ struct GateState {
     generation: u64,
     /// Opened for good: the controller is gone.
     open: bool,
+    /// The run is over: nobody will arrive any more.
+    closed: bool,
 }
 
 impl PioDevice for Gate {
@@ -65,7 +67,7 @@ impl Gate {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         while s.arrived < vcpus {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || s.closed {
                 return Err(dirty_log::Error::Worker(
                     "the guest never reached the gate".into(),
                 ));
@@ -84,6 +86,15 @@ impl Gate {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.arrived = 0;
         s.generation += 1;
+        self.changed.notify_all();
+    }
+
+    /// The run ended: wakes a controller that waits for arrivals.
+    fn close(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closed = true;
         self.changed.notify_all();
     }
 
@@ -160,31 +171,39 @@ fn measure(mode: Mode, mib: u64, iterations: usize) -> Result<perf::Row, Error> 
     };
     let program = guest::find("dirty-writer").expect("built in");
     let run = vm.run(program, Box::new(io::sink()));
+    gate.close(); // a controller still waiting gives up: the run is over
     let row = controller
         .join()
-        .map_err(|_| Error::DirtyLog("the controller panicked".into()))?
-        .map_err(dirty)?;
-    run?;
-    Ok(row)
+        .map_err(|_| Error::DirtyLog("the controller panicked".into()));
+    run?; // the run's own error explains a controller's first
+    row?.map_err(dirty)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dirty_log::{DirtyLog, DirtySet, KvmBitmap};
+    use dirty_log::{DirtyLog, DirtySet, KvmBitmap, KvmDirtyRing};
 
-    /// Every page each vCPU wrote in a pass is in the harvest after it.
+    /// Every page each vCPU wrote in a pass is in the harvest after it, with
+    /// the bitmap and with a dirty ring small enough to fill many times a pass.
     #[test]
     fn every_pass_harvests_every_written_page() {
         if kvm_ioctls::Kvm::new().is_err() {
             eprintln!("SKIPPED every_pass_harvests_every_written_page: no usable /dev/kvm");
             return;
         }
-        const PAGES: u64 = 512;
+        for ring in [None, Some(4096)] {
+            check_passes(ring);
+        }
+    }
+
+    fn check_passes(ring_bytes: Option<u32>) {
+        const PAGES: u64 = 1024;
         const PASSES: u64 = 3;
         let mut config = VmConfig {
             vcpus: 2,
             timeout: Some(Duration::from_secs(60)),
+            dirty_ring: ring_bytes,
             ..VmConfig::default()
         };
         config.params[0] = PAGES;
@@ -192,7 +211,18 @@ mod tests {
         let mut vm = Vm::new(&config).unwrap();
         let gate = Arc::new(Gate::default());
         vm.add_device(GATE_PORT, 1, gate.clone());
-        let mut log = KvmBitmap::new(vm.vm_fd(), Slots::new(&vm.memory()).unwrap());
+        let slots = Slots::new(&vm.memory()).unwrap();
+        let mut log: Box<dyn DirtyLog + Send> = match ring_bytes {
+            None => Box::new(KvmBitmap::new(vm.vm_fd(), slots)),
+            Some(bytes) => {
+                let ring = KvmDirtyRing::new(vm.vm_fd(), slots, bytes);
+                for (i, v) in vm.vcpu_fds().iter().enumerate() {
+                    ring.attach(i, v).unwrap();
+                }
+                vm.set_ring_full(ring.full_handler());
+                Box::new(ring)
+            }
+        };
         log.enable().unwrap();
         let checker = {
             let gate = gate.clone();
@@ -217,12 +247,17 @@ mod tests {
                 missing
             })
         };
-        vm.run(guest::find("dirty-writer").unwrap(), Box::new(io::sink()))
-            .unwrap();
+        let run = vm.run(guest::find("dirty-writer").unwrap(), Box::new(io::sink()));
+        gate.close();
         let missing = checker.join().unwrap();
-        assert_eq!(missing.len() as u64, PASSES);
+        run.unwrap();
+        assert_eq!(missing.len() as u64, PASSES, "ring {ring_bytes:?}");
         for (pass, m) in missing.into_iter().enumerate() {
-            assert_eq!(m.unwrap(), 0, "pass {pass}: written pages not harvested");
+            assert_eq!(
+                m.unwrap(),
+                0,
+                "ring {ring_bytes:?}, pass {pass}: written pages not harvested"
+            );
         }
     }
 }
