@@ -105,6 +105,17 @@ impl<B: VmmWrites> Slots<B> {
         self.slots.iter().position(|s| s.id == id)
     }
 
+    /// Registers every slot with KVM (`KVM_SET_USER_MEMORY_REGION`), logging off:
+    /// what a VMM does once when it creates the VM.
+    ///
+    /// # Safety
+    /// KVM maps the regions' memory into the guest: the caller keeps that
+    /// memory mapped for as long as the VM can run (these slots hold a handle
+    /// to it, so keeping them alive beside the VM is enough).
+    pub unsafe fn register(&self, vm: &VmFd) -> Result<(), Error> {
+        self.set_logging(vm, false, &crate::NoEvents)
+    }
+
     /// Re-registers every slot with logging on or off.
     pub(crate) fn set_logging(
         &self,
@@ -121,8 +132,9 @@ impl<B: VmmWrites> Slots<B> {
                 userspace_addr: s.host_addr,
             };
             let start = Instant::now();
-            // SAFETY: the same mapping the VMM registered for this slot, kept
-            // alive by `self.memory` for as long as these slots exist.
+            // SAFETY: the mapping of a region of `self.memory`, which these
+            // slots keep alive; its registration for the VM's lifetime is the
+            // caller's, as with any memory a VMM registers (see `register`).
             unsafe { vm.set_user_memory_region(region) }
                 .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
             events.ioctl(Ioctl::SetMemoryRegion, start.elapsed());

@@ -7,9 +7,9 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole, SharedBus};
@@ -394,26 +394,10 @@ fn kvm_err(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> Error {
 }
 
 fn register_memory(vm: &VmFd, memory: &GuestMemoryMmap) -> Result<(), Error> {
-    for (slot, region) in memory.iter().enumerate() {
-        let host = memory
-            .get_host_address(region.start_addr())
-            .map_err(|source| Error::WriteMemory {
-                what: "the memory map",
-                source,
-            })?;
-        let region = kvm_userspace_memory_region {
-            slot: slot as u32,
-            flags: 0,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the region is a live mapping owned by `memory`, which the VM's
-        // owner keeps alive as long as the VM can run (Vm and then VmShared hold it).
-        unsafe { vm.set_user_memory_region(region) }
-            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
-    }
-    Ok(())
+    let slots = dirty_log::Slots::new(memory).map_err(|e| Error::AllocateMemory(e.to_string()))?;
+    // SAFETY: `memory` stays mapped as long as the VM can run: the Vm and
+    // then the vCPU threads' shared state hold it.
+    unsafe { slots.register(vm) }.map_err(|e| Error::AllocateMemory(e.to_string()))
 }
 
 /// Writes the GDT, page tables, guest image, and each vCPU's TSS and IDT.

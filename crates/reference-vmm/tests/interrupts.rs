@@ -4,23 +4,11 @@
 //! clear error.
 
 mod common;
-
-use std::time::Duration;
+mod program;
 
 use common::kvm_available;
 use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Mechanisms};
-use reference_vmm::{Error, GuestFault, RunReport, Vm, VmConfig, guest};
-
-fn run(name: &str, vcpus: u32, mechanisms: Mechanisms, params: &[u64]) -> Result<RunReport, Error> {
-    let mut config = VmConfig {
-        vcpus,
-        timeout: Some(Duration::from_secs(120)),
-        mechanisms,
-        ..VmConfig::default()
-    };
-    config.params[..params.len()].copy_from_slice(params);
-    Vm::new(&config)?.run(guest::find(name).unwrap(), Box::new(std::io::sink()))
-}
+use reference_vmm::{Error, GuestFault};
 
 #[test]
 fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {
@@ -39,7 +27,9 @@ fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {
                 bus,
                 ..Mechanisms::default()
             };
-            let report = run("pingpong", 2, m, &[ROUNDS]).unwrap_or_else(|e| panic!("{m:?}: {e}"));
+            let report = program::run("pingpong", 2, m, &[ROUNDS])
+                .unwrap_or_else(|e| panic!("{m:?}: {e}"))
+                .0;
             for vcpu in 0..2 {
                 assert_eq!(
                     report.value(vcpu, "irqs"),
@@ -64,7 +54,9 @@ fn every_message_arrives_once_with_guest_side_polling() {
             guest_poll: true,
             ..Mechanisms::default()
         };
-        let report = run("pingpong", 2, m, &[ROUNDS, 1]).unwrap_or_else(|e| panic!("{m:?}: {e}"));
+        let report = program::run("pingpong", 2, m, &[ROUNDS, 1])
+            .unwrap_or_else(|e| panic!("{m:?}: {e}"))
+            .0;
         for vcpu in 0..2 {
             let irqs = report.value(vcpu, "irqs").unwrap();
             let mailbox = report.value(vcpu, "mailbox").unwrap();
@@ -85,7 +77,7 @@ fn absurd_apic_values_get_the_architectural_answer() {
     if !kvm_available("absurd_apic_values_get_the_architectural_answer") {
         return;
     }
-    let report = run("apic-abuse", 2, Mechanisms::default(), &[]).unwrap();
+    let (report, _) = program::run("apic-abuse", 2, Mechanisms::default(), &[]).unwrap();
     assert_eq!(report.value(0, "esr"), Some(1 << 5), "send illegal vector");
     assert_eq!(
         report.value(0, "irqs"),
@@ -99,7 +91,7 @@ fn a_reserved_apic_write_is_a_gp_fault_reported_not_a_vmm_panic() {
     if !kvm_available("a_reserved_apic_write_is_a_gp_fault_reported_not_a_vmm_panic") {
         return;
     }
-    match run("apic-gp", 1, Mechanisms::default(), &[]) {
+    match program::run("apic-gp", 1, Mechanisms::default(), &[]).map(|r| r.0) {
         Err(Error::Guest {
             fault: GuestFault::Exception { vector: 13, .. },
             ..

@@ -3,13 +3,13 @@
 //! delivered, every timer fired once and not early, grace periods complete.
 
 mod common;
+mod program;
 
 use std::time::Duration;
 
 use common::kvm_available;
 use reference_vmm::bench::{self, Options, Table};
 use reference_vmm::mechanisms::{Boost, Mechanisms, TimerAdvance};
-use reference_vmm::{Vm, VmConfig, guest};
 use vm_memory::{Bytes, GuestAddress};
 
 const QUICK: Options = Options { quick: true };
@@ -40,27 +40,6 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     assert!(report.contains("bench all --quick") && report.contains("### dirty"));
 }
 
-fn run(
-    program: &str,
-    vcpus: u32,
-    mechanisms: Mechanisms,
-    params: &[u64],
-) -> (reference_vmm::RunReport, vm_memory::GuestMemoryMmap) {
-    let mut config = VmConfig {
-        vcpus,
-        timeout: Some(Duration::from_secs(120)),
-        mechanisms,
-        ..VmConfig::default()
-    };
-    config.params[..params.len()].copy_from_slice(params);
-    let vm = Vm::new(&config).unwrap();
-    let memory = vm.memory();
-    let report = vm
-        .run(guest::find(program).unwrap(), Box::new(std::io::sink()))
-        .unwrap();
-    (report, memory)
-}
-
 #[test]
 fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
     if !kvm_available("every_timer_fires_once_in_order_and_never_before_its_deadline") {
@@ -73,7 +52,7 @@ fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
             timer_advance,
             ..Mechanisms::default()
         };
-        let (report, memory) = run("cyclictest", 1, m, &[SAMPLES, period]);
+        let (report, memory) = program::run("cyclictest", 1, m, &[SAMPLES, period]).unwrap();
         assert_eq!(report.value(0, "samples"), Some(SAMPLES), "{timer_advance}");
         assert_eq!(
             report.value(0, "irqs"),
@@ -109,7 +88,7 @@ fn every_overcommitted_vcpu_acknowledges_every_ipi_under_every_boost() {
             boost,
             ..Mechanisms::default()
         };
-        let (report, _) = run("sched-ipi", 4, m, &[ROUNDS, 200]);
+        let (report, _) = program::run("sched-ipi", 4, m, &[ROUNDS, 200]).unwrap();
         assert_eq!(report.value(0, "acks"), Some(ROUNDS * 3), "{boost}");
     }
 }

@@ -1,0 +1,31 @@
+//! Runs one built-in guest program with given mechanisms and parameters, for
+//! the tests that check what a program reports.
+
+use std::time::Duration;
+
+use reference_vmm::mechanisms::Mechanisms;
+use reference_vmm::{Error, RunReport, Vm, VmConfig, guest};
+use vm_memory::GuestMemoryMmap;
+
+/// Runs `name` on `vcpus` vCPUs; returns its report and its memory after the run.
+pub fn run(
+    name: &str,
+    vcpus: u32,
+    mechanisms: Mechanisms,
+    params: &[u64],
+) -> Result<(RunReport, GuestMemoryMmap), Error> {
+    let mut config = VmConfig {
+        vcpus,
+        timeout: Some(Duration::from_secs(120)),
+        mechanisms,
+        ..VmConfig::default()
+    };
+    config.params[..params.len()].copy_from_slice(params);
+    let vm = Vm::new(&config)?;
+    let memory = vm.memory();
+    let report = vm.run(
+        guest::find(name).expect("a built-in program"),
+        Box::new(std::io::sink()),
+    )?;
+    Ok((report, memory))
+}
