@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use halt_poll::sim::{SimParams, Trace, oracle, simulate, table};
-use halt_poll::{AioPoll, Fixed, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive};
+use halt_poll::{
+    AioPoll, Fixed, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive, PredictiveConfig,
+};
 
 fn policies() -> Vec<(&'static str, Box<dyn PollPolicy>)> {
     vec![
@@ -23,6 +25,13 @@ fn policies() -> Vec<(&'static str, Box<dyn PollPolicy>)> {
         ("GuestHaltpoll", Box::new(GuestHaltpoll::new())),
         ("AioPoll", Box::new(AioPoll::new())),
         ("Predictive (own)", Box::new(Predictive::default())),
+        (
+            "Predictive, no latency slack",
+            Box::new(Predictive::new(PredictiveConfig {
+                latency_slack: 0.0,
+                ..Default::default()
+            })),
+        ),
     ]
 }
 

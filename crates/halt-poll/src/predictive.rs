@@ -16,6 +16,20 @@
 //!   weight of a nanosecond of poll CPU against one of latency; prefix sums make
 //!   each evaluation O(1). It keeps the cheapest; blocking at once is a candidate.
 //!   A window ends at the longest wake seen in its last bucket, not at the edge.
+//! - A loop predictor, as in L-TAGE branch predictors: when the last runs of
+//!   short halts all had the same length `n`, the halt after `n` short ones has
+//!   its own histogram, so the long halt that ends a regular burst is
+//!   predicted (and not polled) instead of paying a window every burst.
+//! - Latency slack: the cheapest plan may be mixed with a frugal one. Of the
+//!   plans that waste less CPU in failed polls (and poll no more), it takes the
+//!   one that saves the most per nanosecond of added latency, for just enough
+//!   halts (chosen at random) that the expected latency above a poll's grows
+//!   by at most `latency_slack`. This is the optimum of "least failed-poll CPU
+//!   within a latency budget", which needs a mixture: on memoryless bimodal
+//!   wakes no single window trades a little latency for CPU. It mixes only
+//!   where failed polls are a real cost: at least a tenth of the plan's poll
+//!   CPU, and at least `cpu_weight` ns of them saved per ns of latency added.
+//!   Where nearly every poll succeeds, polling works and is left alone.
 //! - A sleep ends late: the lateness of past sleeps is learned, and a sleep is
 //!   planned to end that much before the poll start.
 //! - If a poll was cut short because the thread was preempted, it stops polling
@@ -31,6 +45,12 @@ use crate::policy::{HaltOutcome, PollPlan, PollPolicy, WokenDuring};
 const BUCKETS: usize = 64;
 /// Lower edge of bucket 1 (bucket 0 is everything below it): 2^8 ns.
 const FIRST_EDGE_SHIFT: u32 = 8;
+/// Latency slack is spent only on plans whose failed polls are at least this
+/// share of their poll CPU: where nearly every poll succeeds, polling works.
+const MIN_WASTED_SHARE: f64 = 0.1;
+/// A poll after a sleep starts this share earlier than the shortest wake seen:
+/// the samples' range understates the real one.
+const START_GUARD: f64 = 0.01;
 /// Samples before the first learned plan.
 const WARM_UP: u32 = 2;
 /// Until a context has this many samples it re-plans after every halt.
@@ -56,6 +76,10 @@ pub struct PredictiveConfig {
     /// Shortest poll window when it polls at all: wake-ups a little later than
     /// any seen so far (a host interrupt, a cache miss) are still caught.
     pub min_window: Duration,
+    /// How much mean wake latency, as a fraction of the cheapest plan's (above
+    /// `poll_latency`), it may give up to waste less CPU in failed polls (0:
+    /// always the cheapest plan). See the module docs.
+    pub latency_slack: f64,
 }
 
 impl Default for PredictiveConfig {
@@ -69,6 +93,7 @@ impl Default for PredictiveConfig {
             replan_every: 8,
             hybrid: true,
             min_window: Duration::from_micros(10),
+            latency_slack: 0.5,
         }
     }
 }
@@ -118,7 +143,7 @@ struct Histogram {
     weight: f64,
     samples: u32,
     since_replan: u32,
-    plan: PollPlan,
+    plans: Plans,
 }
 
 /// A bucket whose share falls below this is forgotten.
@@ -134,7 +159,7 @@ impl Histogram {
             weight: 1.0,
             samples: 0,
             since_replan: 0,
-            plan: initial,
+            plans: Plans::only(initial),
         }
     }
 
@@ -176,17 +201,22 @@ impl Histogram {
         (list, n)
     }
 
-    /// The cheapest plan under this distribution (see the module docs).
-    ///
-    /// A window ends just after the longest wake of an occupied bucket, and a
-    /// poll starts at 0 or at the shortest wake of an occupied bucket: the
-    /// search is quadratic in the number of occupied buckets, usually a handful.
-    fn best_plan(&mut self, c: &PredictiveConfig, sleep_lateness_ns: f64) -> PollPlan {
+    /// Calls `visit` with every candidate plan under this distribution, the
+    /// simplest first: blocking at once, then each poll start (0, or after a
+    /// sleep, at the shortest wake of an occupied bucket) with each window end
+    /// (just after the longest wake of an occupied bucket). The search is
+    /// quadratic in the number of occupied buckets, usually a handful.
+    fn for_each_plan(
+        &mut self,
+        c: &PredictiveConfig,
+        sleep_lateness_ns: f64,
+        mut visit: impl FnMut(Candidate),
+    ) {
         let (list, n) = self.occupied_buckets();
         let used = &list[..n];
         let total: f64 = used.iter().map(|&k| self.counts[k]).sum();
         if total <= 0.0 {
-            return self.plan;
+            return;
         }
         // below[x]: mass and sum of wake times in the occupied buckets before used[x].
         let mut below = [(0.0, 0.0); BUCKETS + 1];
@@ -194,16 +224,21 @@ impl Histogram {
             let p = self.counts[k] / total;
             below[x + 1] = (below[x].0 + p, below[x].1 + p * mid_ns(k));
         }
-        let (block, poll_lat, weight) =
-            (as_ns(c.block_latency), as_ns(c.poll_latency), c.cpu_weight);
+        let (block, poll_lat) = (as_ns(c.block_latency), as_ns(c.poll_latency));
         let (max_poll, min_window) = (as_ns(c.max_poll), as_ns(c.min_window));
-        let mut best = (block, PollPlan::default()); // blocking at once
-        // Poll starts: at 0 (x = 0 buckets below), or after a sleep, at the
-        // shortest wake of occupied bucket x.
+        visit(Candidate {
+            latency_ns: block,
+            cpu_ns: 0.0,
+            wasted_ns: 0.0,
+            plan: PollPlan::default(),
+        });
+        // A sleep is planned only from enough samples: a few long halts while
+        // warming up would otherwise sleep through the short ones after them.
+        let may_sleep = c.hybrid && self.samples >= EAGER_SAMPLES;
         let starts = std::iter::once((0, 0.0)).chain(
             (0..n)
-                .filter(|_| c.hybrid)
-                .map(|x| (x, self.shortest_ns[used[x]])),
+                .filter(|_| may_sleep)
+                .map(|x| (x, self.shortest_ns[used[x]] * (1.0 - START_GUARD))),
         );
         for (x, a) in starts {
             let sleep = a - sleep_lateness_ns;
@@ -217,28 +252,144 @@ impl Histogram {
                 }
                 let (p_in, m_in) = (below[y + 1].0 - below[x].0, below[y + 1].1 - below[x].1);
                 let p_after = 1.0 - below[y + 1].0;
-                let cost = block * below[x].0
-                    + poll_lat * p_in
-                    + weight * (m_in - a * p_in)
-                    + p_after * (block + weight * (b - a));
-                // Only a clear gain (1 ns) beats the simpler plan found first.
-                if cost < best.0 - 1.0 {
-                    let sleep = if a > 0.0 {
-                        Duration::from_nanos(sleep as u64)
-                    } else {
-                        Duration::ZERO
-                    };
-                    best = (
-                        cost,
-                        PollPlan {
-                            sleep,
-                            window: Duration::from_nanos((b - a) as u64),
-                        },
-                    );
-                }
+                visit(Candidate {
+                    latency_ns: block * (below[x].0 + p_after) + poll_lat * p_in,
+                    cpu_ns: (m_in - a * p_in) + p_after * (b - a),
+                    wasted_ns: p_after * (b - a),
+                    plan: PollPlan {
+                        sleep: Duration::from_nanos(sleep.max(0.0) as u64),
+                        window: Duration::from_nanos((b - a) as u64),
+                    },
+                });
             }
         }
-        best.1
+    }
+
+    /// Plans for this distribution: the cheapest, and the frugal mixture
+    /// (see the module docs).
+    fn best_plans(&mut self, c: &PredictiveConfig, sleep_lateness_ns: f64) -> Plans {
+        let mut best: Option<Candidate> = None;
+        self.for_each_plan(c, sleep_lateness_ns, |p| {
+            // Only a clear gain (1 ns) beats the simpler plan found first.
+            if best.is_none_or(|b| p.cost(c.cpu_weight) < b.cost(c.cpu_weight) - 1.0) {
+                best = Some(p);
+            }
+        });
+        let Some(best) = best else {
+            return self.plans;
+        };
+        match self.frugal_plan(c, sleep_lateness_ns, &best) {
+            Some(frugal) => {
+                let added = frugal.latency_ns - best.latency_ns;
+                let budget = c.latency_slack * (best.latency_ns - as_ns(c.poll_latency));
+                Plans {
+                    best: best.plan,
+                    frugal: frugal.plan,
+                    frugal_share: (budget / added).clamp(0.0, 1.0),
+                }
+            }
+            None => Plans::only(best.plan),
+        }
+    }
+
+    /// The plan that saves the most failed-poll CPU per nanosecond of latency
+    /// added to `best` (a successful poll is what buys the latency), if `best`
+    /// wastes enough for a trade to be worth it (see the module docs).
+    fn frugal_plan(
+        &mut self,
+        c: &PredictiveConfig,
+        sleep_lateness_ns: f64,
+        best: &Candidate,
+    ) -> Option<Candidate> {
+        if best.wasted_ns < MIN_WASTED_SHARE * best.cpu_ns {
+            return None;
+        }
+        let mut frugal: Option<(f64, Candidate)> = None;
+        self.for_each_plan(c, sleep_lateness_ns, |p| {
+            let saved = best.wasted_ns - p.wasted_ns;
+            let added = p.latency_ns - best.latency_ns;
+            let worth = saved > 0.0
+                && added > 0.0
+                && saved >= c.cpu_weight * added
+                && p.cpu_ns <= best.cpu_ns;
+            if worth && frugal.is_none_or(|(rate, _)| saved / added > rate) {
+                frugal = Some((saved / added, p));
+            }
+        });
+        frugal.map(|(_, p)| p)
+    }
+}
+
+/// One plan with its expected wake latency, poll CPU and failed-poll CPU per
+/// halt.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    latency_ns: f64,
+    cpu_ns: f64,
+    wasted_ns: f64,
+    plan: PollPlan,
+}
+
+impl Candidate {
+    fn cost(&self, cpu_weight: f64) -> f64 {
+        self.latency_ns + cpu_weight * self.cpu_ns
+    }
+}
+
+/// What a context plans: the cheapest plan, and a frugal one used for a share
+/// of the halts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Plans {
+    best: PollPlan,
+    frugal: PollPlan,
+    frugal_share: f64,
+}
+
+impl Plans {
+    fn only(plan: PollPlan) -> Self {
+        Self {
+            best: plan,
+            frugal: plan,
+            frugal_share: 0.0,
+        }
+    }
+}
+
+/// The contexts a halt can be in, each with its own histogram.
+const AFTER_SHORT: usize = 0;
+const AFTER_LONG: usize = 1;
+/// The halt after a run of short halts as long as the last few runs.
+const RUN_END: usize = 2;
+
+/// Loop predictor: the length of runs of short halts between long ones, and how
+/// many runs in a row had that length.
+#[derive(Clone, Copy, Debug, Default)]
+struct RunLength {
+    current: u32,
+    last: u32,
+    repeats: u32,
+}
+
+/// Runs of the same length needed before the end of the next one is predicted.
+const RUN_REPEATS: u32 = 2;
+
+impl RunLength {
+    fn record(&mut self, long: bool) {
+        if !long {
+            self.current = self.current.saturating_add(1);
+            return;
+        }
+        if self.current == self.last {
+            self.repeats = (self.repeats + 1).min(RUN_REPEATS);
+        } else {
+            (self.last, self.repeats) = (self.current, 0);
+        }
+        self.current = 0;
+    }
+
+    /// Whether the next halt ends a run as long as the last ones.
+    fn ends_now(&self) -> bool {
+        self.repeats >= RUN_REPEATS && self.last > 0 && self.current == self.last
     }
 }
 
@@ -246,11 +397,17 @@ impl Histogram {
 #[derive(Clone, Debug)]
 pub struct Predictive {
     config: PredictiveConfig,
-    /// One distribution after a short halt, one after a long one: a workload
-    /// whose halts alternate is predicted, not averaged.
-    contexts: [Histogram; 2],
+    /// Wake-time distributions after a short halt, after a long one, and at
+    /// the predicted end of a run of short ones: a workload whose halts
+    /// alternate or come in regular bursts is predicted, not averaged.
+    contexts: [Histogram; 3],
     /// Which context the next halt is in.
     next: usize,
+    runs: RunLength,
+    /// Whether the next halt uses its context's frugal plan.
+    frugal: bool,
+    /// State of the xorshift generator that picks the frugal halts.
+    random: u64,
     /// Learned lateness of a timed sleep, in ns.
     sleep_lateness_ns: f64,
     /// Preemption back-off: halts left without polling, and the current level.
@@ -268,15 +425,42 @@ impl Predictive {
     /// A policy with `config`; it starts by polling up to 10 µs until it has
     /// seen a few halts.
     pub fn new(config: PredictiveConfig) -> Self {
-        let initial = PollPlan::poll(Duration::from_micros(10).min(config.max_poll));
+        let initial = Histogram::new(PollPlan::poll(
+            Duration::from_micros(10).min(config.max_poll),
+        ));
         Self {
             config,
-            contexts: [Histogram::new(initial), Histogram::new(initial)],
-            next: 0,
+            contexts: [initial.clone(), initial.clone(), initial],
+            next: AFTER_SHORT,
+            runs: RunLength::default(),
+            frugal: false,
+            random: 0x9E37_79B9_7F4A_7C15,
             sleep_lateness_ns: as_ns(config.block_latency),
             backoff_left: 0,
             backoff_level: 0,
         }
+    }
+
+    /// A uniform number in [0, 1) (xorshift64).
+    fn next_unit(&mut self) -> f64 {
+        self.random ^= self.random << 13;
+        self.random ^= self.random >> 7;
+        self.random ^= self.random << 17;
+        (self.random >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Picks the next halt's context, and whether it uses the frugal plan.
+    fn predict_next(&mut self, long: bool) {
+        self.runs.record(long);
+        self.next = if self.runs.ends_now() {
+            RUN_END
+        } else if long {
+            AFTER_LONG
+        } else {
+            AFTER_SHORT
+        };
+        let share = self.contexts[self.next].plans.frugal_share;
+        self.frugal = share > 0.0 && self.next_unit() < share;
     }
 
     /// Wakes later than this make the next halt's context "after a long halt":
@@ -330,10 +514,13 @@ impl Predictive {
 
 impl PollPolicy for Predictive {
     fn plan(&self) -> PollPlan {
+        let plans = &self.contexts[self.next].plans;
         if self.backoff_left > 0 {
             PollPlan::default()
+        } else if self.frugal {
+            plans.frugal
         } else {
-            self.contexts[self.next].plan
+            plans.best
         }
     }
 
@@ -357,9 +544,9 @@ impl PollPolicy for Predictive {
         };
         if h.samples >= WARM_UP && h.since_replan >= every {
             h.since_replan = 0;
-            h.plan = h.best_plan(&config, lateness);
+            h.plans = h.best_plans(&config, lateness);
         }
-        self.next = usize::from(wake > self.long_ns());
+        self.predict_next(wake > self.long_ns());
     }
 }
 
@@ -430,9 +617,10 @@ mod tests {
             simulate("own", &mut p, &trace, &params);
             p.plan()
         };
+        let earliest = *trace.wakes.iter().min().unwrap();
         assert!(
-            plan.sleep >= 80 * US && plan.sleep + params.sleep_lateness <= 148 * US,
-            "{plan:?}"
+            plan.sleep >= 80 * US && plan.sleep + params.sleep_lateness <= earliest + US,
+            "polls from about the earliest wake on: {plan:?}, {earliest:?}"
         );
     }
 
@@ -477,6 +665,56 @@ mod tests {
             HaltOutcome::woken_after_blocking(Duration::ZERO, 300 * US),
         );
         assert!(p.plan().window <= 200 * US);
+    }
+
+    #[test]
+    fn the_long_halt_ending_a_regular_burst_is_predicted() {
+        let mut p = Predictive::default();
+        let short = HaltOutcome::woken_while_polling(8 * US);
+        let long = HaltOutcome::woken_after_blocking(Duration::ZERO, 5_000 * US);
+        for _ in 0..100 {
+            learn_n(&mut p, 5, short);
+            p.learn(&long);
+        }
+        learn_n(&mut p, 4, short);
+        assert!(p.window() > Duration::ZERO, "mid-burst: poll");
+        p.learn(&short);
+        let plan = p.plan();
+        assert!(
+            plan.sleep > 4_000 * US,
+            "the fifth short one ends it: sleep through to the long wake, {plan:?}"
+        );
+        // A burst of another length breaks the prediction until it repeats.
+        p.learn(&short);
+        assert!(p.window() > Duration::ZERO);
+    }
+
+    #[test]
+    fn latency_slack_blocks_a_share_of_memoryless_bimodal_halts() {
+        let trace = Trace::bimodal(4000, 20, 2);
+        let params = SimParams::default();
+        let run = |latency_slack| {
+            let mut p = Predictive::new(PredictiveConfig {
+                latency_slack,
+                ..Default::default()
+            });
+            let r = simulate("own", &mut p, &trace, &params);
+            (r, p.contexts[AFTER_SHORT].plans)
+        };
+        let (cheapest, plans) = run(0.0);
+        assert_eq!(plans.frugal_share, 0.0);
+        let (frugal, plans) = run(0.5);
+        assert!(
+            plans.frugal.sleep > 25 * US,
+            "the frugal plan does not poll for the short wakes: {plans:?}"
+        );
+        assert!(
+            plans.frugal_share > 0.05 && plans.frugal_share < 0.5,
+            "{plans:?}"
+        );
+        assert!(frugal.wasted_cpu < cheapest.wasted_cpu * 95 / 100);
+        let budget = cheapest.mean_latency.as_secs_f64() * 1.6;
+        assert!(frugal.mean_latency.as_secs_f64() < budget, "{frugal:?}");
     }
 
     #[test]
