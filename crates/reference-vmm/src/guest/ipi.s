@@ -270,6 +270,55 @@ reference_vmm_guest_sched_ipi:
 10: .asciz "ticks"
 11: .asciz "acks"
 
+// ipi-ring: every vCPU sends params[0] IPIs (vector 0x40) to the next one
+// around the ring, each only after the next one took the previous (its
+// interrupt count, read in its interrupt record), and halts until the IPI
+// from the vCPU before it has arrived. No two IPIs to one vCPU are ever
+// pending at once, which the IRR would merge, so each vCPU must count exactly
+// params[0] interrupts. Targets are hit both halted and in the guest (while
+// they spin for their own IPI to be taken; every params[1] pauses the spin
+// exits to the pause port, 0: never). Reports "irqs".
+    .globl reference_vmm_guest_ipi_ring
+reference_vmm_guest_ipi_ring:
+    mov r12, rdi                // vCPU index
+    lea r13, [rdx - {irq_record_below_data}]
+    lea rbx, [rdi + 1]          // the next vCPU
+    lea rbp, [r13 + {vcpu_area_size}] // and its interrupt record
+    cmp rbx, rsi
+    jb 1f
+    xor ebx, ebx                // after the last vCPU comes vCPU 0
+    mov rax, r12
+    imul rax, rax, {vcpu_area_size}
+    mov rbp, r13
+    sub rbp, rax
+1:  call rt_apic_enable
+    mov r14, [{params}]         // rounds
+    xor r15, r15                // rounds done
+2:  cmp r15, r14
+    jae 5f
+    inc r15
+    mov edi, ebx
+    mov esi, 0x40
+    call rt_send_ipi
+    lea rdi, [r13 + 8]
+    mov rsi, r15
+    call rt_wait_count          // the IPI from the vCPU before
+3:  mov rcx, [{params} + 8]     // until the next vCPU took ours
+4:  cmp [rbp + 8], r15
+    jae 2b
+    pause
+    dec rcx
+    jnz 4b
+    mov eax, r12d
+    mov dx, {pause_port}
+    out dx, eax
+    jmp 3b
+5:  lea rdi, [rip + 6f]
+    mov rsi, [r13 + 8]
+    call rt_report
+    call rt_done
+6:  .asciz "irqs"
+
 // port-exits: every vCPU writes params[0] times to the POST-code port, with
 // params[1] pause instructions between two writes; each write is an exit that
 // the VMM routes through its device bus. Reports "exits".

@@ -18,7 +18,7 @@ use crate::apic;
 use crate::layout::{
     ACKS_OFFSET, DIRTY_AREA_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, MAILBOX_OFFSET,
     MAILBOX_RING, MAILBOX_SHIFT, PARAMS_OFFSET, SAMPLES_ADDR, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR,
-    VCPU_DATA_OFFSET,
+    VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
 };
 use crate::ucall::{self, UCALL_PORT};
 
@@ -80,6 +80,7 @@ core::arch::global_asm!(
     post_port = const crate::devices::POST_PORT,
     gate_port = const GATE_PORT,
     mailboxes = const SHARED_DATA_ADDR + MAILBOX_OFFSET,
+    vcpu_area_size = const VCPU_AREA_SIZE,
     mailbox_shift = const MAILBOX_SHIFT,
     ring_mask = const MAILBOX_RING - 1,
     dirty_area = const DIRTY_AREA_ADDR,
@@ -104,6 +105,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_apic_gp: u8;
     safe static reference_vmm_guest_cyclictest: u8;
     safe static reference_vmm_guest_sched_ipi: u8;
+    safe static reference_vmm_guest_ipi_ring: u8;
     safe static reference_vmm_guest_port_exits: u8;
     safe static reference_vmm_guest_dirty_writer: u8;
 }
@@ -216,6 +218,11 @@ pub static PROGRAMS: &[GuestProgram] = &[
         name: "sched-ipi",
         about: "vCPU 0 IPIs all others params[0] times, spinning (with pause exits) for their acks",
         entry: &reference_vmm_guest_sched_ipi,
+    },
+    GuestProgram {
+        name: "ipi-ring",
+        about: "each vCPU IPIs the next params[0] times, one pending at a time (params[1]: pauses per pause exit)",
+        entry: &reference_vmm_guest_ipi_ring,
     },
     GuestProgram {
         name: "port-exits",
