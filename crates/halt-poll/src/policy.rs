@@ -86,7 +86,15 @@ impl PollPlan {
     }
 
     /// The plan covering both: the shorter sleep and polling until the later end.
+    /// A plan that does not poll covers nothing: its sleep ends in a block, so
+    /// it does not pull the other's poll start forward.
     pub fn union(self, other: PollPlan) -> PollPlan {
+        if other.window.is_zero() {
+            return self;
+        }
+        if self.window.is_zero() {
+            return other;
+        }
         let sleep = self.sleep.min(other.sleep);
         let end = (self.sleep + self.window).max(other.sleep + other.window);
         PollPlan {
@@ -201,5 +209,12 @@ mod tests {
             }
         );
         assert_eq!(b.union(b), b);
+        // Blocking at once covers no wake-up: the other plan stands.
+        assert_eq!(a.union(PollPlan::default()), a);
+        assert_eq!(PollPlan::default().union(a), a);
+        assert_eq!(
+            PollPlan::default().union(PollPlan::default()),
+            PollPlan::default()
+        );
     }
 }

@@ -422,12 +422,12 @@ impl Default for Predictive {
 }
 
 impl Predictive {
-    /// A policy with `config`; it starts by polling up to 10 µs until it has
-    /// seen a few halts.
+    /// A policy with `config`. Each context blocks at once until it has seen
+    /// a couple of halts: a guess would only cost CPU, and with one policy
+    /// per wake source (see [`HaltPoller`](crate::HaltPoller)) a source that
+    /// never fires then never makes the poller poll.
     pub fn new(config: PredictiveConfig) -> Self {
-        let initial = Histogram::new(PollPlan::poll(
-            Duration::from_micros(10).min(config.max_poll),
-        ));
+        let initial = Histogram::new(PollPlan::default());
         Self {
             config,
             contexts: [initial.clone(), initial.clone(), initial],

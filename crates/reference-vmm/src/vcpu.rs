@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use halt_poll::{
     FutexWake, HaltOutcome, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy,
+    set_timer_slack,
 };
 use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -40,10 +41,14 @@ use crate::devices::SharedBus;
 use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitError, Flow, Report, handle_exit};
 use crate::guest::PAUSE_PORT;
-use crate::irq::Interrupts;
+use crate::irq::{Interrupts, WAKE_INTERRUPT, WAKE_TIMER};
 use crate::kick;
 use crate::layout::{MAILBOX_RING, irq_record, mailbox};
 use crate::mechanisms::{HaltPoll, Mechanisms};
+
+// The halt poller keeps one policy per wake source: policy `i` learns from
+// the halts that source `i` (bit `i` of the events) ended.
+const _: () = assert!(WAKE_INTERRUPT == 0 && WAKE_TIMER == 1);
 
 /// The vCPU ioctl this needs that kvm-ioctls does not wrap.
 mod ioctls {
@@ -291,6 +296,9 @@ impl VcpuRunner {
     /// stopped, or something goes wrong.
     pub fn run(mut self) -> Result<VcpuSummary, Error> {
         kick::prepare_vcpu_thread(&self.fd).map_err(Error::Kick)?;
+        // A hybrid halt-poll sleep must end when planned, not up to the default
+        // 50 µs of timer slack later. Without it the sleeps only end late.
+        let _ = set_timer_slack(Duration::from_nanos(1));
         let shared = self.shared.clone();
         let irqs = &shared.irqs;
         irqs.register_thread(self.vcpu());
@@ -331,7 +339,9 @@ impl VcpuRunner {
         } else {
             m.halt_poll
         };
-        let poller = HaltPoller::new(self.shared.irqs.wake_source(self.vcpu()), vmm_side.policy())
+        // One policy per wake source, so each learns its own wake times.
+        let policies = vec![vmm_side.policy(), vmm_side.policy()];
+        let poller = HaltPoller::with_policies(self.shared.irqs.wake_source(self.vcpu()), policies)
             .with_events(self.shared.halt_stats.clone());
         Ok(Loop {
             apic: LocalApic::new(self.index, time),

@@ -41,6 +41,26 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
 }
 
 #[test]
+fn the_halt_poller_learns_timer_wake_ups_and_catches_some_while_polling() {
+    if !kvm_available("the_halt_poller_learns_timer_wake_ups_and_catches_some_while_polling") {
+        return;
+    }
+    // The guest halts between 1 ms timers and takes no other interrupt. The
+    // timer has its own halt-poll policy, which must learn when the timer
+    // wakes the vCPU (a sleep, then a poll around it): with one policy for
+    // all sources only interrupts were learned, and no halt ever ended while
+    // polling.
+    let period = (1000.0 * bench::ticks_per_us()) as u64;
+    let (report, _) = program::run("cyclictest", 1, Mechanisms::default(), &[200, period]).unwrap();
+    assert_eq!(report.value(0, "irqs"), Some(200));
+    assert!(
+        report.stats.successful_polls > 0 && report.stats.polled_ns > 0,
+        "{:?}",
+        report.stats
+    );
+}
+
+#[test]
 fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
     if !kvm_available("every_timer_fires_once_in_order_and_never_before_its_deadline") {
         return;
