@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use halt_poll::FutexWake;
 use lapic_timer::{Expiry, TimerSink};
 use vcpu_sched::{
-    BoostPolicy, Booster, Ctx, FifoBoost, NoGuestView, RunState, SchedStats, VcpuState,
+    BoostPolicy, Booster, Ctx, FifoBoost, GuestView, RunState, SchedStats, VcpuState,
 };
 use vmm_sys_util::signal::Killable;
 
@@ -118,7 +118,7 @@ impl Interrupts {
             vcpus: &self.states,
             booster: &self.booster,
             last_boosted: &self.last_boosted,
-            guest: &NoGuestView,
+            guest: self,
         }
     }
 
@@ -258,6 +258,21 @@ impl Interrupts {
     }
 }
 
+/// What directed yield may know of a vCPU's guest (KVM's `vcpu_dy_runnable`):
+/// a halted vCPU with an interrupt or a timer expiry pending would run if it
+/// got the CPU, so a spinning sibling's yield can go to it.
+impl GuestView for Interrupts {
+    fn runnable(&self, vcpu: usize) -> bool {
+        vcpu < self.links.len() && self.has_work(vcpu)
+    }
+
+    /// Whether it was in guest kernel mode is not visible here (only with
+    /// `yield_to_kernel_mode`, which this VMM does not ask for).
+    fn in_kernel(&self, _: usize) -> bool {
+        true
+    }
+}
+
 /// Delivers one vCPU's timer expiries: the expiry waits for the vCPU thread,
 /// which spins to the exact deadline just before it enters the guest.
 pub struct VcpuTimerSink {
@@ -295,6 +310,24 @@ mod tests {
         irqs.take(2, 0x40);
         assert_eq!(irqs.pending(2)[1] & 1, 0);
         assert!(irqs.has_work(2));
+    }
+
+    #[test]
+    fn a_halted_vcpu_with_an_interrupt_pending_is_a_directed_yield_candidate() {
+        let irqs = Interrupts::new(3, Box::new(vcpu_sched::KvmReady));
+        for v in 1..3 {
+            irqs.state(v).set_run_state(RunState::Halted);
+        }
+        assert!(!irqs.runnable(1) && !irqs.runnable(9), "nothing pending");
+        irqs.post(2, 0x40); // marks it ready, as the seed does
+        assert!(irqs.runnable(2) && irqs.state(2).is_ready());
+        let mut tried = Vec::new();
+        let ctx = irqs.ctx();
+        vcpu_sched::on_spin(0, ctx.vcpus, ctx.last_boosted, false, ctx.guest, |v| {
+            tried.push(v);
+            vcpu_sched::YieldResult::Yielded
+        });
+        assert_eq!(tried, [2], "1 is halted with nothing pending: skipped");
     }
 
     #[test]

@@ -405,7 +405,6 @@ impl VcpuRunner {
         let shared = self.shared.clone();
         let (irqs, vcpu) = (&shared.irqs, self.vcpu());
         irqs.state(vcpu).entering_guest();
-        irqs.policy().on_run(&irqs.ctx(), vcpu);
         let exit = if shared.mechanisms.extended_qs {
             l.reader.offline();
             let exit = self.fd.run();
@@ -417,6 +416,7 @@ impl VcpuRunner {
             exit
         };
         irqs.state(vcpu).left_guest();
+        irqs.policy().on_run(&irqs.ctx(), vcpu);
         if let Some(lead) = l.lead.learn(&shared.memory) {
             l.timer.set_lead(lead);
         }

@@ -141,6 +141,9 @@ impl BoostPolicy for FifoOnDelivery {
 /// - when the only runnable threads on the host are this VM's own vCPUs, a
 ///   plain `sched_yield` can only go to one of them: it yields, which is cheap
 ///   and also lets idle-spinning vCPUs make room;
+/// - when no vCPU is ready (or the boost was refused), it yields anyway: a
+///   sibling in the guest may be kept off the CPU by this spinner, which KVM
+///   would see as preempted and userspace cannot tell;
 /// - when other threads compete (other tenants), a plain yield would hand them
 ///   the CPU, so it boosts the target instead (`SCHED_FIFO` through the
 ///   booster): a real-time wake-up preempts whatever runs on the target's CPU,
@@ -195,6 +198,12 @@ impl<L: LoadSource> DirectedYield<L> {
             }
         });
         ctx.booster.directed_yield(got.is_some());
+        if got.is_none() {
+            // No one to help directly: a sibling may still be kept off the
+            // CPU by this spinner (KVM would see it preempted; userspace
+            // cannot tell which), and spinning on only delays it.
+            ctx.booster.yield_now();
+        }
         got.is_some()
     }
 }
@@ -351,9 +360,20 @@ mod tests {
         assert_eq!(run(&own(99), true), ["boost 2", "dy true", "ran 2"]);
         assert_eq!(
             run(&own(99), false),
-            ["boost 2", "dy false", "ran 2"],
-            "a refused boost is a failed directed yield"
+            ["boost 2", "dy false", "yield", "ran 2"],
+            "a refused boost is a failed directed yield, then a plain one"
         );
+    }
+
+    #[test]
+    fn with_no_one_ready_a_waiter_still_yields() {
+        let vcpus = states(3);
+        let (rec, last) = (Recorder::granting(), AtomicUsize::new(0));
+        let ctx = ctx_for(&vcpus, &rec, &last);
+        own(0).on_wait(&ctx, 0);
+        assert_eq!(rec.calls.take(), ["dy false", "yield"]);
+        own(99).on_wait(&ctx, 0);
+        assert_eq!(rec.calls.take(), ["dy false", "yield"]);
     }
 
     #[test]

@@ -63,6 +63,16 @@ mod tests {
     use super::*;
     use crate::thread::current_tid;
 
+    /// The spinning test would keep the sleeping one off its CPU when it
+    /// wakes: they take turns.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     #[test]
     fn parses_schedstat() {
         assert_eq!(parse(b"10 20 3\n"), Some((10, 20)));
@@ -72,6 +82,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_sleeps_is_not_preempted() {
+        let _turn = one_at_a_time();
         let mut p = PreemptionProbe::new(current_tid()).unwrap();
         assert!(!p.preempted().unwrap(), "no verdict on the first look");
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -80,6 +91,7 @@ mod tests {
 
     #[test]
     fn a_thread_kept_off_its_cpu_is_preempted() {
+        let _turn = one_at_a_time();
         // Pin three spinning threads to one CPU: the probed one (runnable,
         // spinning) runs about a third of the time and waits the rest.
         let cpu = crate::thread::available_cpus().unwrap()[0];
