@@ -78,7 +78,8 @@ pub struct PredictiveConfig {
     pub min_window: Duration,
     /// How much mean wake latency, as a fraction of the cheapest plan's (above
     /// `poll_latency`), it may give up to waste less CPU in failed polls (0:
-    /// always the cheapest plan). See the module docs.
+    /// always the cheapest plan; a negative or NaN slack counts as 0). See the
+    /// module docs.
     pub latency_slack: f64,
 }
 
@@ -703,6 +704,10 @@ mod tests {
         };
         let (cheapest, plans) = run(0.0);
         assert_eq!(plans.frugal_share, 0.0);
+        for odd in [-1.0, f64::NAN] {
+            let (r, _) = run(odd);
+            assert_eq!(r.wasted_cpu, cheapest.wasted_cpu, "slack {odd} counts as 0");
+        }
         let (frugal, plans) = run(0.5);
         assert!(
             plans.frugal.sleep > 25 * US,
