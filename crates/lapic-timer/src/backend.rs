@@ -6,6 +6,10 @@
 //! The busy-wait never lasts longer than the advance it was armed with, and
 //! runs where the VMM chooses ([`SpinAt`]): on the timer thread, or on the
 //! receiver (the vCPU thread, just before `KVM_RUN`, as the kernel does).
+//! The advance policy learns where the spin starts: on the timer thread from
+//! its own wake-up; on the receiver from when the receiver got there
+//! ([`TimerThread::receive`]), which also counts the receiver's own wake-up,
+//! as KVM's tuning measures at VM entry.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -25,7 +29,8 @@ use crate::time::{Clock, MonotonicClock};
 pub enum SpinAt {
     /// On the timer thread, before it calls the sink.
     TimerThread,
-    /// On the receiver: the sink gets the expiry early and calls [`Expiry::spin`].
+    /// On the receiver: the sink gets the expiry early, and the receiver
+    /// calls [`TimerThread::receive`] where delivery starts.
     Receiver,
 }
 
@@ -46,7 +51,7 @@ pub struct Expiry {
 
 impl Expiry {
     /// Busy-waits until the target, for at most `max_spin`; returns the time spun.
-    pub fn spin(&self, clock: &impl Clock) -> Duration {
+    fn spin(&self, clock: &impl Clock) -> Duration {
         let start = clock.now_ns();
         let until = self
             .target_ns
@@ -92,12 +97,25 @@ struct Shared {
     timerfd: OwnedFd,
     stop: EventFd,
     armed: Mutex<Option<Armed>>,
-    /// The policy's current advance, published by the timer thread.
+    /// The advance policy, taught by whoever spins (see [`SpinAt`]).
+    policy: Mutex<Box<dyn AdvancePolicy + Send>>,
+    /// The policy's current advance, published after each lesson.
     advance_ns: AtomicU64,
     lead_ns: AtomicU64,
 }
 
 impl Shared {
+    /// Teaches the policy a wake-up `delta_ns` after the target of a deadline
+    /// armed with `advance`, and publishes its new advance.
+    fn learn(&self, advance: Duration, delta_ns: i128) -> Wakeup {
+        let wakeup = wakeup(advance, delta_ns);
+        let mut policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
+        policy.learn(&wakeup);
+        self.advance_ns
+            .store(policy.advance().as_nanos() as u64, Relaxed);
+        wakeup
+    }
+
     /// Sets the timerfd to fire at `at_ns` (`CLOCK_MONOTONIC`), or disarms it (0).
     fn set_timer(&self, at_ns: u64) -> io::Result<()> {
         let at_ns = if at_ns == 0 { 0 } else { at_ns.max(1) };
@@ -125,6 +143,14 @@ impl Shared {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+}
+
+/// A wake-up `delta_ns` after the target (saturated to `i64`).
+fn wakeup(advance: Duration, delta_ns: i128) -> Wakeup {
+    Wakeup {
+        advance,
+        delta_ns: delta_ns.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64,
     }
 }
 
@@ -158,11 +184,11 @@ impl TimerThread {
             stop: EventFd::new(EFD_NONBLOCK)?,
             armed: Mutex::new(None),
             advance_ns: AtomicU64::new(policy.advance().as_nanos() as u64),
+            policy: Mutex::new(Box::new(policy)),
             lead_ns: AtomicU64::new(0),
         });
         let worker = Worker {
             shared: shared.clone(),
-            policy,
             sink,
             events,
             spin_at,
@@ -214,6 +240,19 @@ impl TimerThread {
         Duration::from_nanos(self.shared.advance_ns.load(Relaxed))
     }
 
+    /// The receiver's half of [`SpinAt::Receiver`], where delivery starts:
+    /// teaches the advance policy how late the receiver got here after the
+    /// target, then busy-waits to the target (at most `expiry.max_spin`).
+    /// Returns the time spun.
+    pub fn receive(&self, expiry: &Expiry) -> Duration {
+        let arrived = MonotonicClock.now_ns();
+        self.shared.learn(
+            expiry.max_spin,
+            i128::from(arrived) - i128::from(expiry.target_ns),
+        );
+        expiry.spin(&MonotonicClock)
+    }
+
     /// Sets the delivery lead for deadlines armed from now on.
     pub fn set_lead(&self, lead: Duration) {
         self.shared.lead_ns.store(lead.as_nanos() as u64, Relaxed);
@@ -229,16 +268,15 @@ impl Drop for TimerThread {
     }
 }
 
-struct Worker<P, S, E> {
+struct Worker<S, E> {
     shared: Arc<Shared>,
-    policy: P,
     sink: S,
     events: E,
     spin_at: SpinAt,
     clock: MonotonicClock,
 }
 
-impl<P: AdvancePolicy, S: TimerSink, E: TimerEvents> Worker<P, S, E> {
+impl<S: TimerSink, E: TimerEvents> Worker<S, E> {
     fn run(mut self) {
         loop {
             let mut fds = [
@@ -300,15 +338,13 @@ impl<P: AdvancePolicy, S: TimerSink, E: TimerEvents> Worker<P, S, E> {
     fn expire(&mut self, armed: Armed) {
         let woke_ns = self.clock.now_ns();
         let target_ns = armed.deadline_ns.saturating_sub(armed.lead_ns);
-        let wakeup = Wakeup {
-            advance: Duration::from_nanos(armed.advance_ns),
-            delta_ns: (i128::from(woke_ns) - i128::from(target_ns))
-                .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64,
+        let advance = Duration::from_nanos(armed.advance_ns);
+        let delta_ns = i128::from(woke_ns) - i128::from(target_ns);
+        // The receiver teaches the policy itself, from where it spins.
+        let wakeup = match self.spin_at {
+            SpinAt::TimerThread => self.shared.learn(advance, delta_ns),
+            SpinAt::Receiver => wakeup(advance, delta_ns),
         };
-        self.policy.learn(&wakeup);
-        self.shared
-            .advance_ns
-            .store(self.policy.advance().as_nanos() as u64, Relaxed);
         self.events.woke(&wakeup);
         let expiry = Expiry {
             payload: armed.payload,

@@ -94,13 +94,39 @@ fn a_receiver_can_spin_to_the_target_itself() {
     for _ in 0..20 {
         timer.arm(MonotonicClock.now_ns() + 1_000_000, 0).unwrap();
         let (e, _) = rx.recv_timeout(WAIT).unwrap();
-        let spun = e.spin(&MonotonicClock);
+        let spun = timer.receive(&e);
         assert!(spun <= e.max_spin + Duration::from_micros(50), "{spun:?}");
         assert!(
             MonotonicClock.now_ns() >= e.target_ns,
             "the receiver reached the target"
         );
     }
+}
+
+#[test]
+fn a_receiver_teaches_the_advance_its_own_lateness() {
+    // The receiver gets to the spin 300 µs after the timer thread hands the
+    // expiry over (a vCPU thread waking from a halt, say): the advance must
+    // cover that too, or every delivery starts late.
+    let (tx, rx) = mpsc::channel();
+    let timer = TimerThread::start(
+        Percentile::default(),
+        Forward(tx),
+        NoEvents,
+        SpinAt::Receiver,
+    )
+    .unwrap();
+    for _ in 0..50 {
+        timer.arm(MonotonicClock.now_ns() + 2_000_000, 0).unwrap();
+        let (e, _) = rx.recv_timeout(WAIT).unwrap();
+        std::thread::sleep(Duration::from_micros(300));
+        timer.receive(&e);
+    }
+    assert!(
+        timer.advance() >= Duration::from_micros(250),
+        "the advance covers the receiver's 300 µs: {:?}",
+        timer.advance()
+    );
 }
 
 #[test]

@@ -44,7 +44,7 @@ use crate::guest::PAUSE_PORT;
 use crate::irq::{Interrupts, WAKE_INTERRUPT, WAKE_TIMER};
 use crate::kick;
 use crate::layout::{MAILBOX_RING, irq_record, mailbox};
-use crate::mechanisms::{HaltPoll, Mechanisms};
+use crate::mechanisms::{HaltPoll, Mechanisms, TimerAdvance};
 
 // The halt poller keeps one policy per wake source: policy `i` learns from
 // the halts that source `i` (bit `i` of the events) ended.
@@ -339,8 +339,16 @@ impl VcpuRunner {
         } else {
             m.halt_poll
         };
-        // One policy per wake source, so each learns its own wake times.
-        let policies = vec![vmm_side.policy(), vmm_side.policy()];
+        // One policy per wake source, so each learns its own wake times. A
+        // timer with an advance needs no polling: its host timer fires early
+        // enough to cover this thread's wake-up too (the advance learns where
+        // the receiver arrives), and a poll would only take the CPU the timer
+        // thread needs to wake on time.
+        let timer_side = match m.timer_advance {
+            TimerAdvance::None => vmm_side,
+            _ => HaltPoll::Off,
+        };
+        let policies = vec![vmm_side.policy(), timer_side.policy()];
         let poller = HaltPoller::with_policies(self.shared.irqs.wake_source(self.vcpu()), policies)
             .with_events(self.shared.halt_stats.clone());
         Ok(Loop {
@@ -362,13 +370,14 @@ impl VcpuRunner {
         let irqs = &self.shared.irqs;
         let vcpu = self.vcpu();
         if let Some(expiry) = irqs.take_timer(vcpu) {
-            expiry.spin(&MonotonicClock);
+            l.timer.receive(&expiry);
             l.reanchor();
             // Delivery starts `lead` early: the guest's entry runs that much later.
-            let now = MonotonicClock.now_ns() + l.lead.current().as_nanos() as u64;
+            let start = MonotonicClock.now_ns();
+            let now = start + l.lead.current().as_nanos() as u64;
             if let Some(fired) = l.apic.timer().expire(now).filter(|f| f.deliver) {
                 irqs.post_local(vcpu, fired.vector);
-                l.lead.fired(fired.vector, fired.due_ns);
+                l.lead.fired(fired.vector, fired.due_ns, start);
             }
             rearm(l);
         }
@@ -535,23 +544,25 @@ impl VcpuRunner {
 /// path's own jitter must not make the guest see an interrupt early.
 const LEAD_MARGIN: Duration = Duration::from_micros(5);
 
-/// The longest delivery lead: shorter than the fastest injection-to-entry
-/// path measured on this KVM (about 15 µs), so host noise in the latencies
-/// the lead learns from cannot make a guest see its interrupt early; and all
-/// a guest that lies in its interrupt record can buy.
-const MAX_LEAD: Duration = Duration::from_micros(10);
+/// The longest delivery lead: 5 µs shorter than the fastest path from
+/// delivery start (`KVM_INTERRUPT`, about 5 µs of it here, then `KVM_RUN`) to
+/// the guest's interrupt entry measured on this KVM (18 µs), so host noise in
+/// the latencies the lead learns from cannot make a guest see its interrupt
+/// early; and all a guest that lies in its interrupt record can buy.
+const MAX_LEAD: Duration = Duration::from_micros(13);
 
-/// Learns how long delivery takes, from injecting a timer interrupt to the
-/// guest's interrupt entry (which records the TSC it ran at), and lets the
+/// Learns how long delivery takes, from the moment it starts (before
+/// `KVM_INTERRUPT`) to the guest's interrupt entry (which records the TSC it ran at), and lets the
 /// timer start delivery that much before the deadline (lapic-timer's
 /// `DeliveryLead`), never so early that the guest sees it before the deadline.
 struct TimerLead {
     lead: DeliveryLead,
     time: GuestTime,
     record: u64,
-    /// The timer vector just fired, and its deadline's guest TSC.
-    fired: Option<(u8, u64)>,
-    /// Injected: guest TSC at injection, the deadline's, the record's count before.
+    /// The timer vector just fired, its deadline's guest TSC, and the guest
+    /// TSC when its delivery started.
+    fired: Option<(u8, u64, u64)>,
+    /// Injected: guest TSC at delivery start, the deadline's, the record's count before.
     inflight: Option<(u64, u64, u64)>,
 }
 
@@ -571,8 +582,9 @@ impl TimerLead {
         self.lead.lead().min(MAX_LEAD)
     }
 
-    fn fired(&mut self, vector: u8, due_ns: u64) {
-        self.fired = Some((vector, self.time.tsc_at(due_ns)));
+    fn fired(&mut self, vector: u8, due_ns: u64, start_ns: u64) {
+        let tsc = |ns| self.time.tsc_at(ns);
+        self.fired = Some((vector, tsc(due_ns), tsc(start_ns)));
     }
 
     fn read(&self, memory: &GuestMemoryMmap) -> Option<(u64, u64)> {
@@ -582,17 +594,15 @@ impl TimerLead {
     }
 
     fn injected(&mut self, vector: u8, memory: &GuestMemoryMmap) {
-        if let Some((v, deadline)) = self.fired.take_if(|(v, _)| *v == vector) {
-            debug_assert_eq!(v, vector);
-            let now = self.time.tsc_at(MonotonicClock.now_ns());
-            self.inflight = self.read(memory).map(|(_, count)| (now, deadline, count));
+        if let Some((_, deadline, start)) = self.fired.take_if(|(v, ..)| *v == vector) {
+            self.inflight = self.read(memory).map(|(_, count)| (start, deadline, count));
         }
     }
 
     /// After an exit: if the guest took the timer interrupt, learn from it and
     /// return the new lead.
     fn learn(&mut self, memory: &GuestMemoryMmap) -> Option<Duration> {
-        let (injected, deadline, count) = self.inflight?;
+        let (started, deadline, count) = self.inflight?;
         let (entry_tsc, now_count) = self.read(memory)?;
         if now_count == count {
             return None;
@@ -605,7 +615,7 @@ impl TimerLead {
             self.lead.learn_early(ns(deadline - entry_tsc));
         } else {
             self.lead
-                .learn_latency(ns(entry_tsc.saturating_sub(injected)));
+                .learn_latency(ns(entry_tsc.saturating_sub(started)));
         }
         Some(self.current())
     }

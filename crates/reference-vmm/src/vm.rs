@@ -167,7 +167,19 @@ impl fmt::Display for RunReport {
                 write!(f, ", {name} = {value}")?;
             }
         }
-        Ok(())
+        let st = &self.stats;
+        write!(
+            f,
+            "\n  halts: {:.3} ms polling ({} ended while polling), {:.3} ms blocked; \
+             {} interrupts, {} kicks, {} wakes, {} boosts",
+            st.polled_ns as f64 / 1e6,
+            st.successful_polls,
+            st.blocked_ns as f64 / 1e6,
+            st.interrupts,
+            st.kicks,
+            st.wakes,
+            st.boosts,
+        )
     }
 }
 

@@ -45,19 +45,37 @@ fn the_halt_poller_learns_timer_wake_ups_and_catches_some_while_polling() {
     if !kvm_available("the_halt_poller_learns_timer_wake_ups_and_catches_some_while_polling") {
         return;
     }
-    // The guest halts between 1 ms timers and takes no other interrupt. The
-    // timer has its own halt-poll policy, which must learn when the timer
-    // wakes the vCPU (a sleep, then a poll around it): with one policy for
-    // all sources only interrupts were learned, and no halt ever ended while
-    // polling.
+    // The guest halts between 1 ms timers and takes no other interrupt. Without
+    // a timer advance, the timer has its own halt-poll policy, which must learn
+    // when the timer wakes the vCPU (a sleep, then a poll around it): with one
+    // policy for all sources only interrupts were learned, and no halt ever
+    // ended while polling.
     let period = (1000.0 * bench::ticks_per_us()) as u64;
-    let (report, _) = program::run("cyclictest", 1, Mechanisms::default(), &[200, period]).unwrap();
+    let m = Mechanisms {
+        timer_advance: TimerAdvance::None,
+        ..Mechanisms::default()
+    };
+    let (report, _) = program::run("cyclictest", 1, m, &[200, period]).unwrap();
     assert_eq!(report.value(0, "irqs"), Some(200));
     assert!(
         report.stats.successful_polls > 0 && report.stats.polled_ns > 0,
         "{:?}",
         report.stats
     );
+}
+
+#[test]
+fn with_a_timer_advance_halts_block_until_the_early_host_timer() {
+    if !kvm_available("with_a_timer_advance_halts_block_until_the_early_host_timer") {
+        return;
+    }
+    // The advance covers the halted thread's wake-up, so polling for the timer
+    // would only take the CPU the timer thread needs.
+    let period = (1000.0 * bench::ticks_per_us()) as u64;
+    let (report, _) = program::run("cyclictest", 1, Mechanisms::default(), &[200, period]).unwrap();
+    assert_eq!(report.value(0, "irqs"), Some(200));
+    assert_eq!(report.stats.polled_ns, 0, "{:?}", report.stats);
+    assert!(report.stats.blocked_ns > 0, "{:?}", report.stats);
 }
 
 #[test]
