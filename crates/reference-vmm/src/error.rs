@@ -77,6 +77,10 @@ pub enum Error {
     /// Dirty logging could not be set up.
     #[error("dirty logging: {0}")]
     DirtyLog(String),
+    /// KVM's halt polling (`--irqchip kernel`) could not be set or its
+    /// binary statistics read.
+    #[error("KVM halt polling: {0}")]
+    KvmHaltPoll(String),
     /// The run did not finish in time; every vCPU was kicked out and stopped.
     #[error("the guest did not finish within {0:?}; stopped every vCPU")]
     Timeout(Duration),

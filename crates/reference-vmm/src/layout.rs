@@ -80,6 +80,9 @@ pub const PARAMS: usize = 16;
 /// Offset of a counter of acknowledgements in the shared page, on a cache
 /// line of its own.
 pub const ACKS_OFFSET: u64 = 0x200;
+/// Offset of the count of vCPUs whose local APIC is enabled, in the shared
+/// page, on a cache line of its own (the guests' start-up barrier).
+pub const APIC_READY_OFFSET: u64 = 0x240;
 /// Offset of the per-vCPU mailboxes (guest-side polling) in the shared area:
 /// `1 << MAILBOX_SHIFT` bytes each. +0: the poll window in TSC ticks (the
 /// VMM writes it); +8: 0 idle, 1 polling, 2 a message was posted; +16: the

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use reference_vmm::bench;
 use reference_vmm::guest::{self, GuestProgram, PROGRAMS};
 use reference_vmm::layout::{MAX_VCPUS, PARAMS};
-use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Mechanisms, TimerAdvance};
+use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Irqchip, Mechanisms, TimerAdvance};
 use reference_vmm::vm::{check_mem_mib, check_vcpus};
 use reference_vmm::{ConfigError, Vm, VmConfig};
 
@@ -111,6 +111,13 @@ struct MechanismArgs {
     /// publishes) before it halts; the VMM then blocks at once.
     #[arg(long)]
     guest_poll: bool,
+    /// Where the local APICs live: user (this VMM's, with the crates on their
+    /// paths) or kernel (KVM's in-kernel LAPIC, timer and halt polling: the
+    /// baseline). With kernel, --halt-poll off and always set KVM's window
+    /// (0, 10 ms), the other choices leave KVM's own; --timer-advance, --boost
+    /// and --guest-poll have nothing to act on.
+    #[arg(long, default_value = "user")]
+    irqchip: Irqchip,
 }
 
 impl MechanismArgs {
@@ -122,6 +129,7 @@ impl MechanismArgs {
             bus: self.bus,
             extended_qs: !self.no_extended_qs,
             guest_poll: self.guest_poll,
+            irqchip: self.irqchip,
         }
     }
 }

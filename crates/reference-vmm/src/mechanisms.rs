@@ -1,6 +1,7 @@
 //! The latency mechanisms on the vCPU exit path, each with its baseline, as
 //! the command line chooses them: `--halt-poll`, `--timer-advance`, `--boost`
-//! and `--bus`.
+//! and `--bus`; and `--irqchip`, which can hand the whole local APIC to KVM
+//! to measure the family against the kernel's own mechanisms.
 
 use std::fmt;
 use std::str::FromStr;
@@ -66,10 +67,25 @@ impl HaltPoll {
             Self::Aio => Box::new(AioPoll::new()),
             Self::Own => Box::new(Predictive::default()),
             Self::Off => Box::new(Never),
-            Self::Always => Box::new(FixedPoll(Duration::from_millis(10))),
+            Self::Always => Box::new(FixedPoll(ALWAYS_POLL)),
+        }
+    }
+
+    /// KVM's halt-polling window (`KVM_CAP_HALT_POLL`) for this choice, where
+    /// the kernel handles halts (`--irqchip kernel`): `off` stops polling,
+    /// `always` polls up to the same 10 ms, and the policies KVM does not have
+    /// leave its own grow/shrink under the module's `halt_poll_ns` (None).
+    pub fn kvm_window(self) -> Option<Duration> {
+        match self {
+            Self::Off => Some(Duration::ZERO),
+            Self::Always => Some(ALWAYS_POLL),
+            Self::Kvm | Self::Haltpoll | Self::Aio | Self::Own => None,
         }
     }
 }
+
+/// How long `always` polls before it blocks.
+const ALWAYS_POLL: Duration = Duration::from_millis(10);
 
 impl FromStr for HaltPoll {
     type Err = ChoiceError;
@@ -231,6 +247,40 @@ impl fmt::Display for BusAccess {
     }
 }
 
+/// Where the local APICs live (`--irqchip`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Irqchip {
+    /// In this VMM: x2APIC and TSC-deadline MSRs exit to userspace, and the
+    /// five crates are on the interrupt, halt and timer paths.
+    #[default]
+    User,
+    /// In KVM (`KVM_CREATE_IRQCHIP`): the kernel's LAPIC, LAPIC timer (with
+    /// its `lapic_timer_advance`) and halt polling (`halt_poll_ns`), as the
+    /// baseline the family is measured against. `--halt-poll`,
+    /// `--timer-advance`, `--boost` and `--guest-poll` then have nothing to act on.
+    Kernel,
+}
+
+impl FromStr for Irqchip {
+    type Err = ChoiceError;
+    fn from_str(s: &str) -> Result<Self, ChoiceError> {
+        Ok(match s {
+            "user" => Self::User,
+            "kernel" => Self::Kernel,
+            _ => return choice("--irqchip", "user, kernel", s),
+        })
+    }
+}
+
+impl fmt::Display for Irqchip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::User => "user",
+            Self::Kernel => "kernel",
+        })
+    }
+}
+
 /// Every mechanism's choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mechanisms {
@@ -251,6 +301,8 @@ pub struct Mechanisms {
     /// mailbox, learned from the outcomes the guest reports there), and the
     /// VMM itself then blocks at once on a halt.
     pub guest_poll: bool,
+    /// `--irqchip`.
+    pub irqchip: Irqchip,
 }
 
 impl Default for Mechanisms {
@@ -262,6 +314,7 @@ impl Default for Mechanisms {
             bus: BusAccess::default(),
             extended_qs: true,
             guest_poll: false,
+            irqchip: Irqchip::User,
         }
     }
 }
@@ -289,6 +342,9 @@ mod tests {
         for b in [BusAccess::Rcu, BusAccess::RwLock, BusAccess::ArcSwap] {
             assert_eq!(b.to_string().parse::<BusAccess>(), Ok(b));
         }
+        for i in [Irqchip::User, Irqchip::Kernel] {
+            assert_eq!(i.to_string().parse::<Irqchip>(), Ok(i));
+        }
         let err = "fast".parse::<HaltPoll>().unwrap_err().to_string();
         assert!(
             err.contains("kvm, haltpoll, aio, own, off, always"),
@@ -298,5 +354,6 @@ mod tests {
         assert!("fixed:9999999".parse::<TimerAdvance>().is_err());
         assert!("spin".parse::<BusAccess>().is_err());
         assert!("max".parse::<Boost>().is_err());
+        assert!("split".parse::<Irqchip>().is_err());
     }
 }

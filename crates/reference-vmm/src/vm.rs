@@ -19,9 +19,11 @@ use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
 use crate::irq::Interrupts;
 use crate::kick;
 use crate::layout::*;
-use crate::mechanisms::Mechanisms;
+use crate::mechanisms::{Irqchip, Mechanisms};
 use crate::vcpu::{VcpuRunner, VcpuSummary, VmShared};
-use crate::x86::boot::{VcpuBootInfo, entry_regs, long_mode_sregs, set_apic_id};
+use crate::x86::boot::{
+    VcpuBootInfo, advertise_apic_features, entry_regs, long_mode_sregs, set_apic_id,
+};
 use crate::x86::gdt::{IO_BITMAP_SIZE, TSS_HEADER_SIZE, build_gdt, tss_header};
 use crate::x86::idt::{IDT_SIZE, build_idt};
 use crate::x86::paging::identity_map;
@@ -122,6 +124,14 @@ pub struct VmStats {
 }
 
 impl VmStats {
+    /// Adds what KVM's own halt polling did (`--irqchip kernel`, where the
+    /// kernel handles every halt).
+    fn add_kvm_halts(&mut self, kvm: &halt_poll::kvm::KvmHaltStats) {
+        self.polled_ns += kvm.halt_poll_success_ns + kvm.halt_poll_fail_ns;
+        self.blocked_ns += kvm.halt_wait_ns;
+        self.successful_polls += kvm.halt_successful_poll;
+    }
+
     fn collect(shared: &VmShared) -> Self {
         use std::sync::atomic::Ordering::Relaxed;
         let (h, i, s) = (&shared.halt_stats, &shared.irqs.stats, &shared.irqs.sched);
@@ -209,7 +219,17 @@ impl Vm {
         let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
             .map_err(|e| Error::AllocateMemory(e.to_string()))?;
         register_memory(&vm, &memory)?;
-        route_apic_msrs_to_userspace(&vm)?;
+        match config.mechanisms.irqchip {
+            Irqchip::User => route_apic_msrs_to_userspace(&vm)?,
+            Irqchip::Kernel => {
+                vm.create_irq_chip()
+                    .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+                if let Some(window) = config.mechanisms.halt_poll.kvm_window() {
+                    halt_poll::kvm::set_vm_halt_poll(&vm, window)
+                        .map_err(|e| Error::KvmHaltPoll(e.to_string()))?;
+                }
+            }
+        }
         write_boot_structures(&memory, vcpus, mem_size)?;
         let params: Vec<u8> = config.params.iter().flat_map(|p| p.to_le_bytes()).collect();
         memory
@@ -222,7 +242,7 @@ impl Vm {
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let vcpu_fds = (0..vcpus)
-            .map(|i| create_vcpu(&vm, &cpuid, i, vcpus))
+            .map(|i| create_vcpu(&vm, &cpuid, i, vcpus, config.mechanisms.irqchip))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             vcpus: vcpu_fds,
@@ -276,6 +296,7 @@ impl Vm {
     ) -> Result<RunReport, Error> {
         let count = self.vcpus.len() as u32;
         let entry = IMAGE_ADDR + program.entry_offset();
+        let kvm_halts = self.kvm_halt_stats()?;
         for (i, fd) in (0..count).zip(&self.vcpus) {
             let regs = entry_regs(entry, user_stack_top(i), i, count, vcpu_data(i));
             fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
@@ -327,12 +348,34 @@ impl Vm {
             return Err(Error::VcpuPanicked(i));
         }
         vcpus.sort_by_key(|s| s.index);
+        let elapsed = start.elapsed();
+        let mut stats = VmStats::collect(&shared);
+        for vcpu in &kvm_halts {
+            let kvm = halt_poll::kvm::KvmHaltStats::read(vcpu)
+                .map_err(|e| Error::KvmHaltPoll(e.to_string()))?;
+            stats.add_kvm_halts(&kvm);
+        }
         Ok(RunReport {
             guest: program.name,
             vcpus,
-            elapsed: start.elapsed(),
-            stats: VmStats::collect(&shared),
+            elapsed,
+            stats,
         })
+    }
+
+    /// With KVM's irqchip, each vCPU's binary statistics, opened before the
+    /// vCPUs move to their threads: KVM's halt polling is counted there.
+    fn kvm_halt_stats(&self) -> Result<Vec<halt_poll::kvm::BinaryStats>, Error> {
+        if self.mechanisms.irqchip != Irqchip::Kernel {
+            return Ok(Vec::new());
+        }
+        self.vcpus
+            .iter()
+            .map(|fd| {
+                halt_poll::kvm::BinaryStats::for_vcpu(fd)
+                    .map_err(|e| Error::KvmHaltPoll(e.to_string()))
+            })
+            .collect()
     }
 }
 
@@ -490,12 +533,23 @@ fn create_vcpu(
     cpuid: &kvm_bindings::CpuId,
     index: u32,
     count: u32,
+    irqchip: Irqchip,
 ) -> Result<VcpuFd, Error> {
     let fd = vm
         .create_vcpu(u64::from(index))
         .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+    if irqchip == Irqchip::Kernel {
+        // KVM's LAPIC holds every vCPU but the first in wait-for-SIPI; these
+        // guests start all vCPUs at their entry point, as the userspace one does.
+        let runnable = kvm_bindings::kvm_mp_state {
+            mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+        };
+        fd.set_mp_state(runnable)
+            .map_err(kvm_err("KVM_SET_MP_STATE"))?;
+    }
     let mut cpuid = cpuid.clone();
     set_apic_id(&mut cpuid, index);
+    advertise_apic_features(&mut cpuid);
     fd.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
     let mut sregs = fd.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
     let gdt_len = build_gdt(count, tss_addr).len();

@@ -14,7 +14,8 @@
 reference_vmm_guest_pingpong:
     mov r12, rdi                // vCPU index
     lea r13, [rdx - {irq_record_below_data}]
-    call rt_apic_enable
+    mov rdi, rsi
+    call rt_apic_enable_all
     cmp r12, 1
     ja 9f
     mov r14, [{params}]         // rounds
@@ -215,7 +216,8 @@ reference_vmm_guest_sched_ipi:
     mov r12, rdi                // vCPU index
     mov rbx, rsi                // vCPU count
     lea r13, [rdx - {irq_record_below_data}]
-    call rt_apic_enable
+    mov rdi, rbx
+    call rt_apic_enable_all
     mov r14, [{params}]         // rounds
     mov r8, {acks}
     xor r15, r15                // rounds done
@@ -291,7 +293,8 @@ reference_vmm_guest_ipi_ring:
     imul rax, rax, {vcpu_area_size}
     mov rbp, r13
     sub rbp, rax
-1:  call rt_apic_enable
+1:  mov rdi, rsi
+    call rt_apic_enable_all
     mov r14, [{params}]         // rounds
     xor r15, r15                // rounds done
 2:  cmp r15, r14

@@ -16,9 +16,9 @@ use std::fmt;
 
 use crate::apic;
 use crate::layout::{
-    ACKS_OFFSET, DIRTY_AREA_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, MAILBOX_OFFSET,
-    MAILBOX_RING, MAILBOX_SHIFT, PARAMS_OFFSET, SAMPLES_ADDR, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR,
-    VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
+    ACKS_OFFSET, APIC_READY_OFFSET, DIRTY_AREA_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET,
+    MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT, PARAMS_OFFSET, SAMPLES_ADDR, SERIAL_LOCK_OFFSET,
+    SHARED_DATA_ADDR, VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
 };
 use crate::ucall::{self, UCALL_PORT};
 
@@ -68,6 +68,7 @@ core::arch::global_asm!(
     sys_rdmsr = const SYS_RDMSR,
     msr_eoi = const apic::MSR_EOI,
     msr_svr = const apic::MSR_SVR,
+    msr_apic_base = const apic::MSR_APIC_BASE,
     msr_icr = const apic::MSR_ICR,
     msr_esr = const apic::MSR_ESR,
     msr_lvt_timer = const apic::MSR_LVT_TIMER,
@@ -76,6 +77,7 @@ core::arch::global_asm!(
     params = const SHARED_DATA_ADDR + PARAMS_OFFSET,
     samples = const SAMPLES_ADDR,
     acks = const SHARED_DATA_ADDR + ACKS_OFFSET,
+    apic_ready = const SHARED_DATA_ADDR + APIC_READY_OFFSET,
     pause_port = const PAUSE_PORT,
     post_port = const crate::devices::POST_PORT,
     gate_port = const GATE_PORT,

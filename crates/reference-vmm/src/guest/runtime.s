@@ -219,12 +219,34 @@ rt_rdmsr:
     ud2
     ret
 
-// rt_apic_enable(): software-enables the local APIC (SVR = spurious vector
-// 0xFF | enable), as a guest kernel does once at boot.
+// rt_apic_enable(): turns on x2APIC mode in IA32_APIC_BASE, then software-enables
+// the local APIC (SVR = spurious vector 0xFF | enable), as a guest kernel does
+// once at boot. (The userspace APIC starts in x2APIC mode; KVM's does not.)
 rt_apic_enable:
+    mov edi, {msr_apic_base}
+    call rt_rdmsr
+    or rax, 0xc00               // enabled, x2APIC mode
+    mov edi, {msr_apic_base}
+    mov rsi, rax
+    call rt_wrmsr
     mov edi, {msr_svr}
     mov esi, 0x1ff
     jmp rt_wrmsr
+
+// rt_apic_enable_all(count): rt_apic_enable, then waits until all `count` vCPUs
+// have enabled theirs: an APIC that is not enabled yet drops a fixed IPI (as
+// KVM's does), so no vCPU sends one before every APIC can take it.
+rt_apic_enable_all:
+    push rdi
+    call rt_apic_enable
+    pop rdi
+    mov rax, {apic_ready}
+    lock inc qword ptr [rax]
+1:  cmp [rax], rdi
+    jae 2f
+    pause
+    jmp 1b
+2:  ret
 
 // rt_send_ipi(dest: u32, vector: u8): a fixed IPI to x2APIC ID `dest`.
 rt_send_ipi:

@@ -83,6 +83,21 @@ pub fn set_apic_id(cpuid: &mut CpuId, apic_id: u32) {
     }
 }
 
+/// CPUID.1:ECX bits of the local-APIC features both irqchips emulate.
+const X2APIC: u32 = 1 << 21;
+const TSC_DEADLINE_TIMER: u32 = 1 << 24;
+
+/// Makes CPUID advertise x2APIC and the TSC-deadline timer, which the guest
+/// programs use and both the userspace and KVM's LAPIC emulate (KVM's enables
+/// the TSC-deadline mode only if CPUID has it).
+pub fn advertise_apic_features(cpuid: &mut CpuId) {
+    for entry in cpuid.as_mut_slice() {
+        if entry.function == LEAF_FEATURES {
+            entry.ecx |= X2APIC | TSC_DEADLINE_TIMER;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,9 +155,11 @@ mod tests {
         ];
         let mut cpuid = CpuId::from_entries(&entries).unwrap();
         set_apic_id(&mut cpuid, 5);
+        advertise_apic_features(&mut cpuid);
         let e = cpuid.as_slice();
         assert_eq!(e[0].ebx, 0x0500_0800);
+        assert_eq!(e[0].ecx, X2APIC | TSC_DEADLINE_TIMER);
         assert_eq!(e[1].edx, 5);
-        assert_eq!(e[2].ebx, 0x1234);
+        assert_eq!((e[2].ebx, e[2].ecx), (0x1234, 0), "other leaves untouched");
     }
 }
