@@ -47,6 +47,10 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
             "none, fixed:NS (NS up to 1000000), kvm, own",
         ),
         (
+            &["run", "--guest", "hello", "--irqchip", "split"],
+            "--irqchip \"split\" is not one of: user, kernel",
+        ),
+        (
             &["run", "--guest", "pingpong", "--params", "1,x"],
             "\"x\" is not a number",
         ),
