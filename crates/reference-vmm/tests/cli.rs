@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["run"], "--guest <GUEST>"),
         (
             &["run", "--guest", "nope"],
