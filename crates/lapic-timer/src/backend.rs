@@ -45,11 +45,26 @@ pub struct Expiry {
     pub target_ns: u64,
     /// When the timer thread woke, host ns.
     pub woke_ns: u64,
+    /// When the deadline was armed, host ns.
+    pub armed_ns: u64,
     /// The longest busy-wait allowed: the advance the timer was armed with.
     pub max_spin: Duration,
 }
 
 impl Expiry {
+    /// Whether the host timer was armed before the time it was set for
+    /// (`target − max_spin`), so that its wake-up says how late host timers
+    /// wake. A deadline armed when that time had already passed (a guest
+    /// behind its timers) fires at once: learning from it would grow the
+    /// advance by the backlog, as KVM's tuning avoids by ignoring deltas over
+    /// 10000 cycles.
+    pub fn measures_wakeup(&self) -> bool {
+        let fire_ns = self
+            .target_ns
+            .saturating_sub(self.max_spin.as_nanos() as u64);
+        self.armed_ns < fire_ns
+    }
+
     /// Busy-waits until the target, for at most `max_spin`; returns the time spun.
     fn spin(&self, clock: &impl Clock) -> Duration {
         let start = clock.now_ns();
@@ -91,6 +106,7 @@ struct Armed {
     payload: u64,
     lead_ns: u64,
     advance_ns: u64,
+    armed_ns: u64,
 }
 
 struct Shared {
@@ -218,6 +234,7 @@ impl TimerThread {
             payload,
             lead_ns,
             advance_ns,
+            armed_ns: MonotonicClock.now_ns(),
         });
         let at = deadline_ns
             .saturating_sub(lead_ns)
@@ -246,10 +263,12 @@ impl TimerThread {
     /// Returns the time spun.
     pub fn receive(&self, expiry: &Expiry) -> Duration {
         let arrived = MonotonicClock.now_ns();
-        self.shared.learn(
-            expiry.max_spin,
-            i128::from(arrived) - i128::from(expiry.target_ns),
-        );
+        if expiry.measures_wakeup() {
+            self.shared.learn(
+                expiry.max_spin,
+                i128::from(arrived) - i128::from(expiry.target_ns),
+            );
+        }
         expiry.spin(&MonotonicClock)
     }
 
@@ -340,19 +359,20 @@ impl<S: TimerSink, E: TimerEvents> Worker<S, E> {
         let target_ns = armed.deadline_ns.saturating_sub(armed.lead_ns);
         let advance = Duration::from_nanos(armed.advance_ns);
         let delta_ns = i128::from(woke_ns) - i128::from(target_ns);
-        // The receiver teaches the policy itself, from where it spins.
-        let wakeup = match self.spin_at {
-            SpinAt::TimerThread => self.shared.learn(advance, delta_ns),
-            SpinAt::Receiver => wakeup(advance, delta_ns),
-        };
-        self.events.woke(&wakeup);
         let expiry = Expiry {
             payload: armed.payload,
             deadline_ns: armed.deadline_ns,
             target_ns,
             woke_ns,
-            max_spin: Duration::from_nanos(armed.advance_ns),
+            armed_ns: armed.armed_ns,
+            max_spin: advance,
         };
+        // The receiver teaches the policy itself, from where it spins.
+        let wakeup = match self.spin_at {
+            SpinAt::TimerThread if expiry.measures_wakeup() => self.shared.learn(advance, delta_ns),
+            _ => wakeup(advance, delta_ns),
+        };
+        self.events.woke(&wakeup);
         if self.spin_at == SpinAt::TimerThread {
             self.events.spun(expiry.spin(&self.clock));
             let lateness = i128::from(self.clock.now_ns()) - i128::from(target_ns);
@@ -369,6 +389,34 @@ mod tests {
     use crate::time::FakeClock;
 
     #[test]
+    fn only_a_timer_armed_before_its_fire_time_measures_a_wake_up() {
+        let e = Expiry {
+            payload: 0,
+            deadline_ns: 110_000,
+            target_ns: 100_000,
+            woke_ns: 0,
+            armed_ns: 0,
+            max_spin: Duration::from_micros(50),
+        };
+        assert!(e.measures_wakeup(), "armed 50 µs before it fired");
+        assert!(
+            !Expiry {
+                armed_ns: 50_000,
+                ..e
+            }
+            .measures_wakeup()
+        );
+        assert!(
+            !Expiry {
+                armed_ns: 200_000,
+                ..e
+            }
+            .measures_wakeup(),
+            "already due"
+        );
+    }
+
+    #[test]
     fn spin_reaches_the_target_but_never_spins_longer_than_allowed() {
         let clock = FakeClock::at(1_000);
         let e = Expiry {
@@ -376,6 +424,7 @@ mod tests {
             deadline_ns: 1_000,
             target_ns: 1_000,
             woke_ns: 0,
+            armed_ns: 0,
             max_spin: Duration::from_micros(5),
         };
         assert_eq!(e.spin(&clock), Duration::ZERO, "already at the target");

@@ -130,6 +130,25 @@ fn a_receiver_teaches_the_advance_its_own_lateness() {
 }
 
 #[test]
+fn deadlines_already_due_when_armed_teach_the_advance_nothing() {
+    // A guest behind its timers arms deadlines that are already past; they
+    // fire at once, and their "lateness" is the backlog, not the host timer's.
+    for spin_at in [SpinAt::TimerThread, SpinAt::Receiver] {
+        let (tx, rx) = mpsc::channel();
+        let timer =
+            TimerThread::start(Percentile::default(), Forward(tx), NoEvents, spin_at).unwrap();
+        for _ in 0..50 {
+            timer.arm(MonotonicClock.now_ns() - 5_000_000, 0).unwrap();
+            let (e, _) = rx.recv_timeout(WAIT).unwrap();
+            if spin_at == SpinAt::Receiver {
+                timer.receive(&e);
+            }
+        }
+        assert_eq!(timer.advance(), Duration::ZERO, "{spin_at:?}");
+    }
+}
+
+#[test]
 fn the_own_policy_learns_an_advance_on_real_timers() {
     let (tx, rx) = mpsc::channel();
     let timer = TimerThread::start(
