@@ -162,6 +162,21 @@ struct Loop {
 }
 
 impl Loop {
+    /// Whether the LVT timer's delivery is due already (its deadline is
+    /// within the lead of `now`): a deadline the guest wrote in the past, or
+    /// one that came due while the vCPU ran. The vCPU thread fires it itself
+    /// at entry, as KVM fires a past TSC deadline at once instead of arming
+    /// an hrtimer, rather than through a timer-thread wake-up and a kick.
+    /// (Deadlines just ahead still go through the timer thread, whose wake-ups
+    /// the advance learns from.)
+    fn due_now(&mut self, now: u64) -> bool {
+        let until = now.saturating_add(self.lead.current().as_nanos() as u64);
+        self.apic
+            .timer()
+            .next_expiry_ns()
+            .is_some_and(|at| at <= until)
+    }
+
     /// Refreshes the guest-time mapping of the timer and the lead from a
     /// fresh (TSC, clock) pair, before a deadline is armed or checked.
     fn reanchor(&mut self) {
@@ -371,15 +386,9 @@ impl VcpuRunner {
         let vcpu = self.vcpu();
         if let Some(expiry) = irqs.take_timer(vcpu) {
             l.timer.receive(&expiry);
-            l.reanchor();
-            // Delivery starts `lead` early: the guest's entry runs that much later.
-            let start = MonotonicClock.now_ns();
-            let now = start + l.lead.current().as_nanos() as u64;
-            if let Some(fired) = l.apic.timer().expire(now).filter(|f| f.deliver) {
-                irqs.post_local(vcpu, fired.vector);
-                l.lead.fired(fired.vector, fired.due_ns, start);
-            }
-            rearm(l);
+            fire_timer(irqs, vcpu, l);
+        } else if l.due_now(MonotonicClock.now_ns()) {
+            fire_timer(irqs, vcpu, l);
         }
         let pending = irqs.pending(vcpu);
         let deliverable = l.apic.deliverable(&pending);
@@ -454,6 +463,10 @@ impl VcpuRunner {
                 match l.apic.write(msr.index, msr.data, now) {
                     Ok(Action::Ipi { vector, to }) => {
                         irqs.ipi(vcpu, vector, to);
+                    }
+                    // Due at once: the next entry fires it, no timer thread.
+                    Ok(Action::TimerChanged) if l.due_now(now) => {
+                        let _ = l.timer.disarm();
                     }
                     Ok(Action::TimerChanged) => rearm(l),
                     Ok(Action::Eoi | Action::None) => {}
@@ -619,6 +632,19 @@ impl TimerLead {
         }
         Some(self.current())
     }
+}
+
+/// Fires the LVT timer if it is due `lead` from now (delivery starts that
+/// early, and the guest's entry runs that much later), and re-arms it.
+fn fire_timer(irqs: &Interrupts, vcpu: usize, l: &mut Loop) {
+    l.reanchor();
+    let start = MonotonicClock.now_ns();
+    let now = start + l.lead.current().as_nanos() as u64;
+    if let Some(fired) = l.apic.timer().expire(now).filter(|f| f.deliver) {
+        irqs.post_local(vcpu, fired.vector);
+        l.lead.fired(fired.vector, fired.due_ns, start);
+    }
+    rearm(l);
 }
 
 /// Arms the host timer for the LVT timer's next expiry, or disarms it.

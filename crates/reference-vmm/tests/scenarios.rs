@@ -79,6 +79,19 @@ fn with_a_timer_advance_halts_block_until_the_early_host_timer() {
 }
 
 #[test]
+fn a_deadline_already_past_fires_at_the_next_entry_without_a_kick() {
+    if !kvm_available("a_deadline_already_past_fires_at_the_next_entry_without_a_kick") {
+        return;
+    }
+    // One tick apart, every deadline is past when the guest writes it: the
+    // vCPU fires it on its way back into the guest, as KVM does, instead of
+    // waiting for the timer thread to wake up and kick it.
+    let (report, _) = program::run("cyclictest", 1, Mechanisms::default(), &[300, 1]).unwrap();
+    assert_eq!(report.value(0, "irqs"), Some(300));
+    assert_eq!(report.stats.kicks, 0, "{:?}", report.stats);
+}
+
+#[test]
 fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
     if !kvm_available("every_timer_fires_once_in_order_and_never_before_its_deadline") {
         return;
