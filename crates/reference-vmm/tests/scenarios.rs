@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::kvm_available;
 use reference_vmm::bench::{self, Options, Table};
-use reference_vmm::mechanisms::{Boost, Mechanisms, TimerAdvance};
+use reference_vmm::mechanisms::{Boost, Irqchip, Mechanisms, TimerAdvance};
 use vm_memory::{Bytes, GuestAddress};
 
 const QUICK: Options = Options { quick: true };
@@ -98,17 +98,27 @@ fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
     }
     const SAMPLES: u64 = 200;
     let period = (500.0 * bench::ticks_per_us()) as u64;
-    for timer_advance in [TimerAdvance::None, TimerAdvance::Kvm, TimerAdvance::Own] {
-        let m = Mechanisms {
-            timer_advance,
-            ..Mechanisms::default()
-        };
+    let user = |timer_advance| Mechanisms {
+        timer_advance,
+        ..Mechanisms::default()
+    };
+    let kernel = Mechanisms {
+        irqchip: Irqchip::Kernel,
+        ..Mechanisms::default()
+    };
+    for m in [
+        user(TimerAdvance::None),
+        user(TimerAdvance::Kvm),
+        user(TimerAdvance::Own),
+        kernel,
+    ] {
+        let variant = format!("{} / {}", m.irqchip, m.timer_advance);
         let (report, memory) = program::run("cyclictest", 1, m, &[SAMPLES, period]).unwrap();
-        assert_eq!(report.value(0, "samples"), Some(SAMPLES), "{timer_advance}");
+        assert_eq!(report.value(0, "samples"), Some(SAMPLES), "{variant}");
         assert_eq!(
             report.value(0, "irqs"),
             Some(SAMPLES),
-            "{timer_advance}: one interrupt per timer"
+            "{variant}: one interrupt per timer"
         );
         let mut bytes = vec![0u8; SAMPLES as usize * 8];
         memory
@@ -121,10 +131,14 @@ fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
             .chunks_exact(8)
             .filter(|c| i64::from_le_bytes((*c).try_into().unwrap()) < 0)
             .count();
-        assert_eq!(
-            early, 0,
-            "{timer_advance}: {early} interrupts before their deadline"
-        );
+        // KVM's own adaptive advance was seen here delivering about one timer
+        // in 2000 up to 5 µs early: the never-early promise is this VMM's.
+        if m.irqchip == Irqchip::User {
+            assert_eq!(
+                early, 0,
+                "{variant}: {early} interrupts before their deadline"
+            );
+        }
     }
 }
 
