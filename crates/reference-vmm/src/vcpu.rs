@@ -464,7 +464,8 @@ impl VcpuRunner {
                     Ok(Action::Ipi { vector, to }) => {
                         irqs.ipi(vcpu, vector, to);
                     }
-                    // Due at once: the next entry fires it, no timer thread.
+                    // Due already: the next entry fires it (`due_now`), so the
+                    // timer thread must not fire it again.
                     Ok(Action::TimerChanged) if l.due_now(now) => {
                         let _ = l.timer.disarm();
                     }
@@ -565,9 +566,10 @@ const LEAD_MARGIN: Duration = Duration::from_micros(5);
 const MAX_LEAD: Duration = Duration::from_micros(13);
 
 /// Learns how long delivery takes, from the moment it starts (before
-/// `KVM_INTERRUPT`) to the guest's interrupt entry (which records the TSC it ran at), and lets the
-/// timer start delivery that much before the deadline (lapic-timer's
-/// `DeliveryLead`), never so early that the guest sees it before the deadline.
+/// `KVM_INTERRUPT`) to the guest's interrupt entry (which records the TSC it
+/// ran at), and lets the timer start delivery that much before the deadline
+/// (lapic-timer's `DeliveryLead`), never so early that the guest sees it
+/// before the deadline.
 struct TimerLead {
     lead: DeliveryLead,
     time: GuestTime,
