@@ -1,6 +1,14 @@
-//! A local APIC in x2APIC mode, emulated in the VMM: there is no in-kernel
-//! irqchip, so every x2APIC MSR access exits to userspace (KVM's `INVAL`
-//! reason), and IA32_TSC_DEADLINE and IA32_APIC_BASE through the MSR filter.
+//! A local APIC emulated in the VMM: there is no in-kernel irqchip, so every
+//! x2APIC MSR access exits to userspace (KVM's `INVAL` reason),
+//! IA32_TSC_DEADLINE and IA32_APIC_BASE through the MSR filter, and an
+//! access to the xAPIC page at 0xFEE00000 (no memory there) as MMIO.
+//!
+//! It resets in xAPIC mode, as hardware does: the registers are then the
+//! MMIO page's 32-bit words (ID in bits 31:24, the ICR in two halves, the
+//! destination in the high one's bits 31:24) and x2APIC MSRs #GP. Setting
+//! IA32_APIC_BASE's EXTD bit switches to x2APIC mode, where the MSRs work and
+//! the page is not decoded. The other transitions (disabling the APIC, back
+//! to xAPIC) are not supported and #GP.
 //!
 //! The model is plain data owned by its vCPU's thread: only that vCPU reads
 //! and writes its registers. Interrupts posted by other threads (IPIs, the
@@ -21,6 +29,10 @@ use lapic_timer::{GuestTime, LapicTimer, TimerRegister};
 
 /// IA32_APIC_BASE.
 pub const MSR_APIC_BASE: u32 = 0x1B;
+/// Guest physical address of the xAPIC register page.
+pub const XAPIC_BASE: u64 = 0xFEE0_0000;
+/// Size of the xAPIC register page.
+pub const XAPIC_SIZE: u64 = 0x1000;
 /// IA32_TSC_DEADLINE.
 pub const MSR_TSC_DEADLINE: u32 = 0x6E0;
 /// First x2APIC MSR.
@@ -61,14 +73,26 @@ const VERSION_VALUE: u64 = 0x14 | 5 << 16;
 const SVR_ENABLED: u32 = 1 << 8;
 /// Value of SVR at reset: spurious vector 0xFF, disabled.
 const SVR_RESET: u32 = 0xFF;
-/// IA32_APIC_BASE at reset for the bootstrap processor, enabled, x2APIC mode.
-const APIC_BASE_VALUE: u64 = 0xFEE0_0000 | 1 << 11 | 1 << 10;
+/// IA32_APIC_BASE's global-enable bit.
+const APIC_BASE_EN: u64 = 1 << 11;
+/// IA32_APIC_BASE's x2APIC-mode bit.
+const APIC_BASE_EXTD: u64 = 1 << 10;
+/// xAPIC DFR: the flat model.
+const DFR_FLAT: u32 = 0xFFFF_FFFF;
 /// ESR bit: an IPI with an illegal vector was sent.
 pub const ESR_SEND_ILLEGAL_VECTOR: u32 = 1 << 5;
 /// ESR bit: an illegal vector was received (the self-IPI register).
 pub const ESR_RECEIVE_ILLEGAL_VECTOR: u32 = 1 << 6;
+/// ESR bit: an access to a register that does not exist (xAPIC).
+pub const ESR_ILLEGAL_REGISTER: u32 = 1 << 7;
 /// LVT mask bit.
 const LVT_MASKED: u32 = 1 << 16;
+/// xAPIC registers with no x2APIC MSR of the same layout.
+const XAPIC_ID: u64 = 0x20;
+const XAPIC_LDR: u64 = 0xD0;
+const XAPIC_DFR: u64 = 0xE0;
+const XAPIC_ICR_LOW: u64 = 0x300;
+const XAPIC_ICR_HIGH: u64 = 0x310;
 
 /// Whom an IPI goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +137,9 @@ pub enum ApicFault {
     /// A read of a write-only register.
     #[error("MSR {0:#x} is write-only")]
     WriteOnly(u32),
+    /// An x2APIC MSR in xAPIC mode, or the xAPIC page in x2APIC mode.
+    #[error("register {0:#x} is not reachable in this APIC mode")]
+    WrongMode(u32),
     /// A non-zero write to EOI, or reserved ICR bits.
     #[error("reserved bits set in a write of {value:#x} to MSR {msr:#x}")]
     Reserved {
@@ -127,6 +154,7 @@ pub enum ApicFault {
 #[derive(Clone, Debug)]
 pub struct LocalApic {
     id: u32,
+    x2apic: bool,
     tpr: u8,
     svr: u32,
     isr: [u64; 4],
@@ -134,6 +162,8 @@ pub struct LocalApic {
     /// ESR bits collected since the last ESR write.
     esr_pending: u32,
     icr: u64,
+    /// xAPIC ICR bits 63:32, as written (the destination in bits 31:24).
+    icr_high: u32,
     /// LVT Thermal, PMC, LINT0, LINT1, Error (the timer's lives in `timer`).
     lvt: [u32; 5],
     timer: LapicTimer,
@@ -144,12 +174,14 @@ impl LocalApic {
     pub fn new(id: u32, time: GuestTime) -> Self {
         Self {
             id,
+            x2apic: false,
             tpr: 0,
             svr: SVR_RESET,
             isr: [0; 4],
             esr: 0,
             esr_pending: 0,
             icr: 0,
+            icr_high: 0,
             lvt: [LVT_MASKED; 5],
             timer: LapicTimer::new(time),
         }
@@ -187,10 +219,33 @@ impl LocalApic {
         self.isr[usize::from(vector / 64)] |= 1 << (vector % 64);
     }
 
+    /// Whether the APIC is in x2APIC mode (else xAPIC).
+    pub fn x2apic(&self) -> bool {
+        self.x2apic
+    }
+
+    fn apic_base(&self) -> u64 {
+        let extd = if self.x2apic { APIC_BASE_EXTD } else { 0 };
+        XAPIC_BASE | APIC_BASE_EN | extd
+    }
+
+    /// x2APIC MSRs exist only in x2APIC mode.
+    fn check_msr_mode(&self, msr: u32) -> Result<(), ApicFault> {
+        match (X2APIC_FIRST..=X2APIC_LAST).contains(&msr) && !self.x2apic {
+            true => Err(ApicFault::WrongMode(msr)),
+            false => Ok(()),
+        }
+    }
+
     /// Reads MSR `msr`; `irr` is the vCPU's pending set, `now_ns` host time.
     pub fn read(&self, msr: u32, irr: &[u64; 4], now_ns: u64) -> Result<u64, ApicFault> {
+        self.check_msr_mode(msr)?;
+        self.read_register(msr, irr, now_ns)
+    }
+
+    fn read_register(&self, msr: u32, irr: &[u64; 4], now_ns: u64) -> Result<u64, ApicFault> {
         Ok(match msr {
-            MSR_APIC_BASE => APIC_BASE_VALUE,
+            MSR_APIC_BASE => self.apic_base(),
             MSR_TSC_DEADLINE => self.timer.tsc_deadline(),
             ID => u64::from(self.id),
             VERSION => VERSION_VALUE,
@@ -225,9 +280,30 @@ impl LocalApic {
 
     /// Writes `value` to MSR `msr` at host time `now_ns`.
     pub fn write(&mut self, msr: u32, value: u64, now_ns: u64) -> Result<Action, ApicFault> {
+        self.check_msr_mode(msr)?;
+        self.write_register(msr, value, now_ns)
+    }
+
+    /// IA32_APIC_BASE: the base stays 0xFEE00000 (relocation is ignored);
+    /// xAPIC may switch to x2APIC; any other change of EN or EXTD #GPs.
+    fn write_apic_base(&mut self, value: u64) -> Result<Action, ApicFault> {
+        match (value & APIC_BASE_EN != 0, value & APIC_BASE_EXTD != 0) {
+            (true, extd) if extd == self.x2apic => Ok(Action::None),
+            (true, true) => {
+                self.x2apic = true;
+                Ok(Action::None)
+            }
+            _ => Err(ApicFault::Reserved {
+                msr: MSR_APIC_BASE,
+                value,
+            }),
+        }
+    }
+
+    fn write_register(&mut self, msr: u32, value: u64, now_ns: u64) -> Result<Action, ApicFault> {
         let low = value as u32;
         match msr {
-            MSR_APIC_BASE => return Ok(Action::None), // x2APIC mode stays on
+            MSR_APIC_BASE => return self.write_apic_base(value),
             MSR_TSC_DEADLINE => {
                 self.timer.write_tsc_deadline(value);
                 return Ok(Action::TimerChanged);
@@ -252,6 +328,83 @@ impl LocalApic {
             other => return Err(ApicFault::NoSuchRegister(other)),
         }
         Ok(Action::None)
+    }
+
+    /// Reads the xAPIC register at `offset` in the MMIO page (a 32-bit
+    /// access). A register that does not exist reads 0 and sets the ESR's
+    /// illegal-register bit, as hardware does; in x2APIC mode the page is
+    /// not decoded ([`ApicFault::WrongMode`]).
+    pub fn mmio_read(
+        &mut self,
+        offset: u64,
+        irr: &[u64; 4],
+        now_ns: u64,
+    ) -> Result<u32, ApicFault> {
+        let msr = self.xapic_register(offset)?;
+        if offset % 16 != 0 {
+            return Ok(self.illegal_register());
+        }
+        let value = match offset {
+            XAPIC_ID => self.id << 24,
+            XAPIC_LDR => 0,
+            XAPIC_DFR => DFR_FLAT,
+            XAPIC_ICR_LOW => self.icr as u32,
+            XAPIC_ICR_HIGH => self.icr_high,
+            _ => match self.read_register(msr, irr, now_ns) {
+                Ok(value) => value as u32,
+                Err(_) => self.illegal_register(),
+            },
+        };
+        Ok(value)
+    }
+
+    /// Writes the xAPIC register at `offset` in the MMIO page. A write to
+    /// a register that is read-only or does not exist is dropped and sets the
+    /// ESR's illegal-register bit; the ICR's low half sends, to the
+    /// destination in the high half's bits 31:24.
+    pub fn mmio_write(
+        &mut self,
+        offset: u64,
+        value: u32,
+        now_ns: u64,
+    ) -> Result<Action, ApicFault> {
+        let msr = self.xapic_register(offset)?;
+        if offset % 16 != 0 {
+            self.illegal_register();
+            return Ok(Action::None);
+        }
+        let action = match offset {
+            XAPIC_LDR | XAPIC_DFR => Ok(Action::None), // flat model, no logical IDs
+            XAPIC_ICR_HIGH => {
+                self.icr_high = value;
+                Ok(Action::None)
+            }
+            XAPIC_ICR_LOW => {
+                self.write_icr(u64::from(self.icr_high >> 24) << 32 | u64::from(value))
+            }
+            _ if msr == EOI => Ok(self.eoi()), // xAPIC ignores the value written
+            _ if msr == SELF_IPI => Err(ApicFault::NoSuchRegister(msr)),
+            _ => self.write_register(msr, u64::from(value), now_ns),
+        };
+        Ok(action.unwrap_or_else(|_| {
+            self.illegal_register();
+            Action::None
+        }))
+    }
+
+    /// The x2APIC MSR with the layout of the xAPIC register at `offset`.
+    fn xapic_register(&self, offset: u64) -> Result<u32, ApicFault> {
+        let msr = X2APIC_FIRST + (offset / 16) as u32;
+        if self.x2apic {
+            return Err(ApicFault::WrongMode(msr));
+        }
+        Ok(msr)
+    }
+
+    /// Notes an access to a register that does not exist; reads as 0.
+    fn illegal_register(&mut self) -> u32 {
+        self.esr_pending |= ESR_ILLEGAL_REGISTER;
+        0
     }
 
     fn eoi(&mut self) -> Action {
@@ -314,13 +467,21 @@ fn word32(bits: &[u64; 4], index: u32) -> u64 {
 mod tests {
     use super::*;
 
-    fn apic() -> LocalApic {
+    /// vCPU 3's APIC at reset: xAPIC mode, software-disabled.
+    fn xapic() -> LocalApic {
         let time = GuestTime {
             tsc_khz: 1_000_000,
             ns: 0,
             tsc_at_ns: 0,
         };
-        let mut a = LocalApic::new(3, time);
+        LocalApic::new(3, time)
+    }
+
+    /// vCPU 3's APIC switched to x2APIC mode and software-enabled.
+    fn apic() -> LocalApic {
+        let mut a = xapic();
+        let x2apic = XAPIC_BASE | APIC_BASE_EN | APIC_BASE_EXTD;
+        assert_eq!(a.write(MSR_APIC_BASE, x2apic, 0), Ok(Action::None));
         a.write(SVR, 0x1FF, 0).unwrap();
         a
     }
@@ -445,8 +606,114 @@ mod tests {
         assert_eq!(a.read(VERSION, &[0; 4], 0), Ok(VERSION_VALUE));
         assert_eq!(a.read(IRR + 2, &irr(&[64]), 0), Ok(1));
         assert_eq!(a.read(LDR, &[0; 4], 0), Ok(1 << 3));
-        assert_eq!(a.read(MSR_APIC_BASE, &[0; 4], 0), Ok(APIC_BASE_VALUE));
+        assert_eq!(
+            a.read(MSR_APIC_BASE, &[0; 4], 0),
+            Ok(0xFEE0_0000 | APIC_BASE_EN | APIC_BASE_EXTD)
+        );
         assert_eq!(highest(&irr(&[0, 255])), Some(255));
         assert_eq!(highest(&[0; 4]), None);
+    }
+
+    #[test]
+    fn xapic_mode_until_extd_and_only_that_switch() {
+        let mut a = xapic();
+        assert!(!a.x2apic());
+        assert_eq!(
+            a.read(MSR_APIC_BASE, &[0; 4], 0),
+            Ok(0xFEE0_0000 | APIC_BASE_EN)
+        );
+        assert_eq!(
+            a.read(ID, &[0; 4], 0),
+            Err(ApicFault::WrongMode(ID)),
+            "x2APIC MSRs #GP"
+        );
+        assert!(a.write(SVR, 0x1FF, 0).is_err());
+        let en = XAPIC_BASE | APIC_BASE_EN;
+        assert_eq!(a.write(MSR_APIC_BASE, en, 0), Ok(Action::None), "no change");
+        assert!(
+            a.write(MSR_APIC_BASE, XAPIC_BASE, 0).is_err(),
+            "disabling is not supported"
+        );
+        assert!(
+            a.write(MSR_APIC_BASE, XAPIC_BASE | APIC_BASE_EXTD, 0)
+                .is_err(),
+            "EXTD without EN"
+        );
+        assert_eq!(
+            a.write(MSR_APIC_BASE, en | APIC_BASE_EXTD, 0),
+            Ok(Action::None)
+        );
+        assert!(a.x2apic());
+        assert!(
+            a.write(MSR_APIC_BASE, en, 0).is_err(),
+            "no way back to xAPIC"
+        );
+        assert_eq!(
+            a.mmio_read(XAPIC_ID, &[0; 4], 0),
+            Err(ApicFault::WrongMode(ID))
+        );
+    }
+
+    #[test]
+    fn the_xapic_page_has_the_same_registers_in_its_own_layout() {
+        let mut a = xapic();
+        let none = [0; 4];
+        assert_eq!(a.mmio_read(XAPIC_ID, &none, 0), Ok(3 << 24));
+        assert_eq!(a.mmio_read(0x30, &none, 0), Ok(VERSION_VALUE as u32));
+        assert_eq!(a.mmio_read(XAPIC_DFR, &none, 0), Ok(DFR_FLAT));
+        assert_eq!(a.mmio_write(0xF0, 0x1FF, 0), Ok(Action::None), "SVR");
+        assert!(a.enabled());
+        assert_eq!(a.mmio_write(0x80, 0x20, 0), Ok(Action::None), "TPR");
+        assert_eq!(a.mmio_read(0xA0, &none, 0), Ok(0x20), "PPR follows");
+        // The ICR: destination in the high half, sent by the low half.
+        assert_eq!(a.mmio_write(XAPIC_ICR_HIGH, 1 << 24, 0), Ok(Action::None));
+        assert_eq!(
+            a.mmio_write(XAPIC_ICR_LOW, 0x41, 0),
+            Ok(Action::Ipi {
+                vector: 0x41,
+                to: Destination::Physical(1)
+            })
+        );
+        assert_eq!(a.mmio_read(XAPIC_ICR_LOW, &none, 0), Ok(0x41));
+        assert_eq!(a.mmio_read(XAPIC_ICR_HIGH, &none, 0), Ok(1 << 24));
+        assert_eq!(
+            a.mmio_write(XAPIC_ICR_LOW, 0x4_0042, 0),
+            Ok(Action::Ipi {
+                vector: 0x42,
+                to: Destination::SelfOnly
+            })
+        );
+        // In service, then EOI (whatever is written), and the IRR as pages.
+        a.start_service(0x42);
+        assert_eq!(a.mmio_read(0x120, &none, 0), Ok(1 << 2), "ISR word 2");
+        assert_eq!(a.mmio_write(0xB0, 7, 0), Ok(Action::Eoi));
+        assert_eq!(a.mmio_read(0x120, &none, 0), Ok(0));
+        assert_eq!(a.mmio_read(0x220, &irr(&[64]), 0), Ok(1), "IRR word 2");
+        // The timer's registers are the same model's.
+        assert_eq!(a.mmio_write(0x320, 0x4_0050, 0), Ok(Action::TimerChanged));
+        assert_eq!(a.mmio_read(0x320, &none, 0), Ok(0x4_0050));
+    }
+
+    #[test]
+    fn what_the_xapic_page_does_not_have_is_dropped_and_noted_in_the_esr() {
+        let mut a = xapic();
+        let none = [0; 4];
+        assert_eq!(
+            a.mmio_write(XAPIC_ID, 7 << 24, 0),
+            Ok(Action::None),
+            "read-only"
+        );
+        assert_eq!(a.mmio_read(XAPIC_ID, &none, 0), Ok(3 << 24));
+        assert_eq!(a.mmio_read(0x3F0, &none, 0), Ok(0), "no self-IPI register");
+        assert_eq!(a.mmio_write(0x3F0, 0x41, 0), Ok(Action::None));
+        assert_eq!(a.mmio_read(0x24, &none, 0), Ok(0), "misaligned");
+        assert_eq!(a.mmio_read(0xFF0, &none, 0), Ok(0), "beyond the registers");
+        assert_eq!(a.mmio_read(0xB0, &none, 0), Ok(0), "EOI is write-only");
+        assert_eq!(
+            a.mmio_write(0x280, 0, 0),
+            Ok(Action::None),
+            "ESR write latches"
+        );
+        assert_eq!(a.mmio_read(0x280, &none, 0), Ok(ESR_ILLEGAL_REGISTER));
     }
 }

@@ -37,6 +37,9 @@ pub const PML4_ADDR: u64 = 0x2000;
 pub const PDPT_ADDR: u64 = 0x3000;
 /// Guest physical address of the first page directory (one per GiB follows).
 pub const PD_ADDR: u64 = 0x4000;
+/// Guest physical address of the page directory that maps the xAPIC page
+/// (after the three that RAM can need).
+pub const APIC_PD_ADDR: u64 = PD_ADDR + 3 * PAGE_SIZE;
 
 /// Guest physical address the guest image is loaded at.
 pub const IMAGE_ADDR: u64 = 0x10_0000;
@@ -153,7 +156,7 @@ pub const fn vcpu_data(index: u32) -> u64 {
 }
 
 // The fixed layout must not overlap; these fail the build if it ever does.
-const _: () = assert!(PD_ADDR + 3 * PAGE_SIZE <= IMAGE_ADDR);
+const _: () = assert!(APIC_PD_ADDR + PAGE_SIZE <= IMAGE_ADDR);
 const _: () = assert!(vcpu_area(MAX_VCPUS) <= SHARED_DATA_ADDR);
 const _: () = assert!(SHARED_DATA_ADDR + PAGE_SIZE <= FREE_MEMORY_START);
 const _: () = assert!(FREE_MEMORY_START < MIN_MEM_MIB << 20);

@@ -36,7 +36,7 @@ use vcpu_sched::RunState;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
-use crate::apic::{Action, LocalApic};
+use crate::apic::{Action, LocalApic, XAPIC_BASE, XAPIC_SIZE};
 use crate::devices::SharedBus;
 use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitError, Flow, Report, handle_exit};
@@ -461,18 +461,28 @@ impl VcpuRunner {
             VcpuExit::X86Wrmsr(msr) => {
                 l.reanchor();
                 match l.apic.write(msr.index, msr.data, now) {
-                    Ok(Action::Ipi { vector, to }) => {
-                        irqs.ipi(vcpu, vector, to);
-                    }
-                    // Due already: the next entry fires it (`due_now`), so the
-                    // timer thread must not fire it again.
-                    Ok(Action::TimerChanged) if l.due_now(now) => {
-                        let _ = l.timer.disarm();
-                    }
-                    Ok(Action::TimerChanged) => rearm(l),
-                    Ok(Action::Eoi | Action::None) => {}
+                    Ok(action) => apply(irqs, vcpu, l, action, now),
                     Err(_) => *msr.error = 1,
                 }
+                Ok(Flow::Continue)
+            }
+            VcpuExit::MmioRead(addr, data) if in_xapic_page(addr, data.len()) => {
+                let offset = addr - XAPIC_BASE;
+                let value = l
+                    .apic
+                    .mmio_read(offset, &irqs.pending(vcpu), now)
+                    .map_err(|_| xapic_off(addr, false, data.len()))?;
+                data.copy_from_slice(&value.to_le_bytes());
+                Ok(Flow::Continue)
+            }
+            VcpuExit::MmioWrite(addr, data) if in_xapic_page(addr, data.len()) => {
+                l.reanchor();
+                let value = u32::from_le_bytes(data.try_into().unwrap_or_default());
+                let action = l
+                    .apic
+                    .mmio_write(addr - XAPIC_BASE, value, now)
+                    .map_err(|_| xapic_off(addr, true, data.len()))?;
+                apply(irqs, vcpu, l, action, now);
                 Ok(Flow::Continue)
             }
             VcpuExit::Hlt => self.halt(l),
@@ -634,6 +644,34 @@ impl TimerLead {
         }
         Some(self.current())
     }
+}
+
+/// Does what an APIC register write asks beyond the register: send an IPI,
+/// or re-arm the timer.
+fn apply(irqs: &Interrupts, vcpu: usize, l: &mut Loop, action: Action, now: u64) {
+    match action {
+        Action::Ipi { vector, to } => {
+            irqs.ipi(vcpu, vector, to);
+        }
+        // Due already: the next entry fires it (`due_now`), so the timer
+        // thread must not fire it again.
+        Action::TimerChanged if l.due_now(now) => {
+            let _ = l.timer.disarm();
+        }
+        Action::TimerChanged => rearm(l),
+        Action::Eoi | Action::None => {}
+    }
+}
+
+/// Whether an MMIO access is a 32-bit one to the xAPIC page (anything else
+/// there is no APIC register access, and faults as unknown MMIO).
+fn in_xapic_page(addr: u64, len: usize) -> bool {
+    (XAPIC_BASE..XAPIC_BASE + XAPIC_SIZE).contains(&addr) && len == 4
+}
+
+/// The xAPIC page in x2APIC mode is not decoded: the access is unknown MMIO.
+fn xapic_off(addr: u64, write: bool, len: usize) -> ExitError {
+    GuestFault::UnknownMmio { addr, write, len }.into()
 }
 
 /// Fires the LVT timer if it is due `lead` from now (delivery starts that

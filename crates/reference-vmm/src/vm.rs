@@ -11,7 +11,7 @@ use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
+use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE, XAPIC_BASE};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole, SharedBus};
 use crate::error::{ConfigError, Error};
 use crate::exit::Report;
@@ -26,7 +26,7 @@ use crate::x86::boot::{
 };
 use crate::x86::gdt::{IO_BITMAP_SIZE, TSS_HEADER_SIZE, build_gdt, tss_header};
 use crate::x86::idt::{IDT_SIZE, build_idt};
-use crate::x86::paging::identity_map;
+use crate::x86::paging::{identity_map, map_mmio};
 
 /// How to build a VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -463,15 +463,20 @@ fn write_boot_structures(memory: &GuestMemoryMmap, vcpus: u32, mem_size: u64) ->
             .map_err(|source| Error::WriteMemory { what, source })
     };
     write("the GDT", &build_gdt(vcpus, tss_addr), GDT_ADDR)?;
-    for table in identity_map(mem_size, PML4_ADDR, PD_ADDR) {
+    let mut tables = identity_map(mem_size, PML4_ADDR, PD_ADDR);
+    map_mmio(&mut tables, PML4_ADDR, XAPIC_BASE, APIC_PD_ADDR);
+    for table in tables {
         write("a page table", &table.to_bytes(), table.addr)?;
     }
     write("the guest image", guest::image(), IMAGE_ADDR)?;
-    let irq_entry = IMAGE_ADDR + guest::irq_entry_offset();
+    let irq_entry = |v| match v {
+        guest::XAPIC_VECTORS..=0xFE => IMAGE_ADDR + guest::xapic_irq_entry_offset(),
+        _ => IMAGE_ADDR + guest::irq_entry_offset(),
+    };
     let idt = build_idt(
         (0..EXCEPTION_VECTORS)
             .map(|v| (v, IMAGE_ADDR + guest::exception_stub_offset(v), 0))
-            .chain((EXCEPTION_VECTORS..=u8::MAX).map(|v| (v, irq_entry, IRQ_STACK))),
+            .chain((EXCEPTION_VECTORS..=u8::MAX).map(|v| (v, irq_entry(v), IRQ_STACK))),
     );
     let io_bitmap = vec![0u8; IO_BITMAP_SIZE as usize];
     for i in 0..vcpus {

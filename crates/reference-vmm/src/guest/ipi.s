@@ -279,7 +279,9 @@ reference_vmm_guest_sched_ipi:
 // pending at once, which the IRR would merge, so each vCPU must count exactly
 // params[0] interrupts. Targets are hit both halted and in the guest (while
 // they spin for their own IPI to be taken; every params[1] pauses the spin
-// exits to the pause port, 0: never). Reports "irqs".
+// exits to the pause port, 0: never). With params[2] = 1 the APICs stay in
+// xAPIC mode and every access goes through the xAPIC page (MMIO), vector 0xF0.
+// Reports "irqs".
     .globl reference_vmm_guest_ipi_ring
 reference_vmm_guest_ipi_ring:
     mov r12, rdi                // vCPU index
@@ -294,15 +296,25 @@ reference_vmm_guest_ipi_ring:
     mov rbp, r13
     sub rbp, rax
 1:  mov rdi, rsi
+    cmp qword ptr [{params} + 16], 0
+    jne 7f
     call rt_apic_enable_all
-    mov r14, [{params}]         // rounds
+    lea rax, [rip + rt_send_ipi]
+    push rax
+    push 0x40
+    jmp 8f
+7:  call rt_xapic_enable_all
+    lea rax, [rip + rt_xapic_send_ipi]
+    push rax
+    push 0xf0                   // an xAPIC-mode vector: EOI through the page
+8:  mov r14, [{params}]         // rounds
     xor r15, r15                // rounds done
 2:  cmp r15, r14
     jae 5f
     inc r15
     mov edi, ebx
-    mov esi, 0x40
-    call rt_send_ipi
+    mov rsi, [rsp]              // the vector
+    call [rsp + 8]              // and how to send it
     lea rdi, [r13 + 8]
     mov rsi, r15
     call rt_wait_count          // the IPI from the vCPU before
@@ -316,7 +328,8 @@ reference_vmm_guest_ipi_ring:
     mov dx, {pause_port}
     out dx, eax
     jmp 3b
-5:  lea rdi, [rip + 6f]
+5:  add rsp, 16
+    lea rdi, [rip + 6f]
     mov rsi, [r13 + 8]
     call rt_report
     call rt_done

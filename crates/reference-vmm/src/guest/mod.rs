@@ -69,6 +69,7 @@ core::arch::global_asm!(
     msr_eoi = const apic::MSR_EOI,
     msr_svr = const apic::MSR_SVR,
     msr_apic_base = const apic::MSR_APIC_BASE,
+    xapic_base = const apic::XAPIC_BASE,
     msr_icr = const apic::MSR_ICR,
     msr_esr = const apic::MSR_ESR,
     msr_lvt_timer = const apic::MSR_LVT_TIMER,
@@ -102,6 +103,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_assert_fail: u8;
     safe static reference_vmm_guest_spin: u8;
     safe static reference_vmm_guest_irq_entry: u8;
+    safe static reference_vmm_guest_xapic_irq_entry: u8;
     safe static reference_vmm_guest_pingpong: u8;
     safe static reference_vmm_guest_apic_abuse: u8;
     safe static reference_vmm_guest_apic_gp: u8;
@@ -127,9 +129,19 @@ fn offset_of(label: &'static u8) -> u64 {
     (label as *const u8 as usize - start) as u64
 }
 
-/// Offset in the image of the runtime's entry for external interrupts (32-255).
+/// Offset in the image of the runtime's entry for external interrupts (32 up
+/// to [`XAPIC_VECTORS`], and 0xFF).
 pub fn irq_entry_offset() -> u64 {
     offset_of(&reference_vmm_guest_irq_entry)
+}
+
+/// First vector whose interrupts enter [`xapic_irq_entry_offset`]'s handler.
+pub const XAPIC_VECTORS: u8 = 0xF0;
+
+/// Offset in the [`image`] of the interrupt entry for vectors
+/// [`XAPIC_VECTORS`]-0xFE, which EOIs through the xAPIC page.
+pub fn xapic_irq_entry_offset() -> u64 {
+    offset_of(&reference_vmm_guest_xapic_irq_entry)
 }
 
 /// Offset in the image of the runtime's stub for exception `vector` (< 32).
@@ -223,7 +235,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
     },
     GuestProgram {
         name: "ipi-ring",
-        about: "each vCPU IPIs the next params[0] times, one pending at a time (params[1]: pauses per pause exit)",
+        about: "each vCPU IPIs the next params[0] times, one pending at a time (params[1]: pauses per pause exit; params[2] = 1: through the xAPIC page)",
         entry: &reference_vmm_guest_ipi_ring,
     },
     GuestProgram {

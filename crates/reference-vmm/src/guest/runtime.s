@@ -157,9 +157,7 @@ rt_sys_rdmsr:
 // (IST 1), whose top is this vCPU's interrupt record: the TSC of the last
 // interrupt at +0, the number of interrupts at +8. Then EOI, and back.
 // 3 pushes and the CPU's 5-quadword frame put the record at rsp + 64.
-    .balign 16
-    .globl reference_vmm_guest_irq_entry
-reference_vmm_guest_irq_entry:
+.macro irq_record
     push rax
     push rcx
     push rdx
@@ -167,14 +165,31 @@ reference_vmm_guest_irq_entry:
     mov [rsp + 64], eax
     mov [rsp + 68], edx
     inc qword ptr [rsp + 72]
+.endm
+
+    .balign 16
+    .globl reference_vmm_guest_irq_entry
+reference_vmm_guest_irq_entry:
+    irq_record
     mov ecx, {msr_eoi}
     xor eax, eax
     xor edx, edx
     wrmsr
+rt_irq_return:
     pop rdx
     pop rcx
     pop rax
     iretq
+
+// The same for vectors 0xF0-0xFE, which xAPIC-mode programs use: EOI through
+// the xAPIC page (the x2APIC EOI MSR #GPs in xAPIC mode).
+    .balign 16
+    .globl reference_vmm_guest_xapic_irq_entry
+reference_vmm_guest_xapic_irq_entry:
+    irq_record
+    mov rax, {xapic_base}
+    mov dword ptr [rax + 0xB0], 0
+    jmp rt_irq_return
 
 // ---------------------------------------------------------------------------
 // CPL3 library.
@@ -240,6 +255,8 @@ rt_apic_enable_all:
     push rdi
     call rt_apic_enable
     pop rdi
+// rt_apics_ready(count): counts this vCPU's APIC in, then waits for all `count`.
+rt_apics_ready:
     mov rax, {apic_ready}
     lock inc qword ptr [rax]
 1:  cmp [rax], rdi
@@ -247,6 +264,23 @@ rt_apic_enable_all:
     pause
     jmp 1b
 2:  ret
+
+// rt_xapic_enable_all(count): the same in xAPIC mode: software-enables the
+// APIC through its page (SVR at +0xF0), then waits for every vCPU's.
+rt_xapic_enable_all:
+    mov rax, {xapic_base}
+    mov dword ptr [rax + 0xF0], 0x1ff
+    jmp rt_apics_ready
+
+// rt_xapic_send_ipi(dest: u8, vector: u8): a fixed IPI through the xAPIC page:
+// the destination into the ICR's high half (bits 31:24), then the low half sends.
+rt_xapic_send_ipi:
+    mov rax, {xapic_base}
+    shl edi, 24
+    mov [rax + 0x310], edi
+    movzx esi, sil
+    mov [rax + 0x300], esi
+    ret
 
 // rt_send_ipi(dest: u32, vector: u8): a fixed IPI to x2APIC ID `dest`.
 rt_send_ipi:

@@ -10,6 +10,8 @@ const PRESENT: u64 = 1 << 0;
 const WRITABLE: u64 = 1 << 1;
 const USER: u64 = 1 << 2;
 const LARGE: u64 = 1 << 7;
+/// Write-through and cache-disable: device memory.
+const UNCACHED: u64 = 1 << 3 | 1 << 4;
 /// Bits of a table entry that point at the next level.
 const TABLE: u64 = PRESENT | WRITABLE | USER;
 
@@ -52,6 +54,24 @@ pub fn identity_map(mem_size: u64, pml4: u64, pd: u64) -> Vec<PageTable> {
         tables.push(table(pd + d * PAGE_SIZE, pages));
     }
     tables
+}
+
+/// Adds to `tables` (from [`identity_map`], whose PML4 is at `pml4`) an
+/// uncached identity mapping of the 2 MiB that hold `gpa`, a device's MMIO
+/// page, through a page directory at `pd`. The GiB of `gpa` must be above
+/// RAM: it gets that directory to itself.
+pub fn map_mmio(tables: &mut Vec<PageTable>, pml4: u64, gpa: u64, pd: u64) {
+    let pdpt = pml4 + PAGE_SIZE;
+    let large_page = gpa & !(LARGE_PAGE_SIZE - 1);
+    if let Some(t) = tables.iter_mut().find(|t| t.addr == pdpt) {
+        let entry = &mut t.entries[((gpa >> 30) & (ENTRIES - 1)) as usize];
+        debug_assert_eq!(*entry, 0, "the MMIO GiB is not RAM");
+        *entry = pd | TABLE;
+    }
+    let mut directory = table(pd, []);
+    directory.entries[((gpa >> 21) & (ENTRIES - 1)) as usize] =
+        large_page | PRESENT | WRITABLE | USER | LARGE | UNCACHED;
+    tables.push(directory);
 }
 
 fn table(addr: u64, entries: impl IntoIterator<Item = u64>) -> PageTable {
@@ -97,6 +117,25 @@ mod tests {
             Some((4 << 20) - 1)
         );
         assert_eq!(translate(&tables, 0x2000, 4 << 20), None);
+    }
+
+    #[test]
+    fn an_mmio_page_above_ram_is_mapped_uncached_beside_it() {
+        let mut tables = identity_map(64 << 20, 0x2000, 0x4000);
+        map_mmio(&mut tables, 0x2000, 0xFEE0_0000, 0x7000);
+        assert_eq!(translate(&tables, 0x2000, 0xFEE0_00B0), Some(0xFEE0_00B0));
+        assert_eq!(
+            translate(&tables, 0x2000, 0x1234),
+            Some(0x1234),
+            "RAM unchanged"
+        );
+        assert_eq!(
+            translate(&tables, 0x2000, 0xFE00_0000),
+            None,
+            "only its 2 MiB"
+        );
+        let pd = tables.iter().find(|t| t.addr == 0x7000).unwrap();
+        assert_eq!(pd.entries[0x1F7] & UNCACHED, UNCACHED);
     }
 
     #[test]
