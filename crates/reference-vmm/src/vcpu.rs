@@ -163,18 +163,20 @@ struct Loop {
 
 impl Loop {
     /// Whether the LVT timer's delivery is due already (its deadline is
-    /// within the lead of `now`): a deadline the guest wrote in the past, or
+    /// within the lead of now): a deadline the guest wrote in the past, or
     /// one that came due while the vCPU ran. The vCPU thread fires it itself
     /// at entry, as KVM fires a past TSC deadline at once instead of arming
     /// an hrtimer, rather than through a timer-thread wake-up and a kick.
     /// (Deadlines just ahead still go through the timer thread, whose wake-ups
     /// the advance learns from.)
-    fn due_now(&mut self, now: u64) -> bool {
-        let until = now.saturating_add(self.lead.current().as_nanos() as u64);
+    /// The clock is read only when a deadline is armed: this runs before
+    /// every entry.
+    fn due_now(&mut self) -> bool {
+        let lead = self.lead.current().as_nanos() as u64;
         self.apic
             .timer()
             .next_expiry_ns()
-            .is_some_and(|at| at <= until)
+            .is_some_and(|at| at <= MonotonicClock.now_ns().saturating_add(lead))
     }
 
     /// Refreshes the guest-time mapping of the timer and the lead from a
@@ -387,7 +389,7 @@ impl VcpuRunner {
         if let Some(expiry) = irqs.take_timer(vcpu) {
             l.timer.receive(&expiry);
             fire_timer(irqs, vcpu, l);
-        } else if l.due_now(MonotonicClock.now_ns()) {
+        } else if l.due_now() {
             fire_timer(irqs, vcpu, l);
         }
         let pending = irqs.pending(vcpu);
@@ -461,7 +463,7 @@ impl VcpuRunner {
             VcpuExit::X86Wrmsr(msr) => {
                 l.reanchor();
                 match l.apic.write(msr.index, msr.data, now) {
-                    Ok(action) => apply(irqs, vcpu, l, action, now),
+                    Ok(action) => apply(irqs, vcpu, l, action),
                     Err(_) => *msr.error = 1,
                 }
                 Ok(Flow::Continue)
@@ -482,7 +484,7 @@ impl VcpuRunner {
                     .apic
                     .mmio_write(addr - XAPIC_BASE, value, now)
                     .map_err(|_| xapic_off(addr, true, data.len()))?;
-                apply(irqs, vcpu, l, action, now);
+                apply(irqs, vcpu, l, action);
                 Ok(Flow::Continue)
             }
             VcpuExit::Hlt => self.halt(l),
@@ -648,14 +650,14 @@ impl TimerLead {
 
 /// Does what an APIC register write asks beyond the register: send an IPI,
 /// or re-arm the timer.
-fn apply(irqs: &Interrupts, vcpu: usize, l: &mut Loop, action: Action, now: u64) {
+fn apply(irqs: &Interrupts, vcpu: usize, l: &mut Loop, action: Action) {
     match action {
         Action::Ipi { vector, to } => {
             irqs.ipi(vcpu, vector, to);
         }
         // Due already: the next entry fires it (`due_now`), so the timer
         // thread must not fire it again.
-        Action::TimerChanged if l.due_now(now) => {
+        Action::TimerChanged if l.due_now() => {
             let _ = l.timer.disarm();
         }
         Action::TimerChanged => rearm(l),
