@@ -7,7 +7,8 @@
 //! may end their spin early). For each policy in the same run, taking turns:
 //! rounds per second and the hogs' iterations per second, as ratios to `NoBoost`.
 //!
-//! `cargo run --release -p vcpu-sched --example overcommit [-- SECONDS_PER_RUN]`
+//! `cargo run --release -p vcpu-sched --example overcommit [-- SECONDS_PER_RUN [VCPUS HOGS SPIN_US]]`:
+//! the whole table, or the one configuration named.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -179,20 +180,63 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() {
-    let secs: f64 = match std::env::args().nth(1).map(|s| s.parse()) {
+/// A configuration: vCPUs, hog threads, spin window in µs.
+type Config = (usize, usize, u64);
+
+const USAGE: &str = "usage: overcommit [SECONDS_PER_RUN [VCPUS HOGS SPIN_US]]";
+
+/// The seconds per run, and the configurations: every one of the README's
+/// table, or the one named on the command line.
+fn parse_args(args: &[String], cores: usize) -> Result<(f64, Vec<Config>), String> {
+    let secs = match args.first().map(|s| s.parse::<f64>()) {
         None => 0.5,
         Some(Ok(s)) if s > 0.0 => s,
         Some(_) => {
-            eprintln!("usage: overcommit [SECONDS_PER_RUN]");
-            std::process::exit(2);
+            return Err(format!(
+                "SECONDS_PER_RUN must be a positive number\n{USAGE}"
+            ));
         }
     };
+    let number = |i: usize, what: &str| {
+        args[i]
+            .parse::<u64>()
+            .map_err(|_| format!("{what} must be a whole number, got {:?}\n{USAGE}", args[i]))
+    };
+    let configs = match args.len() {
+        0 | 1 => {
+            let mut all = Vec::new();
+            for n in [4, 8] {
+                for h in [0, cores] {
+                    all.extend([0, 50, 500].map(|w| (n, h, w)));
+                }
+            }
+            all
+        }
+        4 => {
+            let n = number(1, "VCPUS")? as usize;
+            if n < 2 {
+                return Err(format!(
+                    "VCPUS must be at least 2 (a sender and a target)\n{USAGE}"
+                ));
+            }
+            vec![(n, number(2, "HOGS")? as usize, number(3, "SPIN_US")?)]
+        }
+        _ => return Err(USAGE.to_string()),
+    };
+    Ok((secs, configs))
+}
+
+fn main() {
+    let cores = thread::available_parallelism().map_or(2, |n| n.get());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (secs, configs) = parse_args(&args, cores).unwrap_or_else(|e| {
+        eprintln!("overcommit: {e}");
+        std::process::exit(2);
+    });
     if let Err(e) = FifoBoost::default().check() {
         eprintln!("overcommit: {e}; the boosting policies need it");
         std::process::exit(1);
     }
-    let cores = thread::available_parallelism().map_or(2, |n| n.get());
     println!(
         "{cores} cores, {secs} s per run, median of {ROUNDS} rounds taking turns between policies\n"
     );
@@ -200,37 +244,37 @@ fn main() {
         "| vCPUs | hogs | spin window | policy | rounds/s | vs NoBoost | hog M it/s | hogs vs NoBoost | boosted ms/s | boosts revoked |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for n in [4, 8] {
-        for h in [0, cores] {
-            for window_us in [0u64, 50, 500] {
-                let window = Duration::from_micros(window_us);
-                let hogs = Hogs::start(h);
-                let mut runs: Vec<Vec<Run>> = vec![Vec::new(); policies().len()];
-                for _ in 0..ROUNDS {
-                    for (i, (_, p)) in policies().into_iter().enumerate() {
-                        runs[i].push(run(p, n, window, secs, &hogs));
-                    }
-                }
-                drop(hogs);
-                let base_rounds =
-                    median(&runs[0].iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
-                let base_hogs = median(&runs[0].iter().map(|r| r.hog_rate).collect::<Vec<_>>());
-                for ((name, _), r) in policies().into_iter().zip(&runs) {
-                    let rounds = median(&r.iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
-                    let hog = median(&r.iter().map(|r| r.hog_rate).collect::<Vec<_>>());
-                    let hog_ratio = if h == 0 {
-                        "-".to_string()
-                    } else {
-                        format!("{:.2}x", hog / base_hogs)
-                    };
-                    let boosted = median(&r.iter().map(|r| r.boosted_ms_per_s).collect::<Vec<_>>());
-                    println!(
-                        "| {n} | {h} | {window_us} µs | {name} | {rounds:.0} | {:.2}x | {hog:.0} | {hog_ratio} | {boosted:.1} | {} |",
-                        rounds / base_rounds,
-                        r.iter().map(|r| r.revoked).sum::<u64>()
-                    );
-                }
-            }
+    for config in configs {
+        print_rows(config, secs);
+    }
+}
+
+/// Runs every policy in turn on one configuration and prints its rows.
+fn print_rows((n, h, window_us): Config, secs: f64) {
+    let window = Duration::from_micros(window_us);
+    let hogs = Hogs::start(h);
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); policies().len()];
+    for _ in 0..ROUNDS {
+        for (i, (_, p)) in policies().into_iter().enumerate() {
+            runs[i].push(run(p, n, window, secs, &hogs));
         }
+    }
+    drop(hogs);
+    let base_rounds = median(&runs[0].iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
+    let base_hogs = median(&runs[0].iter().map(|r| r.hog_rate).collect::<Vec<_>>());
+    for ((name, _), r) in policies().into_iter().zip(&runs) {
+        let rounds = median(&r.iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
+        let hog = median(&r.iter().map(|r| r.hog_rate).collect::<Vec<_>>());
+        let hog_ratio = if h == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}x", hog / base_hogs)
+        };
+        let boosted = median(&r.iter().map(|r| r.boosted_ms_per_s).collect::<Vec<_>>());
+        println!(
+            "| {n} | {h} | {window_us} µs | {name} | {rounds:.0} | {:.2}x | {hog:.0} | {hog_ratio} | {boosted:.1} | {} |",
+            rounds / base_rounds,
+            r.iter().map(|r| r.revoked).sum::<u64>()
+        );
     }
 }
