@@ -187,22 +187,49 @@ impl ThreadControl for FifoBoost {
     }
 }
 
-/// The CPUs this process may run on, from `sched_getaffinity`.
+/// The CPUs the calling thread may run on, from `sched_getaffinity`.
 pub fn available_cpus() -> io::Result<Vec<usize>> {
     affinity(0)
 }
 
-/// Pins thread `tid` (0: the caller) to `cpus`.
+/// The host's online CPUs (`/sys/devices/system/cpu/online`).
+pub fn online_cpus() -> io::Result<Vec<usize>> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online")?;
+    parse_cpu_list(&text).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected CPU list {:?}", text.trim()),
+        )
+    })
+}
+
+/// Parses a kernel CPU list such as "0-3,6,8-9".
+fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for range in text.trim().split(',') {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        let (first, last): (usize, usize) = (first.parse().ok()?, last.parse().ok()?);
+        if first > last {
+            return None;
+        }
+        cpus.extend(first..=last);
+    }
+    Some(cpus)
+}
+
+/// Pins thread `tid` (0: the caller) to `cpus`. Any online CPU may be named,
+/// not only those the caller itself runs on: a VMM thread pinned to one CPU
+/// still places vCPU threads on the others.
 ///
 /// # Errors
-/// `InvalidInput` if `cpus` is empty or names a CPU this process cannot use;
-/// the kernel's error otherwise.
+/// `InvalidInput` if `cpus` is empty or names a CPU that is not online; the
+/// kernel's error otherwise (`EINVAL` when a cpuset allows none of `cpus`).
 pub fn pin(tid: Tid, cpus: &[usize]) -> io::Result<()> {
-    let allowed = available_cpus()?;
-    if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
+    let online = online_cpus()?;
+    if let Some(bad) = cpus.iter().find(|c| !online.contains(c)) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("CPU {bad} does not exist or is not available (available: {allowed:?})"),
+            format!("CPU {bad} does not exist or is not online (online: {online:?})"),
         ));
     }
     if cpus.is_empty() {
@@ -339,6 +366,43 @@ mod tests {
     }
 
     #[test]
+    fn cpu_lists_parse_as_the_kernel_writes_them() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("0,2-4,7"), Some(vec![0, 2, 3, 4, 7]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("a"), None);
+        assert_eq!(parse_cpu_list(""), None);
+    }
+
+    #[test]
+    fn a_thread_pinned_to_one_cpu_can_pin_another_elsewhere() {
+        let online = online_cpus().unwrap();
+        let (Some(&first), Some(&last)) = (online.first(), online.last()) else {
+            unreachable!("a running thread has a CPU");
+        };
+        if first == last {
+            eprintln!("SKIPPED: one online CPU, nowhere else to pin");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            tx.send(current_tid()).unwrap();
+            done_rx.recv().unwrap();
+        });
+        let tid = rx.recv().unwrap();
+        std::thread::spawn(move || {
+            pin(0, &[first]).unwrap();
+            pin(tid, &[last]).unwrap();
+            assert_eq!(affinity(tid).unwrap(), [last]);
+        })
+        .join()
+        .unwrap();
+        done_tx.send(()).unwrap();
+        other.join().unwrap();
+    }
+
+    #[test]
     fn pinning_reads_back_and_rejects_missing_cpus() {
         std::thread::spawn(|| {
             let cpus = available_cpus().unwrap();
@@ -347,6 +411,7 @@ mod tests {
             let err = pin(0, &[4096]).unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
             assert!(err.to_string().contains("CPU 4096 does not exist"), "{err}");
+            assert!(err.to_string().contains("online"), "{err}");
             assert_eq!(pin(0, &[]).unwrap_err().kind(), io::ErrorKind::InvalidInput);
         })
         .join()
