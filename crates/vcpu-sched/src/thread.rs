@@ -203,6 +203,26 @@ pub fn online_cpus() -> io::Result<Vec<usize>> {
     })
 }
 
+/// The online CPUs as last read: `pin` may run often (a policy that moves
+/// threads), and reading sysfs costs more than the move itself.
+static ONLINE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// Checks that every CPU in `cpus` is online, re-reading the list only when
+/// one is missing from the last reading (a CPU may have come online since).
+fn check_online(cpus: &[usize]) -> io::Result<()> {
+    let mut online = ONLINE.lock().unwrap_or_else(PoisonError::into_inner);
+    if cpus.iter().any(|c| !online.contains(c)) {
+        *online = online_cpus()?;
+    }
+    match cpus.iter().find(|c| !online.contains(c)) {
+        Some(bad) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("CPU {bad} does not exist or is not online (online: {online:?})"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Parses a kernel CPU list such as "0-3,6,8-9".
 fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
     let mut cpus = Vec::new();
@@ -225,13 +245,7 @@ fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
 /// `InvalidInput` if `cpus` is empty or names a CPU that is not online; the
 /// kernel's error otherwise (`EINVAL` when a cpuset allows none of `cpus`).
 pub fn pin(tid: Tid, cpus: &[usize]) -> io::Result<()> {
-    let online = online_cpus()?;
-    if let Some(bad) = cpus.iter().find(|c| !online.contains(c)) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("CPU {bad} does not exist or is not online (online: {online:?})"),
-        ));
-    }
+    check_online(cpus)?;
     if cpus.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
