@@ -5,7 +5,8 @@
 //! next IPI, then block. Every 2 µs of spinning, as a pause-loop exit would,
 //! the sender calls the policy's `on_wait` and the others its `on_idle` (which
 //! may end their spin early). For each policy in the same run, taking turns:
-//! rounds per second and the hogs' iterations per second, as ratios to `NoBoost`.
+//! rounds per second and the hogs' iterations per second, as ratios to `NoBoost`,
+//! and the CPUs the VM's own threads used (CPU seconds per second).
 //!
 //! `cargo run --release -p vcpu-sched --example overcommit [-- SECONDS_PER_RUN [VCPUS HOGS SPIN_US]]`:
 //! the whole table, or the one configuration named.
@@ -87,12 +88,13 @@ impl Vm {
         }
     }
 
-    fn target(&self, me: usize, window: Duration) {
+    /// Answers IPIs until stopped; returns the CPU time it used.
+    fn target(&self, me: usize, window: Duration) -> Duration {
         self.booster.register(me, current_tid());
         loop {
             self.wait_for_ipi(me, window);
             if self.stop.load(SeqCst) {
-                return;
+                return thread_cpu();
             }
             self.vcpus[me].entering_guest();
             self.policy.on_run(&self.ctx(), me);
@@ -129,6 +131,15 @@ struct Run {
     hog_rate: f64,
     revoked: u64,
     boosted_ms_per_s: f64,
+    /// CPU time of the VM's threads (sender and targets) per second.
+    vm_cpus: f64,
+}
+
+/// The calling thread's CPU time so far (`/proc/thread-self/schedstat`).
+fn thread_cpu() -> Duration {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let ns = text.split_whitespace().next().and_then(|f| f.parse().ok());
+    Duration::from_nanos(ns.unwrap_or(0))
 }
 
 fn run(policy: Arc<dyn BoostPolicy>, n: usize, window: Duration, secs: f64, hogs: &Hogs) -> Run {
@@ -153,6 +164,7 @@ fn run(policy: Arc<dyn BoostPolicy>, n: usize, window: Duration, secs: f64, hogs
     let threads: Vec<Thread> = handles.iter().map(|h| h.thread().clone()).collect();
     vm.booster.register(0, current_tid());
     let hog_start = hogs.iterations();
+    let sender_start = thread_cpu();
     let (start, mut rounds) = (Instant::now(), 0u64);
     while start.elapsed().as_secs_f64() < secs {
         vm.round(&threads);
@@ -165,12 +177,14 @@ fn run(policy: Arc<dyn BoostPolicy>, n: usize, window: Duration, secs: f64, hogs
         vm.pending[t + 1].store(true, SeqCst);
         th.unpark();
     }
-    handles.into_iter().for_each(|h| h.join().unwrap());
+    let sender_cpu = thread_cpu() - sender_start;
+    let targets_cpu: Duration = handles.into_iter().map(|h| h.join().unwrap()).sum();
     Run {
         rounds_per_s: rounds as f64 / elapsed,
         hog_rate: hog_iterations as f64 / elapsed / 1e6,
         revoked: stats.boosts_revoked.load(SeqCst),
         boosted_ms_per_s: stats.boost_ns.load(SeqCst) as f64 / 1e6 / elapsed,
+        vm_cpus: (sender_cpu + targets_cpu).as_secs_f64() / elapsed,
     }
 }
 
@@ -241,9 +255,9 @@ fn main() {
         "{cores} cores, {secs} s per run, median of {ROUNDS} rounds taking turns between policies\n"
     );
     println!(
-        "| vCPUs | hogs | spin window | policy | rounds/s | vs NoBoost | hog M it/s | hogs vs NoBoost | boosted ms/s | boosts revoked |"
+        "| vCPUs | hogs | spin window | policy | rounds/s | vs NoBoost | hog M it/s | hogs vs NoBoost | VM CPUs | boosted ms/s | boosts revoked |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for config in configs {
         print_rows(config, secs);
     }
@@ -271,8 +285,9 @@ fn print_rows((n, h, window_us): Config, secs: f64) {
             format!("{:.2}x", hog / base_hogs)
         };
         let boosted = median(&r.iter().map(|r| r.boosted_ms_per_s).collect::<Vec<_>>());
+        let vm_cpus = median(&r.iter().map(|r| r.vm_cpus).collect::<Vec<_>>());
         println!(
-            "| {n} | {h} | {window_us} µs | {name} | {rounds:.0} | {:.2}x | {hog:.0} | {hog_ratio} | {boosted:.1} | {} |",
+            "| {n} | {h} | {window_us} µs | {name} | {rounds:.0} | {:.2}x | {hog:.0} | {hog_ratio} | {vm_cpus:.2} | {boosted:.1} | {} |",
             rounds / base_rounds,
             r.iter().map(|r| r.revoked).sum::<u64>()
         );
