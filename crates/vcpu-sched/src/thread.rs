@@ -214,10 +214,19 @@ fn check_online(cpus: &[usize]) -> io::Result<()> {
     if cpus.iter().any(|c| !online.contains(c)) {
         *online = online_cpus()?;
     }
-    match cpus.iter().find(|c| !online.contains(c)) {
-        Some(bad) => Err(io::Error::new(
+    if let Some(bad) = cpus.iter().find(|c| !online.contains(c)) {
+        return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("CPU {bad} does not exist or is not online (online: {online:?})"),
+        ));
+    }
+    match cpus.iter().find(|&&c| c >= libc::CPU_SETSIZE as usize) {
+        Some(big) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "CPU {big} is beyond what a cpu_set_t holds ({})",
+                libc::CPU_SETSIZE
+            ),
         )),
         None => Ok(()),
     }
@@ -255,7 +264,7 @@ pub fn pin(tid: Tid, cpus: &[usize]) -> io::Result<()> {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &c in cpus {
-        // SAFETY: `c` is an available CPU, so below CPU_SETSIZE.
+        // SAFETY: `check_online` rejected every CPU at or above CPU_SETSIZE.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
     // SAFETY: passes the set we own and its size; the result is checked.
