@@ -2,16 +2,43 @@
 //! the wake-up that makes sure the target sees them.
 //!
 //! Any thread may post: a vCPU writing its ICR, a vCPU's timer thread. The
-//! poster sets the IRR bit, tells the boost policy (`vcpu-sched`) that the
-//! target was delivered to, and then looks at where the target is:
+//! poster sets the IRR bit (or the timer expiry), tells the boost policy
+//! (`vcpu-sched`) that the target was delivered to, and then looks at where
+//! the target is:
 //! - in the guest: a kick ([`crate::kick`]) brings it out of `KVM_RUN`;
 //! - halted: its halt-poll wake source wakes it (polling or blocked);
-//! - in the VMM: nothing; it checks its IRR before it enters the guest again.
+//! - in the VMM: nothing; it looks for work before it enters the guest again.
 //!
-//! The vCPU publishes its run state before it checks its IRR, and the poster
-//! publishes the IRR bit before it reads the run state, all SeqCst (with the
-//! fences in `VcpuState`): one of the two always sees the other, so no
-//! interrupt waits for an unrelated exit.
+//! # The handshake: why no post is missed
+//! Two sides, each writing first and reading second, all SeqCst (with the
+//! fences in `VcpuState`):
+//!
+//! | vCPU thread | poster |
+//! |---|---|
+//! | 1. run state := `InGuest` (or `Halted` before a halt) | 1. IRR bit or timer expiry := set |
+//! | 2. read the IRR and the timer expiry; inject | 2. read the run state |
+//! | 3. `KVM_RUN` (or block on the wake source) | 3. `InGuest`: kick; `Halted`: wake |
+//!
+//! In the single order of SeqCst operations one of the two writes comes
+//! first. If the poster's does, the vCPU's read in step 2 sees the work and
+//! injects it. If the vCPU's does, the poster reads `InGuest` (or `Halted`)
+//! and kicks (or wakes). A kick is a signal that stays pending while the
+//! vCPU is still in the VMM, so the `KVM_RUN` of step 3 returns at once
+//! instead of entering the guest ([`crate::kick`]); a wake sets the wake
+//! source's event bit before it looks for a sleeper, so a halt that starts
+//! afterwards returns at once. Either way the vCPU looks again. The vCPU
+//! goes back to `InVmm` only after `KVM_RUN` returns, and publishes again
+//! before its next look, so every look is covered.
+//!
+//! The order matters: a vCPU that looked for work before publishing
+//! `InGuest` would let a post land in between, see `InVmm`, send no kick, and
+//! leave the vCPU in the guest with the interrupt pending until some
+//! unrelated exit (for a guest that spins without exits: for ever). The loom
+//! model `a_post_racing_with_entry_is_injected_or_kicks` in `vcpu-sched`'s
+//! `tests/loom.rs` checks both orders; `tests/contention.rs` runs guests
+//! that spin without exits while their timers and IPIs are posted, beside
+//! CPU hogs. KVM does the same with `vcpu->mode = IN_GUEST_MODE`, a full
+//! barrier, then its request check in `vcpu_enter_guest`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, PoisonError};

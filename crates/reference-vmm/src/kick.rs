@@ -16,6 +16,12 @@
 //! at its requests. The requester sets its request flag *before* sending the
 //! signal, so a thread that consumes the signal always sees the flag.
 //!
+//! Interrupt delivery kicks only a vCPU whose run state says it is in the
+//! guest, and a vCPU publishes that state *before* it looks for pending
+//! interrupts ([`crate::irq`] has the whole handshake). So the one kick that
+//! can arrive after the vCPU's last look is one sent between that look and
+//! `KVM_RUN`, and the second case above keeps it.
+//!
 //! This is QEMU's original scheme. The alternative, setting `kvm_run.immediate_exit`
 //! from the signal handler, needs a second mutable path to the `kvm_run` page that
 //! kvm-ioctls' `VcpuFd::set_kvm_immediate_exit(&mut self)` cannot offer soundly

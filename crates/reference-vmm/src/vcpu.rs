@@ -3,11 +3,11 @@
 //! ```text
 //! loop {
 //!     stop requested?  -> finish                  (set by the VMM before a kick)
+//!     run state = in guest                       (vcpu-sched; before any look for work)
 //!     timer expired?   -> spin to the deadline, fire the LVT timer (lapic-timer)
 //!     inject the highest deliverable interrupt, or ask for an interrupt window
-//!     run state = in guest; boost policy: ran    (vcpu-sched)
 //!     offline; exit = KVM_RUN; online            (rcu-qs: the guest is a quiescent state)
-//!     run state = in the VMM
+//!     run state = in the VMM; boost policy: ran
 //!     x2APIC / TSC-deadline MSR  -> the local APIC (IPIs to the others, timer re-armed)
 //!     HLT                        -> wait through the halt poller until work arrives (halt-poll)
 //!     port I/O                   -> the device bus, read through RCU (or a lock, as chosen)
@@ -15,7 +15,8 @@
 //! }
 //! ```
 //! Kicks follow the strategy described in [`crate::kick`]; delivery to other
-//! vCPUs is [`crate::irq`].
+//! vCPUs, and the handshake that orders the run state before every look for
+//! work, is [`crate::irq`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -325,6 +326,10 @@ impl VcpuRunner {
             if shared.stop_requested() {
                 return Ok(self.summary(false));
             }
+            // Published before looking for work (see `crate::irq`): a post
+            // from here on either is seen by `prepare_entry` or kicks, and a
+            // kick sent before `KVM_RUN` makes it return at once.
+            irqs.state(self.vcpu()).entering_guest();
             self.prepare_entry(&mut l)?;
             let flow = self.run_once(&mut l);
             match flow {
@@ -424,7 +429,6 @@ impl VcpuRunner {
     fn run_once(&mut self, l: &mut Loop) -> Result<Flow, ExitError> {
         let shared = self.shared.clone();
         let (irqs, vcpu) = (&shared.irqs, self.vcpu());
-        irqs.state(vcpu).entering_guest();
         let exit = if shared.mechanisms.extended_qs {
             l.reader.offline();
             let exit = self.fd.run();

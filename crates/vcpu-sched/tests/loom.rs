@@ -126,3 +126,81 @@ fn delivery_racing_with_halt_never_loses_the_wake_up() {
         assert!(state.is_ready(), "delivery marks the vCPU ready");
     });
 }
+
+/// The order in which a vCPU thread publishes "in guest" and looks for
+/// pending interrupts on its way into `KVM_RUN`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// Publish, then look: what a VMM must do (`reference-vmm`'s `irq` module).
+    PublishThenLook,
+    /// Look, then publish: the order that loses interrupts.
+    LookThenPublish,
+}
+
+/// The entry handshake of a VMM that kicks vCPUs in the guest with a signal:
+/// a poster sets an IRR bit, then kicks the vCPU if its run state says it is
+/// in the guest. The kick is a signal blocked outside `KVM_RUN`, so it stays
+/// pending (here: a flag) and makes the next `KVM_RUN` return at once. The
+/// vCPU enters until a `KVM_RUN` does not return at once. When both are done,
+/// the interrupt must have been injected, or a kick must be pending to bring
+/// the vCPU out of the guest: anything else leaves a guest that spins without
+/// exits with its interrupt pending for ever.
+fn post_racing_with_entry(entry: Entry) {
+    loom::model(move || {
+        let state = Arc::new(VcpuState::new());
+        let irr = Arc::new(AtomicBool::new(false));
+        let kick = Arc::new(AtomicBool::new(false));
+        let poster = {
+            let (state, irr, kick) = (state.clone(), irr.clone(), kick.clone());
+            thread::spawn(move || {
+                irr.store(true, SeqCst);
+                if state.run_state() == RunState::InGuest {
+                    kick.store(true, SeqCst);
+                }
+            })
+        };
+        let mut injected = false;
+        loop {
+            if entry == Entry::PublishThenLook {
+                state.entering_guest();
+            }
+            injected |= take(&irr);
+            if entry == Entry::LookThenPublish {
+                state.entering_guest();
+            }
+            // KVM_RUN: a pending kick makes it return at once (EINTR), and
+            // consuming the signal clears it; otherwise the guest runs.
+            if !take(&kick) {
+                break;
+            }
+            state.left_guest();
+        }
+        poster.join().unwrap();
+        let kicked_out_later = kick.load(SeqCst);
+        assert!(
+            injected || kicked_out_later,
+            "interrupt lost: pending, and the vCPU in the guest with no kick"
+        );
+    });
+}
+
+/// Takes a flag: whether it was set. A compare-exchange, not a `swap`: loom
+/// 0.7 lets a racing store slip inside a `swap` (tokio-rs/loom#254).
+fn take(flag: &AtomicBool) -> bool {
+    flag.compare_exchange(true, false, SeqCst, SeqCst).is_ok()
+}
+
+/// Publishing "in guest" before looking for work: every interleaving ends
+/// with the interrupt injected or the vCPU kicked.
+#[test]
+fn a_post_racing_with_entry_is_injected_or_kicks() {
+    post_racing_with_entry(Entry::PublishThenLook);
+}
+
+/// The model can fail: looking before publishing loses the interrupt when
+/// the post lands in between (loom finds that interleaving).
+#[test]
+#[should_panic(expected = "interrupt lost")]
+fn looking_for_work_before_publishing_loses_a_post() {
+    post_racing_with_entry(Entry::LookThenPublish);
+}

@@ -108,6 +108,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_apic_abuse: u8;
     safe static reference_vmm_guest_apic_gp: u8;
     safe static reference_vmm_guest_cyclictest: u8;
+    safe static reference_vmm_guest_timer_spin: u8;
     safe static reference_vmm_guest_sched_ipi: u8;
     safe static reference_vmm_guest_ipi_ring: u8;
     safe static reference_vmm_guest_port_exits: u8;
@@ -227,6 +228,11 @@ pub static PROGRAMS: &[GuestProgram] = &[
         name: "cyclictest",
         about: "vCPU 0 arms params[0] TSC deadlines params[1] ticks apart and records each lateness",
         entry: &reference_vmm_guest_cyclictest,
+    },
+    GuestProgram {
+        name: "timer-spin",
+        about: "every vCPU arms params[0] TSC deadlines, each params[1] ticks (plus jitter) ahead, and spins without exits until each fires",
+        entry: &reference_vmm_guest_timer_spin,
     },
     GuestProgram {
         name: "sched-ipi",

@@ -44,3 +44,42 @@ reference_vmm_guest_cyclictest:
 9:  call rt_done
 10: .asciz "samples"
 11: .asciz "irqs"
+
+// timer-spin: every vCPU arms its TSC-deadline timer params[0] times, each
+// deadline params[1] ticks after the arming plus up to 16383 ticks of jitter
+// (the TSC's low bits), and spins at CPL3 without an exit until that timer's
+// interrupt has arrived. The interrupt is posted while the vCPU is on its way
+// back into the guest from the deadline write, so a poster that misses the
+// vCPU's entry loses it and the vCPU spins for ever. Reports "irqs".
+    .globl reference_vmm_guest_timer_spin
+reference_vmm_guest_timer_spin:
+    lea r13, [rdx - {irq_record_below_data}]
+    call rt_apic_enable
+    mov edi, {msr_lvt_timer}
+    mov esi, 0x40050            // TSC-deadline mode, vector 0x50
+    call rt_wrmsr
+    mov r14, [{params}]         // deadlines
+    mov r15, [{params} + 8]     // distance, ticks
+    xor ebx, ebx
+1:  cmp rbx, r14
+    jae 8f
+    inc rbx
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rcx, rax
+    and ecx, 0x3fff
+    add rax, rcx
+    add rax, r15
+    mov edi, {msr_tsc_deadline}
+    mov rsi, rax
+    call rt_wrmsr
+2:  cmp [r13 + 8], rbx          // until this deadline's interrupt came
+    jae 1b
+    pause
+    jmp 2b
+8:  lea rdi, [rip + 10f]
+    mov rsi, [r13 + 8]
+    call rt_report
+    call rt_done
+10: .asciz "irqs"

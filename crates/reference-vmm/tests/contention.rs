@@ -1,0 +1,61 @@
+//! Interrupts posted while their target vCPU is on its way into the guest,
+//! on a host whose CPUs other tenants keep busy: guests that spin without a
+//! single exit must still get every timer interrupt and every IPI, so a post
+//! that misses the vCPU's entry (no kick sent, interrupt left pending) hangs
+//! the guest and the run's timeout fails the test. The timeout only detects
+//! hangs: each run's work is bounded and takes seconds even beside the hogs.
+//!
+//! This is the handshake of `reference_vmm::irq` checked on real KVM; with
+//! the look for work moved before the run state is published (the order that
+//! loses posts) the timer guest hangs in most runs, idle or busy.
+
+mod common;
+mod program;
+
+use common::kvm_available;
+use reference_vmm::mechanisms::Mechanisms;
+use test_support::Hogs;
+
+/// Two CPU hogs: as many as this project's machines have cores.
+const HOGS: usize = 2;
+
+#[test]
+fn spinning_guests_get_every_timer_and_ipi_beside_cpu_hogs() {
+    if !kvm_available("spinning_guests_get_every_timer_and_ipi_beside_cpu_hogs") {
+        return;
+    }
+    let _hogs = Hogs::start(HOGS);
+    // Each deadline is armed by an MSR exit and fires about when the vCPU is
+    // back on its way in; the distances cover a range of exit costs.
+    const DEADLINES: u64 = 500;
+    for distance in (100_000..=400_000).step_by(50_000) {
+        let report = program::run(
+            "timer-spin",
+            2,
+            Mechanisms::default(),
+            &[DEADLINES, distance],
+        )
+        .unwrap_or_else(|e| panic!("timer-spin, {distance} ticks: {e}"))
+        .0;
+        for vcpu in 0..2 {
+            assert_eq!(
+                report.value(vcpu, "irqs"),
+                Some(DEADLINES),
+                "timer-spin, {distance} ticks, vCPU {vcpu}"
+            );
+        }
+    }
+    // Each vCPU IPIs the next and spins, with no pause exits, until it was
+    // taken: only a kick gets an IPI to a vCPU in that loop.
+    const ROUNDS: u64 = 1000;
+    let report = program::run("ipi-ring", 3, Mechanisms::default(), &[ROUNDS, 0])
+        .unwrap_or_else(|e| panic!("ipi-ring: {e}"))
+        .0;
+    for vcpu in 0..3 {
+        assert_eq!(
+            report.value(vcpu, "irqs"),
+            Some(ROUNDS),
+            "ipi-ring vCPU {vcpu}"
+        );
+    }
+}
