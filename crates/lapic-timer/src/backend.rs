@@ -416,9 +416,18 @@ mod tests {
         );
     }
 
+    /// A clock that moves `step` at every reading, as a busy-wait sees time pass.
+    struct Stepping(FakeClock, Duration);
+
+    impl Clock for Stepping {
+        fn now_ns(&self) -> u64 {
+            self.0.advance(self.1);
+            self.0.now_ns()
+        }
+    }
+
     #[test]
     fn spin_reaches_the_target_but_never_spins_longer_than_allowed() {
-        let clock = FakeClock::at(1_000);
         let e = Expiry {
             payload: 0,
             deadline_ns: 1_000,
@@ -427,18 +436,28 @@ mod tests {
             armed_ns: 0,
             max_spin: Duration::from_micros(5),
         };
-        assert_eq!(e.spin(&clock), Duration::ZERO, "already at the target");
-        let real = MonotonicClock;
-        let now = real.now_ns();
-        let e = Expiry {
-            target_ns: now + 20_000,
-            max_spin: Duration::from_micros(5),
+        let still = FakeClock::at(1_000);
+        assert_eq!(e.spin(&still), Duration::ZERO, "already at the target");
+        let step = Duration::from_micros(1);
+        let near = Expiry {
+            target_ns: 4_000,
             ..e
         };
-        let spun = e.spin(&real);
-        assert!(
-            spun >= Duration::from_micros(5) && spun < Duration::from_millis(5),
-            "bounded by max_spin: {spun:?}"
+        let clock = Stepping(FakeClock::at(0), step);
+        assert_eq!(near.spin(&clock), Duration::from_micros(3), "to the target");
+        let far = Expiry {
+            target_ns: 10_000_000,
+            ..e
+        };
+        let clock = Stepping(FakeClock::at(0), step);
+        assert_eq!(
+            far.spin(&clock),
+            Duration::from_micros(5),
+            "cut at max_spin"
         );
+        // A host stall in the middle of a spin (the thread preempted for 1 ms):
+        // the spin ends at the first reading past its bound, not later.
+        let clock = Stepping(FakeClock::at(0), Duration::from_millis(1));
+        assert_eq!(far.spin(&clock), Duration::from_millis(1), "one reading");
     }
 }

@@ -94,8 +94,11 @@ fn a_receiver_can_spin_to_the_target_itself() {
     for _ in 0..20 {
         timer.arm(MonotonicClock.now_ns() + 1_000_000, 0).unwrap();
         let (e, _) = rx.recv_timeout(WAIT).unwrap();
-        let spun = timer.receive(&e);
-        assert!(spun <= e.max_spin + Duration::from_micros(50), "{spun:?}");
+        // The timer thread woke at `target - max_spin` or later, so a spin
+        // bounded by `max_spin` always reaches the target (how long it took
+        // in wall time is the host's business: the bound itself is checked
+        // with a fake clock in the unit tests).
+        timer.receive(&e);
         assert!(
             MonotonicClock.now_ns() >= e.target_ns,
             "the receiver reached the target"
