@@ -110,6 +110,28 @@ pub enum ConfigError {
     /// A device could not be added to the bus.
     #[error("cannot add a device: {0}")]
     Device(String),
+    /// A guest program parameter below what the program needs.
+    #[error(
+        "guest program {guest} needs params[{index}] ({name}) of at least {min}, not {got} (--params)"
+    )]
+    Param {
+        /// The program.
+        guest: &'static str,
+        /// Which parameter.
+        index: usize,
+        /// What it means.
+        name: &'static str,
+        /// The smallest value it takes.
+        min: u64,
+        /// The value given.
+        got: u64,
+    },
+    /// A guest program that never finishes, run without a timeout.
+    #[error("guest program {guest} runs until it is stopped: give it a timeout (--timeout-ms)")]
+    NeedsTimeout {
+        /// The program.
+        guest: &'static str,
+    },
     /// No built-in guest program has this name.
     #[error("no guest program is called {name:?}; the built-in ones are: {known}")]
     UnknownGuest {

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use reference_vmm::{ConfigError, Vm, VmConfig};
 
 /// A reference VMM on real KVM for the vm-latency crates.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, disable_help_subcommand = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,6 +30,34 @@ enum Command {
     Guests,
     /// Measure each mechanism end to end against its baseline.
     Bench(BenchArgs),
+    /// Print this message or the help of the given subcommand.
+    Help(HelpArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct HelpArgs {
+    /// The subcommand to explain.
+    #[arg(value_parser = ["run", "guests", "bench"])]
+    command: Option<String>,
+}
+
+/// Clap's own `help` subcommand takes no options (`help --help` is an
+/// error there); this one is an ordinary subcommand.
+fn help(args: HelpArgs) -> ExitCode {
+    let mut cli = <Cli as clap::CommandFactory>::command();
+    cli.build(); // names each subcommand's usage after the binary
+    let printed = match args
+        .command
+        .as_deref()
+        .and_then(|c| cli.find_subcommand_mut(c))
+    {
+        Some(sub) => sub.print_long_help(),
+        None => cli.print_long_help(),
+    };
+    match printed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("cannot write to stdout: {e}")),
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -43,9 +71,51 @@ struct BenchArgs {
     /// Few rounds and one repetition: checks that everything runs.
     #[arg(long)]
     quick: bool,
-    /// With `all`: where to write the Markdown report.
-    #[arg(long, value_name = "PATH", default_value = "BENCHMARKS.md")]
-    out: PathBuf,
+    /// Where to write the report (Markdown, or JSON with --json) [default:
+    /// target/bench/<SCENARIO>.md or .json in the workspace].
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// With `all`: also rewrite the workspace's BENCHMARKS.md with this run's
+    /// Markdown report (not with --quick).
+    #[arg(long)]
+    update_benchmarks_md: bool,
+}
+
+impl BenchArgs {
+    /// What a reader would type to rerun this.
+    fn command(&self) -> String {
+        format!(
+            "cargo run --release -p reference-vmm -- bench {}{}",
+            self.scenario.name(),
+            if self.quick { " --quick" } else { "" }
+        )
+    }
+
+    /// Where the report goes.
+    fn out(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| {
+            let ext = if self.json { "json" } else { "md" };
+            workspace_root()
+                .join("target/bench")
+                .join(format!("{}.{ext}", self.scenario.name()))
+        })
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.update_benchmarks_md && self.scenario != Scenario::All {
+            return Err("--update-benchmarks-md is for `bench all`, whose report it is".into());
+        }
+        if self.update_benchmarks_md && self.quick {
+            return Err("--update-benchmarks-md takes a full run, not --quick".into());
+        }
+        Ok(())
+    }
+}
+
+/// The workspace this binary was built in, where `target/` and
+/// `BENCHMARKS.md` are.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -60,8 +130,16 @@ enum Scenario {
     Rcu,
     /// dirty_log_perf_test per dirty-log backend.
     Dirty,
-    /// Every scenario; also writes the Markdown report (--out).
+    /// Every scenario, in this order.
     All,
+}
+
+impl Scenario {
+    /// As typed on the command line.
+    fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -88,18 +166,24 @@ struct RunArgs {
     mechanisms: MechanismArgs,
 }
 
-/// The mechanism switches, each with its baseline.
+/// The mechanism switches, each with its baseline. Those left out take the
+/// default; with `--irqchip kernel`, a switch that KVM's LAPIC leaves
+/// nothing to act on is an error when given.
 #[derive(Debug, clap::Args)]
 struct MechanismArgs {
-    /// How a halted vCPU waits: kvm, haltpoll, aio, own, off, always.
-    #[arg(long, default_value = "own")]
-    halt_poll: HaltPoll,
-    /// How early a guest timer's host timer fires: none, fixed:NS, kvm, own.
-    #[arg(long, default_value = "own")]
-    timer_advance: TimerAdvance,
-    /// What interrupt delivery does for the target's thread: none, ready, own.
-    #[arg(long, default_value = "own")]
-    boost: Boost,
+    /// How a halted vCPU waits: kvm, haltpoll, aio, own, off, always [default:
+    /// own; with --irqchip kernel, KVM's own polling, and only kvm, off
+    /// (window 0) or always (window 10 ms) may be given].
+    #[arg(long)]
+    halt_poll: Option<HaltPoll>,
+    /// How early a guest timer's host timer fires: none, fixed:NS, kvm, own
+    /// [default: own].
+    #[arg(long)]
+    timer_advance: Option<TimerAdvance>,
+    /// What interrupt delivery does for the target's thread: none, ready, own
+    /// [default: own].
+    #[arg(long)]
+    boost: Option<Boost>,
     /// How vCPU threads read the device bus: rcu, rwlock, arc-swap.
     #[arg(long, default_value = "rcu")]
     bus: BusAccess,
@@ -113,23 +197,53 @@ struct MechanismArgs {
     guest_poll: bool,
     /// Where the local APICs live: user (this VMM's, with the crates on their
     /// paths) or kernel (KVM's in-kernel LAPIC, timer and halt polling: the
-    /// baseline). With kernel, --halt-poll off and always set KVM's window
-    /// (0, 10 ms), the other choices leave KVM's own; --timer-advance, --boost
-    /// and --guest-poll have nothing to act on.
+    /// baseline; --timer-advance, --boost and --guest-poll have nothing to act
+    /// on there).
     #[arg(long, default_value = "user")]
     irqchip: Irqchip,
 }
 
 impl MechanismArgs {
-    fn mechanisms(&self) -> Mechanisms {
-        Mechanisms {
-            halt_poll: self.halt_poll,
-            timer_advance: self.timer_advance,
-            boost: self.boost,
+    fn mechanisms(&self) -> Result<Mechanisms, String> {
+        let defaults = Mechanisms::default();
+        if self.irqchip == Irqchip::Kernel {
+            self.check_kernel()?;
+        }
+        let kernel_default = match self.irqchip {
+            Irqchip::Kernel => HaltPoll::Kvm,
+            Irqchip::User => defaults.halt_poll,
+        };
+        Ok(Mechanisms {
+            halt_poll: self.halt_poll.unwrap_or(kernel_default),
+            timer_advance: self.timer_advance.unwrap_or(defaults.timer_advance),
+            boost: self.boost.unwrap_or(defaults.boost),
             bus: self.bus,
             extended_qs: !self.no_extended_qs,
             guest_poll: self.guest_poll,
             irqchip: self.irqchip,
+        })
+    }
+
+    /// KVM's LAPIC takes the timer, the interrupts and the halts: the
+    /// switches for what this VMM would do there have nothing to act on.
+    fn check_kernel(&self) -> Result<(), String> {
+        let unused = [
+            ("--timer-advance", self.timer_advance.is_some()),
+            ("--boost", self.boost.is_some()),
+            ("--guest-poll", self.guest_poll),
+            (
+                "--halt-poll haltpoll|aio|own",
+                self.halt_poll
+                    .is_some_and(|p| p.kvm_window().is_none() && p != HaltPoll::Kvm),
+            ),
+        ];
+        match unused.iter().find(|(_, given)| *given) {
+            Some((switch, _)) => Err(format!(
+                "{switch} has nothing to act on with --irqchip kernel: KVM's LAPIC handles the \
+                 timer, interrupt delivery and halts (its halt polling takes --halt-poll kvm, \
+                 off or always)"
+            )),
+            None => Ok(()),
         }
     }
 }
@@ -182,6 +296,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Run(args) => run(*args),
         Command::Bench(args) => bench(args),
+        Command::Help(args) => help(args),
         Command::Guests => {
             let lines: String = PROGRAMS
                 .iter()
@@ -200,11 +315,19 @@ fn run(args: RunArgs) -> ExitCode {
         },
         None => Box::new(io::stdout()),
     };
+    let mechanisms = match args.mechanisms.mechanisms() {
+        Ok(m) => m,
+        Err(e) => return usage_error(&e),
+    };
+    let timeout = args.timeout_ms.map(Duration::from_millis);
+    if let Err(e) = args.guest.check(&args.params.0, timeout) {
+        return usage_error(&e.to_string());
+    }
     let config = VmConfig {
         vcpus: args.vcpus,
         mem_mib: args.mem_mib,
-        timeout: args.timeout_ms.map(Duration::from_millis),
-        mechanisms: args.mechanisms.mechanisms(),
+        timeout,
+        mechanisms,
         params: args.params.0,
         ..VmConfig::default()
     };
@@ -215,8 +338,12 @@ fn run(args: RunArgs) -> ExitCode {
 }
 
 fn bench(args: BenchArgs) -> ExitCode {
+    if let Err(e) = args.check() {
+        return usage_error(&e);
+    }
     let opts = bench::Options { quick: args.quick };
     let start = std::time::Instant::now();
+    let whole_run = bench::HostLoad::start();
     let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
     let scenarios: &[Scenario] = match args.scenario {
         // Every scenario, in the order they are declared.
@@ -225,6 +352,7 @@ fn bench(args: BenchArgs) -> ExitCode {
     };
     let mut tables = Vec::new();
     for scenario in scenarios {
+        let host = bench::HostLoad::start();
         let table = match scenario {
             Scenario::Halt => bench::halt::run(opts, &mut progress),
             Scenario::Timer => bench::timer::run(opts, &mut progress),
@@ -234,24 +362,38 @@ fn bench(args: BenchArgs) -> ExitCode {
             Scenario::All => unreachable!("expanded above"),
         };
         match table {
-            Ok(t) => tables.push(t),
-            Err(e) => return fail(&format!("bench {scenario:?}: {e}")),
+            Ok(mut t) => {
+                t.note(host.note());
+                tables.push(t);
+            }
+            Err(e) => return fail(&format!("bench {}: {e}", scenario.name())),
         }
     }
+    let markdown = bench::report(&tables, &args.command(), start.elapsed(), &whole_run.note());
     let output = if args.json {
         let items: Vec<String> = tables.iter().map(bench::Table::json).collect();
         format!("[{}]\n", items.join(",\n"))
     } else {
-        tables.iter().map(|t| t.markdown() + "\n").collect()
+        markdown.clone()
     };
-    if args.scenario == Scenario::All {
-        let report = bench::report(&tables, opts, start.elapsed());
-        if let Err(e) = std::fs::write(&args.out, report) {
-            return fail(&format!("cannot write {}: {e}", args.out.display()));
+    let mut files = vec![(args.out(), &output)];
+    if args.update_benchmarks_md {
+        files.push((workspace_root().join("BENCHMARKS.md"), &markdown));
+    }
+    for (path, text) in files {
+        if let Err(e) = write_report(&path, text) {
+            return fail(&format!("cannot write {}: {e}", path.display()));
         }
-        eprintln!("wrote {}", args.out.display());
+        eprintln!("wrote {}", path.display());
     }
     print_or_fail(&output)
+}
+
+fn write_report(path: &Path, text: &str) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, text)
 }
 
 fn print_or_fail(text: &str) -> ExitCode {
@@ -261,6 +403,12 @@ fn print_or_fail(text: &str) -> ExitCode {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => fail(&format!("cannot write to stdout: {e}")),
     }
+}
+
+/// A command line that parses but cannot be run: clap's status, 2.
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(2)
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -199,6 +199,7 @@ pub struct Vm {
     vm: Arc<VmFd>,
     memory: GuestMemoryMmap,
     timeout: Option<Duration>,
+    params: [u64; PARAMS],
     mechanisms: Mechanisms,
     devices: Vec<(u16, u16, Arc<dyn crate::devices::PioDevice>)>,
     domain: Arc<rcu_qs::Domain>,
@@ -249,6 +250,7 @@ impl Vm {
             vm: Arc::new(vm),
             memory,
             timeout: config.timeout,
+            params: config.params,
             mechanisms: config.mechanisms,
             devices: Vec::new(),
             domain: Arc::new(rcu_qs::Domain::new()),
@@ -294,6 +296,7 @@ impl Vm {
         program: &GuestProgram,
         serial_out: Box<dyn Write + Send>,
     ) -> Result<RunReport, Error> {
+        program.check(&self.params, self.timeout)?;
         let count = self.vcpus.len() as u32;
         let entry = IMAGE_ADDR + program.entry_offset();
         let kvm_halts = self.kvm_halt_stats()?;

@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 20] = [
         (&["run"], "--guest <GUEST>"),
         (
             &["run", "--guest", "nope"],
@@ -56,6 +56,69 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
         ),
         (&["bench", "fly"], "invalid value 'fly'"),
         (&["bench"], "<SCENARIO>"),
+        (
+            &["run", "--guest", "pingpong"],
+            "pingpong needs params[0] (rounds) of at least 1, not 0",
+        ),
+        (
+            &["run", "--guest", "spin"],
+            "spin runs until it is stopped: give it a timeout (--timeout-ms)",
+        ),
+        (
+            &[
+                "run",
+                "--guest",
+                "hello",
+                "--irqchip",
+                "kernel",
+                "--boost",
+                "own",
+            ],
+            "--boost has nothing to act on with --irqchip kernel",
+        ),
+        (
+            &[
+                "run",
+                "--guest",
+                "hello",
+                "--irqchip",
+                "kernel",
+                "--timer-advance",
+                "kvm",
+            ],
+            "--timer-advance has nothing to act on",
+        ),
+        (
+            &[
+                "run",
+                "--guest",
+                "hello",
+                "--irqchip",
+                "kernel",
+                "--guest-poll",
+            ],
+            "--guest-poll has nothing to act on",
+        ),
+        (
+            &[
+                "run",
+                "--guest",
+                "hello",
+                "--irqchip",
+                "kernel",
+                "--halt-poll",
+                "own",
+            ],
+            "--halt-poll haltpoll|aio|own has nothing to act on",
+        ),
+        (
+            &["bench", "halt", "--update-benchmarks-md"],
+            "--update-benchmarks-md is for `bench all`",
+        ),
+        (
+            &["bench", "all", "--quick", "--update-benchmarks-md"],
+            "takes a full run, not --quick",
+        ),
     ];
     for (args, expected) in cases {
         let out = vmm(args);
@@ -64,6 +127,53 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn help_explains_itself_and_every_subcommand() {
+    for (args, expected) in [
+        (&["help"][..], "Usage: reference-vmm <COMMAND>"),
+        (&["help", "--help"], "Usage: reference-vmm help [COMMAND]"),
+        (
+            &["help", "run"],
+            "Usage: reference-vmm run [OPTIONS] --guest <GUEST>",
+        ),
+        (&["help", "bench"], "--update-benchmarks-md"),
+    ] {
+        let out = vmm(args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains(expected),
+            "{args:?}: {}",
+            text(&out.stdout)
+        );
+    }
+}
+
+#[test]
+fn a_bench_writes_its_report_where_asked_and_leaves_benchmarks_md_alone() {
+    if !kvm_available("a_bench_writes_its_report_where_asked_and_leaves_benchmarks_md_alone") {
+        return;
+    }
+    let tracked = concat!(env!("CARGO_MANIFEST_DIR"), "/../../BENCHMARKS.md");
+    let before = std::fs::read(tracked).ok();
+    let dir = std::env::temp_dir().join(format!("reference-vmm-bench-{}", std::process::id()));
+    let path = dir.join("rcu.json");
+    let out = vmm(&[
+        "bench",
+        "rcu",
+        "--quick",
+        "--json",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let written = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(written, text(&out.stdout), "the report is what was printed");
+    assert!(written.starts_with("[{\"title\": \"rcu:"), "{written}");
+    assert!(written.contains("Host: other processes kept"), "{written}");
+    assert_eq!(std::fs::read(tracked).ok(), before, "BENCHMARKS.md changed");
 }
 
 #[test]

@@ -36,8 +36,13 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 7);
     let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();
     assert_eq!(dirty.rows.len(), 4);
-    let report = bench::report(&[dirty], QUICK, Duration::from_secs(1));
-    assert!(report.contains("bench all --quick") && report.contains("### dirty"));
+    let report = bench::report(
+        &[dirty],
+        "bench dirty --quick",
+        Duration::from_secs(1),
+        "Host: -",
+    );
+    assert!(report.contains("`bench dirty --quick` (1 s)") && report.contains("### dirty"));
 }
 
 #[test]

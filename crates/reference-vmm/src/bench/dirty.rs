@@ -123,6 +123,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         let row = measure(mode, mib, iterations)?;
         t.row(row.cells(mode).into_iter().map(Cell::text).collect());
     }
+    t.note("Better: shorter times. One run per mode: times, not ratios, as dirty_log_perf_test prints them.");
     t.note("Each vCPU writes every page of its part once per pass and stops at a gate port; the VMM harvests (and for the pipelined mode clears on a worker thread) between passes. Iteration N is the mean of passes 2 onwards; for the ring, get is collecting entries on the harvest thread, clear is KVM_RESET_DIRTY_RINGS, and drains on a full ring happen on the vCPU threads, inside their pass.".to_string());
     Ok(t)
 }

@@ -3,7 +3,7 @@
 //! policy in turn, then the guest polls its mailbox itself first, and last
 //! KVM's in-kernel LAPIC does it all (its halt polling as configured).
 
-use crate::bench::{Cell, Options, Table, measure, median, ticks_per_us};
+use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms};
 
@@ -68,9 +68,9 @@ impl Variant {
 /// Runs the scenario; `progress` hears about each run.
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
     let rounds = opts.rounds(ROUNDS);
-    let mut rt_us = vec![Vec::new(); VARIANTS.len()];
-    let mut cpu_us = vec![Vec::new(); VARIANTS.len()];
-    let mut poll_us = vec![Vec::new(); VARIANTS.len()];
+    let mut rt = vec![Runs::new(); VARIANTS.len()];
+    let mut cpu = vec![Runs::new(); VARIANTS.len()];
+    let mut poll = vec![Runs::new(); VARIANTS.len()];
     for rep in 0..opts.reps() {
         for (i, variant) in VARIANTS.into_iter().enumerate() {
             progress(&format!(
@@ -82,14 +82,11 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             let m = variant.mechanisms();
             let run = measure("pingpong", 2, m, &[rounds, u64::from(m.guest_poll)], |_| {})?;
             let ticks = run.report.value(0, "ticks").unwrap_or(0) as f64;
-            rt_us[i].push(ticks / ticks_per_us() / rounds as f64);
-            cpu_us[i].push(run.cpu.as_secs_f64() * 1e6 / rounds as f64);
-            poll_us[i].push(run.report.stats.polled_ns as f64 / 1e3 / rounds as f64);
+            rt[i].push(ticks / ticks_per_us() / rounds as f64);
+            cpu[i].push(run.cpu.as_secs_f64() * 1e6 / rounds as f64);
+            poll[i].push(run.report.stats.polled_ns as f64 / 1e3 / rounds as f64);
         }
     }
-    let rt: Vec<f64> = rt_us.iter().map(|v| median(v)).collect();
-    let cpu: Vec<f64> = cpu_us.iter().map(|v| median(v)).collect();
-    let poll: Vec<f64> = poll_us.iter().map(|v| median(v)).collect();
     let mut t = Table::new(
         "halt: IPI ping-pong between two halting vCPUs",
         &[
@@ -104,33 +101,42 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for (i, variant) in VARIANTS.into_iter().enumerate() {
         t.row(vec![
             Cell::text(variant.name()),
-            Cell::num(rt[i], 1),
-            Cell::ratio(rt[i] / rt[OFF]),
-            Cell::num(poll[i], 1),
-            Cell::ratio(poll[i] / poll[ALWAYS]),
-            Cell::num(cpu[i], 1),
+            Cell::num(rt[i].median(), 1),
+            Cell::ratio(&rt[i].ratio_to(&rt[OFF])),
+            Cell::num(poll[i].median(), 1),
+            Cell::ratio(&poll[i].ratio_to(&poll[ALWAYS])),
+            Cell::num(cpu[i].median(), 1),
         ]);
     }
-    let (own, guest) = (OWN, GUEST_SIDE);
-    let better = rt[OFF].min(rt[ALWAYS]);
+    t.better("a shorter round trip, less polling, less process CPU");
     t.note(format!(
-        "{rounds} round trips per run, median of {} runs per variant, alternating. Polling is the time the halted vCPU threads spent polling (halt-poll's halt_poll_success_ns + halt_poll_fail_ns): the CPU the policy spends. Process CPU also counts the guest (its CPL0 code is emulated on this KVM) and the VMM's exit handling.",
+        "{rounds} round trips per run, {} runs per variant, alternating. Polling is the time the halted vCPU threads spent polling (halt-poll's halt_poll_success_ns + halt_poll_fail_ns): the CPU the policy spends. Process CPU also counts the guest (its CPL0 code is emulated on this KVM) and the VMM's exit handling.",
         opts.reps()
     ));
     t.note(format!(
         "--irqchip kernel runs the same guest on KVM's LAPIC: IPIs, EOIs and halts never leave the kernel, which polls up to halt_poll_ns ({}). It is the floor a userspace APIC pays its exits above, not a policy to match; its polling is KVM's own (halt_poll_success_ns + halt_poll_fail_ns from the vCPUs' binary statistics).",
         kvm_halt_poll_ns()
     ));
-    t.note(format!(
-        "Goal: own round trip at most 1.1x the better of block-only and always-poll, at no more than half of always-poll's polling. Measured: {:.2}x, at {:.2}x of always-poll's polling: {}.",
-        rt[own] / better,
-        poll[own] / poll[ALWAYS],
-        if rt[own] <= 1.1 * better && poll[own] <= 0.5 * poll[ALWAYS] { "met" } else { "not met" }
+    let better = rt[OFF].zip(&rt[ALWAYS], f64::min);
+    let own_rt = rt[OWN].ratio_to(&better);
+    let own_poll = poll[OWN].ratio_to(&poll[ALWAYS]);
+    let meets = |rt: f64, poll: f64| rt <= 1.1 && poll <= 0.5;
+    t.note(goal(
+        "own round trip at most 1.1x the better of block-only and always-poll, at no more than half of always-poll's polling",
+        &format!(
+            "{} of the round trip, at {} of always-poll's polling",
+            own_rt.ratio_text(),
+            own_poll.ratio_text()
+        ),
+        meets(own_rt.median(), own_poll.median()),
+        &own_rt.0.iter().zip(&own_poll.0).map(|(&r, &p)| meets(r, p)).collect::<Vec<_>>(),
     ));
-    t.note(format!(
-        "Goal: guest-side polling at least 3x faster than block-only, as in the seed. Measured: {:.0}x: {}. (Its polling is the guest's, at CPL3, outside the VMM's accounting.)",
-        rt[OFF] / rt[guest],
-        if rt[OFF] >= 3.0 * rt[guest] { "met" } else { "not met" }
+    let speedup = rt[OFF].ratio_to(&rt[GUEST_SIDE]);
+    t.note(goal(
+        "guest-side polling at least 3x faster than block-only, as in the seed (its polling is the guest's, at CPL3, outside the VMM's accounting)",
+        &format!("{} faster", speedup.ratio_text()),
+        speedup.median() >= 3.0,
+        &speedup.each(|s| s >= 3.0),
     ));
     Ok(t)
 }

@@ -7,7 +7,9 @@
 
 pub mod dirty;
 pub mod halt;
+pub mod host;
 pub mod rcu;
+pub mod runs;
 pub mod sched;
 pub mod table;
 pub mod timer;
@@ -16,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use vm_memory::GuestMemoryMmap;
 
+pub use host::HostLoad;
+pub use runs::{Runs, goal};
 pub use table::{Cell, Table};
 
 use crate::error::Error;
@@ -93,32 +97,24 @@ pub fn cpu_time() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-/// The median of `values` (NaN for none).
-pub fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// Guest TSC ticks per µs.
 pub fn ticks_per_us() -> f64 {
     lapic_timer::TscClock::shared().tsc_khz() as f64 / 1000.0
 }
 
-/// The Markdown report of a `bench all` run: the machine, the command, and
-/// every table.
-pub fn report(tables: &[Table], opts: Options, took: Duration) -> String {
+/// The Markdown report of a run: the command, the machine, how busy the
+/// host was, and every table.
+pub fn report(tables: &[Table], command: &str, took: Duration, host: &str) -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mut out = format!(
         "# Benchmarks\n\nEvery mechanism of the workspace measured end to end on real KVM by the \
          reference VMM, each against its baseline in the same run.\n\n\
-         Command: `cargo run --release -p reference-vmm -- bench all{}` ({:.0} s).\n\n\
+         Command: `{command}` ({:.0} s).\n\n\
          Machine: {cores} cores; KVM is PVM (software virtualization with a shadow MMU, itself \
          nested in a microVM), where guest CPL0 code is emulated one instruction at a time, so \
          every interrupt handler, EOI and halt costs tens of microseconds and guest hot loops run at \
          CPL3. The machine is shared: runs alternate between variants, and ratios compare \
-         variants of the same run.\n\n",
-        if opts.quick { " --quick" } else { "" },
+         variants of the same run.\n\n{host}\n\n",
         took.as_secs_f64()
     );
     for t in tables {

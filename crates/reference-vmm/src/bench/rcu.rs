@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::bench::{Cell, Options, Table, measure, median, ticks_per_us};
+use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
 use crate::mechanisms::{BusAccess, Mechanisms};
 
@@ -34,7 +34,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
 fn lookups(opts: Options, progress: &mut dyn FnMut(&str), t: &mut Table) -> Result<(), Error> {
     const MODES: [BusAccess; 3] = [BusAccess::RwLock, BusAccess::Rcu, BusAccess::ArcSwap];
     let exits = opts.rounds(LOOKUP_EXITS);
-    let mut ns = vec![Vec::new(); MODES.len()];
+    let mut ns = vec![Runs::new(); MODES.len()];
     for rep in 0..opts.reps() {
         for (i, &bus) in MODES.iter().enumerate() {
             progress(&format!("rcu: --bus {bus} ({}/{})", rep + 1, opts.reps()));
@@ -49,20 +49,28 @@ fn lookups(opts: Options, progress: &mut dyn FnMut(&str), t: &mut Table) -> Resu
             );
         }
     }
-    let ns: Vec<f64> = ns.iter().map(|v| median(v)).collect();
     for (i, bus) in MODES.iter().enumerate() {
         t.row(vec![
             Cell::text("bus read + device write per exit (ns)"),
             Cell::text(format!("--bus {bus}")),
-            Cell::num(ns[i], 0),
-            Cell::ratio(ns[i] / ns[0]),
+            Cell::num(ns[i].median(), 0),
+            Cell::ratio(&ns[i].ratio_to(&ns[0])),
         ]);
     }
+    t.better("fewer ns per exit; shorter grace periods (their max is the longest of all runs)");
     t.note(format!(
-        "Bus reads: every vCPU makes {exits} POST-code port writes back to back; the VMM times, with the TSC, the bus lookup and the device's write on each exit (the vCPU thread is already back online); median of {} runs.",
+        "Bus reads: every vCPU makes {exits} POST-code port writes back to back; the VMM times, with the TSC, the bus lookup and the device's write on each exit (the vCPU thread is already back online); {} runs per variant, alternating.",
         opts.reps()
     ));
     Ok(())
+}
+
+/// One run's grace periods: p50 and max wait (µs), and the mean interval
+/// between two exits of a vCPU (µs).
+struct GracePeriods {
+    p50: f64,
+    max: f64,
+    exit_interval: f64,
 }
 
 fn grace_periods(
@@ -71,82 +79,98 @@ fn grace_periods(
     t: &mut Table,
 ) -> Result<(), Error> {
     let exits = opts.rounds(GP_EXITS);
-    let mut rows = Vec::new();
-    for extended_qs in [false, true] {
-        progress(&format!(
-            "rcu: grace periods, extended QS {}",
-            if extended_qs { "on" } else { "off" }
-        ));
-        let m = Mechanisms {
-            extended_qs,
-            ..Mechanisms::default()
-        };
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut writer = None;
-        let run = measure("port-exits", VCPUS, m, &[exits, GP_PAUSES], |vm| {
-            let (domain, stop) = (vm.rcu_domain(), stop.clone());
-            writer = Some(thread::spawn(move || {
-                let mut waits = Vec::new();
-                while !stop.load(Ordering::SeqCst) {
-                    let start = Instant::now();
-                    if domain.synchronize().is_err() {
-                        break;
-                    }
-                    waits.push(start.elapsed().as_secs_f64() * 1e6);
-                    thread::sleep(Duration::from_micros(200));
-                }
-                waits
-            }));
-        })?;
-        stop.store(true, Ordering::SeqCst);
-        let waits = writer
-            .map(|w| w.join().unwrap_or_default())
-            .unwrap_or_default();
-        let interval = run.wall.as_secs_f64() * 1e6 / exits as f64;
-        rows.push((
-            extended_qs,
-            median(&waits),
-            max(&waits),
-            interval,
-            waits.len(),
-        ));
+    let mut runs: [Vec<GracePeriods>; 2] = Default::default();
+    for rep in 0..opts.reps() {
+        for (extended_qs, runs) in [false, true].into_iter().zip(&mut runs) {
+            progress(&format!(
+                "rcu: grace periods, extended QS {} ({}/{})",
+                if extended_qs { "on" } else { "off" },
+                rep + 1,
+                opts.reps()
+            ));
+            runs.push(grace_period_run(extended_qs, exits)?);
+        }
     }
-    let base = rows[0].1;
-    for &(on, p50, worst, interval, n) in &rows {
-        let name = if on {
-            "extended QS on (offline in the guest)"
-        } else {
-            "extended QS off (QS at each exit)"
-        };
+    let p50 = runs
+        .each_ref()
+        .map(|r| Runs(r.iter().map(|g| g.p50).collect()));
+    let worst = runs
+        .each_ref()
+        .map(|r| r.iter().map(|g| g.max).fold(f64::NAN, f64::max));
+    let interval = runs
+        .each_ref()
+        .map(|r| Runs(r.iter().map(|g| g.exit_interval).collect()));
+    for (i, name) in [
+        "extended QS off (QS at each exit)",
+        "extended QS on (offline in the guest)",
+    ]
+    .into_iter()
+    .enumerate()
+    {
         t.row(vec![
             Cell::text("grace period p50 (µs)"),
             Cell::text(name),
-            Cell::num(p50, 1),
-            Cell::ratio(p50 / base),
+            Cell::num(p50[i].median(), 1),
+            Cell::ratio(&p50[i].ratio_to(&p50[0])),
         ]);
         t.row(vec![
             Cell::text("grace period max (µs)"),
             Cell::text(name),
-            Cell::num(worst, 1),
+            Cell::num(worst[i], 1),
             Cell::text(""),
         ]);
-        t.note(format!(
-            "Grace periods, {}: {n} synchronize() calls, 200 µs apart, while each vCPU exits every {interval:.0} µs on average ({GP_PAUSES} pauses between exits).",
-            if on { "on" } else { "off" }
-        ));
     }
-    let (on, off) = (&rows[1], &rows[0]);
     t.note(format!(
-        "Goal: with the extended QS a grace period completes in under 10 µs while vCPUs run guest code ({}); without it, it is bounded by the exit interval (p50 {:.1} µs, max {:.1} µs, against an interval of {:.0} µs: {}).",
-        if on.1 < 10.0 { format!("p50 {:.1} µs: met", on.1) } else { format!("p50 {:.1} µs: not met", on.1) },
-        off.1,
-        off.2,
-        off.3,
-        if off.1 <= 2.0 * off.3 { "bounded at p50; the max also counts vCPU threads the host descheduled while online" } else { "not bounded" }
+        "Grace periods: a writer calls synchronize() every 200 µs while each vCPU exits every {:.0} µs on average ({GP_PAUSES} pauses between exits), {} runs per setting, alternating.",
+        interval[0].median(),
+        opts.reps()
+    ));
+    t.note(goal(
+        "with the extended QS a grace period completes in under 10 µs while vCPUs run guest code",
+        &format!("p50 {:.1} µs", p50[1].median()),
+        p50[1].median() < 10.0,
+        &p50[1].each(|p| p < 10.0),
+    ));
+    let bounded = p50[0].median() <= 2.0 * interval[0].median();
+    t.note(format!(
+        "Without it, a grace period waits for every vCPU's next exit: p50 {:.1} µs against an exit interval of {:.0} µs ({}); the max also counts vCPU threads the host descheduled while online.",
+        p50[0].median(),
+        interval[0].median(),
+        if bounded { "bounded by it" } else { "longer than two intervals" }
     ));
     Ok(())
 }
 
-fn max(values: &[f64]) -> f64 {
-    values.iter().copied().fold(f64::NAN, f64::max)
+/// Runs `port-exits` while a writer thread waits for grace periods.
+fn grace_period_run(extended_qs: bool, exits: u64) -> Result<GracePeriods, Error> {
+    let m = Mechanisms {
+        extended_qs,
+        ..Mechanisms::default()
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writer = None;
+    let run = measure("port-exits", VCPUS, m, &[exits, GP_PAUSES], |vm| {
+        let (domain, stop) = (vm.rcu_domain(), stop.clone());
+        writer = Some(thread::spawn(move || {
+            let mut waits = Runs::new();
+            while !stop.load(Ordering::SeqCst) {
+                let start = Instant::now();
+                if domain.synchronize().is_err() {
+                    break;
+                }
+                waits.push(start.elapsed().as_secs_f64() * 1e6);
+                thread::sleep(Duration::from_micros(200));
+            }
+            waits
+        }));
+    })?;
+    stop.store(true, Ordering::SeqCst);
+    let waits = writer
+        .map(|w| w.join().unwrap_or_default())
+        .unwrap_or_default();
+    Ok(GracePeriods {
+        p50: waits.median(),
+        max: waits.range().1,
+        exit_interval: run.wall.as_secs_f64() * 1e6 / exits as f64,
+    })
 }

@@ -4,7 +4,7 @@
 
 use test_support::Hogs;
 
-use crate::bench::{Cell, Options, Table, measure, median, ticks_per_us};
+use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
 use crate::mechanisms::{Boost, Mechanisms};
 
@@ -20,8 +20,8 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let vcpus = 2 * cores as u32;
     let rounds = opts.rounds(ROUNDS);
-    let mut rate = vec![Vec::new(); VARIANTS.len()];
-    let mut hog_rate = vec![Vec::new(); VARIANTS.len()];
+    let mut rate = vec![Runs::new(); VARIANTS.len()];
+    let mut hog_rate = vec![Runs::new(); VARIANTS.len()];
     let hogs = Hogs::start(1);
     for rep in 0..opts.reps() {
         for (i, &boost) in VARIANTS.iter().enumerate() {
@@ -43,8 +43,6 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         }
     }
     drop(hogs);
-    let r: Vec<f64> = rate.iter().map(|v| median(v)).collect();
-    let h: Vec<f64> = hog_rate.iter().map(|v| median(v)).collect();
     let mut t = Table::new(
         format!(
             "sched: {vcpus} vCPUs and a CPU hog on {cores} cores, IPI to all and wait for every acknowledgement"
@@ -60,20 +58,23 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for (i, b) in VARIANTS.iter().enumerate() {
         t.row(vec![
             Cell::text(b.to_string()),
-            Cell::num(r[i], 0),
-            Cell::ratio(r[i] / r[0]),
-            Cell::num(h[i], 0),
-            Cell::ratio(h[i] / h[0]),
+            Cell::num(rate[i].median(), 0),
+            Cell::ratio(&rate[i].ratio_to(&rate[0])),
+            Cell::num(hog_rate[i].median(), 0),
+            Cell::ratio(&hog_rate[i].ratio_to(&hog_rate[0])),
         ]);
     }
+    t.better("more rounds per second for the VM, with the hog keeping its iterations");
     t.note(format!(
-        "{rounds} rounds per run, median of {} runs per variant, alternating; the sender exits every {PAUSES_PER_EXIT} pause instructions while it waits (a pause-loop exit: the boost policy's on_wait); the others halt between IPIs.",
+        "{rounds} rounds per run, {} runs per variant, alternating; the sender exits every {PAUSES_PER_EXIT} pause instructions while it waits (a pause-loop exit: the boost policy's on_wait); the others halt between IPIs.",
         opts.reps()
     ));
-    let own = r[VARIANTS.len() - 1] / r[0];
-    t.note(format!(
-        "Goal: own boosting at least 1.5x none. Measured: {own:.2}x: {}.",
-        if own >= 1.5 { "met" } else { "not met" }
+    let own = rate[VARIANTS.len() - 1].ratio_to(&rate[0]);
+    t.note(goal(
+        "own boosting at least 1.5x none's rounds per second",
+        &own.ratio_text(),
+        own.median() >= 1.5,
+        &own.each(|r| r >= 1.5),
     ));
     Ok(t)
 }

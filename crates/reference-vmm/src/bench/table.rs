@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use crate::bench::Runs;
+
 /// One cell: its text, and its number for JSON where it has one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cell {
@@ -28,11 +30,12 @@ impl Cell {
         }
     }
 
-    /// A ratio, printed as `1.23x`.
-    pub fn ratio(value: f64) -> Self {
+    /// A ratio over runs, printed as its median and spread, `1.23x
+    /// (1.10-1.31x)`; its number is the median.
+    pub fn ratio(runs: &Runs) -> Self {
         Self {
-            text: format!("{value:.2}x"),
-            value: Some(value),
+            text: runs.ratio_text(),
+            value: Some(runs.median()),
         }
     }
 }
@@ -63,6 +66,15 @@ impl Table {
     /// Adds a row.
     pub fn row(&mut self, cells: Vec<Cell>) {
         self.rows.push(cells);
+    }
+
+    /// Adds the note that says which way `what` is better, and how the
+    /// figures over several runs are summed up.
+    pub fn better(&mut self, what: &str) {
+        self.note(format!(
+            "Better: {what}. Values are medians over the runs; each ratio is the median of \
+             per-run ratios to the baseline measured next to it, with their min-max."
+        ));
     }
 
     /// Adds a note.
@@ -139,7 +151,7 @@ mod tests {
     fn renders_markdown_and_json() {
         let mut t = Table::new("halt \"x\"", &["variant", "µs"]);
         t.row(vec![Cell::text("own"), Cell::num(1.234, 1)]);
-        t.row(vec![Cell::text("off"), Cell::ratio(2.0)]);
+        t.row(vec![Cell::text("off"), Cell::ratio(&Runs(vec![2.0]))]);
         t.note("goal: met");
         let md = t.markdown();
         assert!(

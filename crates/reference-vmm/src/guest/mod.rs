@@ -13,8 +13,10 @@
 //! own stack; see [`x86::boot`](crate::x86::boot).
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::apic;
+use crate::error::ConfigError;
 use crate::layout::{
     ACKS_OFFSET, APIC_READY_OFFSET, DIRTY_AREA_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET,
     MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT, PARAMS_OFFSET, SAMPLES_ADDR, SERIAL_LOCK_OFFSET,
@@ -158,7 +160,20 @@ pub struct GuestProgram {
     pub name: &'static str,
     /// One line on what it does.
     pub about: &'static str,
+    /// Its parameters, in order (`params[0]` first).
+    pub params: &'static [Param],
+    /// Whether it only ends when the VMM stops it (after a timeout).
+    pub until_stopped: bool,
     entry: &'static u8,
+}
+
+/// One parameter of a guest program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Param {
+    /// What it means.
+    pub name: &'static str,
+    /// The smallest value the program works with.
+    pub min: u64,
 }
 
 impl GuestProgram {
@@ -166,6 +181,39 @@ impl GuestProgram {
     pub fn entry_offset(&self) -> u64 {
         offset_of(self.entry)
     }
+
+    /// Whether the program can run with `params` and `timeout`: every
+    /// parameter at least its minimum (a program asked for 0 rounds would
+    /// measure nothing and say nothing), and a timeout for one that never
+    /// finishes.
+    pub fn check(&self, params: &[u64], timeout: Option<Duration>) -> Result<(), ConfigError> {
+        if self.until_stopped && timeout.is_none() {
+            return Err(ConfigError::NeedsTimeout { guest: self.name });
+        }
+        for (index, p) in self.params.iter().enumerate() {
+            let got = params.get(index).copied().unwrap_or(0);
+            if got < p.min {
+                return Err(ConfigError::Param {
+                    guest: self.name,
+                    index,
+                    name: p.name,
+                    min: p.min,
+                    got,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A count of at least one.
+const fn count(name: &'static str) -> Param {
+    Param { name, min: 1 }
+}
+
+/// Any value, 0 included.
+const fn any(name: &'static str) -> Param {
+    Param { name, min: 0 }
 }
 
 impl fmt::Debug for GuestProgram {
@@ -182,81 +230,117 @@ pub static PROGRAMS: &[GuestProgram] = &[
     GuestProgram {
         name: "hello",
         about: "each vCPU prints its id on serial, reports its APIC id and a TSC reading",
+        params: &[],
+        until_stopped: false,
         entry: &reference_vmm_guest_hello,
     },
     GuestProgram {
         name: "spin",
         about: "each vCPU spins in guest mode until stopped (use with --timeout-ms)",
+        params: &[],
+        until_stopped: true,
         entry: &reference_vmm_guest_spin,
     },
     GuestProgram {
         name: "triple-fault",
         about: "loads an empty IDT and faults: the vCPU shuts down",
+        params: &[],
+        until_stopped: false,
         entry: &reference_vmm_guest_triple_fault,
     },
     GuestProgram {
         name: "bad-port",
         about: "vCPU 0 writes to port 0x1234, where no device lives; the others spin",
+        params: &[],
+        until_stopped: false,
         entry: &reference_vmm_guest_bad_port,
     },
     GuestProgram {
         name: "bad-ucall",
         about: "sends a ucall with an unknown command",
+        params: &[],
+        until_stopped: false,
         entry: &reference_vmm_guest_bad_ucall,
     },
     GuestProgram {
         name: "gp-fault",
         about: "executes hlt at CPL3, which raises #GP",
+        params: &[],
+        until_stopped: false,
         entry: &reference_vmm_guest_gp_fault,
     },
     GuestProgram {
         name: "pingpong",
         about: "vCPUs 0 and 1 bounce a message params[0] times (params[1] = 1: poll a mailbox first)",
+        params: &[count("rounds"), any("1: poll the mailbox first")],
+        until_stopped: false,
         entry: &reference_vmm_guest_pingpong,
     },
     GuestProgram {
         name: "apic-abuse",
         about: "programs absurd local-APIC values (illegal vector, missing vCPU, past deadline)",
+        params: &[],
+        until_stopped: false,
         entry: &reference_vmm_guest_apic_abuse,
     },
     GuestProgram {
         name: "apic-gp",
         about: "writes a non-zero value to the x2APIC EOI register, which raises #GP",
+        params: &[],
+        until_stopped: false,
         entry: &reference_vmm_guest_apic_gp,
     },
     GuestProgram {
         name: "cyclictest",
         about: "vCPU 0 arms params[0] TSC deadlines params[1] ticks apart and records each lateness",
+        params: &[count("timers"), any("period, TSC ticks")],
+        until_stopped: false,
         entry: &reference_vmm_guest_cyclictest,
     },
     GuestProgram {
         name: "timer-spin",
         about: "every vCPU arms params[0] TSC deadlines, each params[1] ticks (plus jitter) ahead, and spins without exits until each fires",
+        params: &[count("deadlines"), any("distance, TSC ticks")],
+        until_stopped: false,
         entry: &reference_vmm_guest_timer_spin,
     },
     GuestProgram {
         name: "sched-ipi",
         about: "vCPU 0 IPIs all others params[0] times, spinning (with pause exits) for their acks",
+        params: &[count("rounds"), any("pauses per pause exit, 0: none")],
+        until_stopped: false,
         entry: &reference_vmm_guest_sched_ipi,
     },
     GuestProgram {
         name: "ipi-ring",
         about: "each vCPU IPIs the next params[0] times, one pending at a time (params[1]: pauses per pause exit; params[2] = 1: through the xAPIC page)",
+        params: &[
+            count("rounds"),
+            any("pauses per pause exit, 0: none"),
+            any("1: through the xAPIC page"),
+        ],
+        until_stopped: false,
         entry: &reference_vmm_guest_ipi_ring,
     },
     GuestProgram {
         name: "port-exits",
         about: "every vCPU writes params[0] times to the POST-code port, params[1] pauses apart",
+        params: &[count("writes"), count("pauses between writes")],
+        until_stopped: false,
         entry: &reference_vmm_guest_port_exits,
     },
     GuestProgram {
         name: "dirty-writer",
         about: "each vCPU writes its params[0] pages once per pass, params[1] passes, waiting at a gate port",
+        params: &[count("pages per vCPU"), count("passes")],
+        until_stopped: false,
         entry: &reference_vmm_guest_dirty_writer,
     },
     GuestProgram {
         name: "assert-fail",
         about: "fails a guest assertion (1 == 2)",
+        params: &[],
+        until_stopped: false,
         entry: &reference_vmm_guest_assert_fail,
     },
 ];
@@ -294,6 +378,36 @@ mod tests {
                 image[at]
             );
         }
+    }
+
+    #[test]
+    fn parameters_below_their_minimum_and_endless_runs_without_a_timeout_are_refused() {
+        let pingpong = find("pingpong").unwrap();
+        assert_eq!(
+            pingpong.check(&[0, 0], None),
+            Err(ConfigError::Param {
+                guest: "pingpong",
+                index: 0,
+                name: "rounds",
+                min: 1,
+                got: 0
+            })
+        );
+        assert_eq!(pingpong.check(&[5, 0], None), Ok(()));
+        assert_eq!(
+            pingpong.check(&[], None).map_err(|e| e.to_string()),
+            Err(
+                "guest program pingpong needs params[0] (rounds) of at least 1, not 0 (--params)"
+                    .into()
+            )
+        );
+        let spin = find("spin").unwrap();
+        assert_eq!(
+            spin.check(&[], None),
+            Err(ConfigError::NeedsTimeout { guest: "spin" })
+        );
+        assert_eq!(spin.check(&[], Some(Duration::from_millis(1))), Ok(()));
+        assert_eq!(find("hello").unwrap().check(&[], None), Ok(()));
     }
 
     #[test]
