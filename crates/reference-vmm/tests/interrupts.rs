@@ -70,8 +70,8 @@ fn ipis_through_the_xapic_page_all_arrive_on_either_apic() {
 }
 
 #[test]
-fn a_million_ipis_around_a_ring_all_arrive() {
-    if !kvm_available("a_million_ipis_around_a_ring_all_arrive") {
+fn ipis_around_a_ring_all_arrive_under_every_policy() {
+    if !kvm_available("ipis_around_a_ring_all_arrive_under_every_policy") {
         return;
     }
     // Four vCPUs on two cores, each IPIing the next with one IPI pending at a
@@ -80,40 +80,40 @@ fn a_million_ipis_around_a_ring_all_arrive() {
     // ring (the run's timeout fails it); a lost or doubled interrupt breaks a
     // count. Without pause exits (0) a target spinning in the guest sees an
     // IPI only if the kick works (checked: with the kick removed, it hangs).
+    //
+    // The work is bounded, not the time. Without pause exits a waiting vCPU
+    // spins out its whole time slice in the guest, so beside CPU hogs every
+    // hop waits for the host scheduler: 2500 rounds took about 20 s at a load
+    // of 6 on 2 cores in both pause-less configurations (0 boosts in either,
+    // so not a boost that outlived its budget), against about 5 s with pause
+    // exits and 1.3 s on an idle host. (`tests/contention.rs` races posts
+    // with entries beside hogs on purpose.)
     const VCPUS: u32 = 4;
+    const ROUNDS: u64 = 2000;
     let configs = [
-        (HaltPoll::Own, Boost::Own, BusAccess::Rcu, 62_500, 0),
-        (HaltPoll::Kvm, Boost::Own, BusAccess::Rcu, 62_500, 200),
-        (HaltPoll::Off, Boost::None, BusAccess::RwLock, 62_500, 0),
-        (
-            HaltPoll::Always,
-            Boost::Ready,
-            BusAccess::ArcSwap,
-            62_500,
-            200,
-        ),
+        (HaltPoll::Own, Boost::Own, BusAccess::Rcu, 0),
+        (HaltPoll::Kvm, Boost::Own, BusAccess::Rcu, 200),
+        (HaltPoll::Off, Boost::None, BusAccess::RwLock, 0),
+        (HaltPoll::Always, Boost::Ready, BusAccess::ArcSwap, 200),
     ];
-    let mut total = 0;
-    for (halt_poll, boost, bus, rounds, pauses_per_exit) in configs {
+    for (halt_poll, boost, bus, pauses_per_exit) in configs {
         let m = Mechanisms {
             halt_poll,
             boost,
             bus,
             ..Mechanisms::default()
         };
-        let report = program::run("ipi-ring", VCPUS, m, &[rounds, pauses_per_exit])
+        let report = program::run("ipi-ring", VCPUS, m, &[ROUNDS, pauses_per_exit])
             .unwrap_or_else(|e| panic!("{m:?}: {e}"))
             .0;
         for vcpu in 0..VCPUS {
             assert_eq!(
                 report.value(vcpu, "irqs"),
-                Some(rounds),
+                Some(ROUNDS),
                 "{m:?} vCPU {vcpu}"
             );
         }
-        total += rounds * u64::from(VCPUS);
     }
-    assert_eq!(total, 1_000_000);
 }
 
 #[test]
