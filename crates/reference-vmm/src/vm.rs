@@ -107,6 +107,9 @@ pub struct VmStats {
     pub blocked_ns: u64,
     /// Halts that ended while polling.
     pub successful_polls: u64,
+    /// Halts whose plan had a poll window (polled, or blocked at once
+    /// because the CPU was contended).
+    pub attempted_polls: u64,
     /// Interrupts posted to vCPUs.
     pub interrupts: u64,
     /// Kicks of vCPUs in the guest.
@@ -130,6 +133,7 @@ impl VmStats {
         self.polled_ns += kvm.halt_poll_success_ns + kvm.halt_poll_fail_ns;
         self.blocked_ns += kvm.halt_wait_ns;
         self.successful_polls += kvm.halt_successful_poll;
+        self.attempted_polls += kvm.halt_attempted_poll;
     }
 
     fn collect(shared: &VmShared) -> Self {
@@ -139,6 +143,7 @@ impl VmStats {
             polled_ns: h.halt_poll_success_ns.load(Relaxed) + h.halt_poll_fail_ns.load(Relaxed),
             blocked_ns: h.halt_wait_ns.load(Relaxed),
             successful_polls: h.halt_successful_poll.load(Relaxed),
+            attempted_polls: h.halt_attempted_poll.load(Relaxed),
             interrupts: i.posted.load(Relaxed),
             kicks: i.kicks.load(Relaxed),
             wakes: i.wakes.load(Relaxed),
