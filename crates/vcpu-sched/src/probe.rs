@@ -51,11 +51,22 @@ impl PreemptionProbe {
         let now = Instant::now();
         let verdict = self.last.is_some_and(|(at, ran0, waited0)| {
             let wall = now.duration_since(at).as_nanos() as u64;
-            waited.saturating_sub(waited0) > wall / 4 && ran.saturating_sub(ran0) < wall / 2
+            kept_off_cpu(
+                wall,
+                ran.saturating_sub(ran0),
+                waited.saturating_sub(waited0),
+            )
         });
         self.last = Some((now, ran, waited));
         Ok(verdict)
     }
+}
+
+/// Over `wall` ns, a thread that ran `ran` ns and waited for a CPU `waited`
+/// ns was kept off its CPU: it waited more than a quarter of the time and ran
+/// less than half of it.
+fn kept_off_cpu(wall: u64, ran: u64, waited: u64) -> bool {
+    waited > wall / 4 && ran < wall / 2
 }
 
 #[cfg(test)]
@@ -81,11 +92,34 @@ mod tests {
     }
 
     #[test]
+    fn waiting_a_quarter_of_the_time_while_running_less_than_half_is_preempted() {
+        const MS: u64 = 1_000_000;
+        assert!(
+            !kept_off_cpu(100 * MS, 0, 2 * MS),
+            "asleep, a short wake-up delay"
+        );
+        assert!(
+            kept_off_cpu(100 * MS, 30 * MS, 70 * MS),
+            "one of three spinners"
+        );
+        assert!(
+            !kept_off_cpu(100 * MS, 60 * MS, 40 * MS),
+            "ran more than half"
+        );
+        assert!(
+            !kept_off_cpu(100 * MS, 10 * MS, 25 * MS),
+            "waited only a quarter"
+        );
+    }
+
+    #[test]
     fn a_thread_that_sleeps_is_not_preempted() {
         let _turn = one_at_a_time();
         let mut p = PreemptionProbe::new(current_tid()).unwrap();
         assert!(!p.preempted().unwrap(), "no verdict on the first look");
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        // Long enough that the wait for a CPU after waking, a few ms on a
+        // busy host, stays well under a quarter of it.
+        std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(!p.preempted().unwrap(), "sleeping is not waiting for a CPU");
     }
 
