@@ -85,9 +85,14 @@ impl BenchArgs {
     /// What a reader would type to rerun this.
     fn command(&self) -> String {
         format!(
-            "cargo run --release -p reference-vmm -- bench {}{}",
+            "cargo run --release -p reference-vmm -- bench {}{}{}",
             self.scenario.name(),
-            if self.quick { " --quick" } else { "" }
+            if self.quick { " --quick" } else { "" },
+            if self.update_benchmarks_md {
+                " --update-benchmarks-md"
+            } else {
+                ""
+            }
         )
     }
 
