@@ -37,13 +37,8 @@ fn spinning_guests_get_every_timer_and_ipi_beside_cpu_hogs() {
         )
         .unwrap_or_else(|e| panic!("timer-spin, {distance} ticks: {e}"))
         .0;
-        for vcpu in 0..2 {
-            assert_eq!(
-                report.value(vcpu, "irqs"),
-                Some(DEADLINES),
-                "timer-spin, {distance} ticks, vCPU {vcpu}"
-            );
-        }
+        let what = format!("timer-spin, {distance} ticks");
+        program::assert_each(&report, 2, "irqs", DEADLINES, &what);
     }
     // Each vCPU IPIs the next and spins, with no pause exits, until it was
     // taken: only a kick gets an IPI to a vCPU in that loop.
@@ -51,11 +46,5 @@ fn spinning_guests_get_every_timer_and_ipi_beside_cpu_hogs() {
     let report = program::run("ipi-ring", 3, Mechanisms::default(), &[ROUNDS, 0])
         .unwrap_or_else(|e| panic!("ipi-ring: {e}"))
         .0;
-    for vcpu in 0..3 {
-        assert_eq!(
-            report.value(vcpu, "irqs"),
-            Some(ROUNDS),
-            "ipi-ring vCPU {vcpu}"
-        );
-    }
+    program::assert_each(&report, 3, "irqs", ROUNDS, "ipi-ring");
 }

@@ -30,13 +30,7 @@ fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {
             let report = program::run("pingpong", 2, m, &[ROUNDS])
                 .unwrap_or_else(|e| panic!("{m:?}: {e}"))
                 .0;
-            for vcpu in 0..2 {
-                assert_eq!(
-                    report.value(vcpu, "irqs"),
-                    Some(ROUNDS),
-                    "{m:?} vCPU {vcpu}"
-                );
-            }
+            program::assert_each(&report, 2, "irqs", ROUNDS, &format!("{m:?}"));
             assert!(report.value(0, "ticks").unwrap() > 0);
         }
     }
@@ -60,13 +54,7 @@ fn ipis_through_the_xapic_page_all_arrive_on_either_apic() {
         let report = program::run("ipi-ring", 4, m, &[ROUNDS, 0, 1])
             .unwrap_or_else(|e| panic!("{irqchip}: {e}"))
             .0;
-        for vcpu in 0..4 {
-            assert_eq!(
-                report.value(vcpu, "irqs"),
-                Some(ROUNDS),
-                "{irqchip} vCPU {vcpu}"
-            );
-        }
+        program::assert_each(&report, 4, "irqs", ROUNDS, &format!("{irqchip}"));
     }
 }
 
@@ -107,13 +95,7 @@ fn ipis_around_a_ring_all_arrive_under_every_policy() {
         let report = program::run("ipi-ring", VCPUS, m, &[ROUNDS, pauses_per_exit])
             .unwrap_or_else(|e| panic!("{m:?}: {e}"))
             .0;
-        for vcpu in 0..VCPUS {
-            assert_eq!(
-                report.value(vcpu, "irqs"),
-                Some(ROUNDS),
-                "{m:?} vCPU {vcpu}"
-            );
-        }
+        program::assert_each(&report, VCPUS, "irqs", ROUNDS, &format!("{m:?}"));
     }
 }
 

@@ -37,9 +37,7 @@ fn every_ipi_around_a_ring_arrives_without_leaving_the_kernel() {
     // start-up barrier must hold every sender back until all are.
     const ROUNDS: u64 = 5000;
     let (report, _) = program::run("ipi-ring", 4, kernel(HaltPoll::Kvm), &[ROUNDS, 0]).unwrap();
-    for vcpu in 0..4 {
-        assert_eq!(report.value(vcpu, "irqs"), Some(ROUNDS), "vCPU {vcpu}");
-    }
+    program::assert_each(&report, 4, "irqs", ROUNDS, "ipi-ring");
     assert_eq!(report.stats.interrupts, 0, "none went through the VMM");
     assert!(
         report.vcpus.iter().all(|v| v.exits < 100),

@@ -9,13 +9,7 @@ reference_vmm_guest_cyclictest:
     test rdi, rdi
     jnz 9f
     lea r13, [rdx - {irq_record_below_data}]
-    call rt_apic_enable
-    mov edi, {msr_lvt_timer}
-    mov esi, 0x40050            // TSC-deadline mode, vector 0x50
-    call rt_wrmsr
-    mov r14, [{params}]         // samples
-    mov r15, [{params} + 8]     // period, ticks
-    xor ebx, ebx
+    call timer_setup            // r14 = samples, r15 = period in ticks
     rdtsc
     shl rdx, 32
     or rax, rdx
@@ -54,13 +48,7 @@ reference_vmm_guest_cyclictest:
     .globl reference_vmm_guest_timer_spin
 reference_vmm_guest_timer_spin:
     lea r13, [rdx - {irq_record_below_data}]
-    call rt_apic_enable
-    mov edi, {msr_lvt_timer}
-    mov esi, 0x40050            // TSC-deadline mode, vector 0x50
-    call rt_wrmsr
-    mov r14, [{params}]         // deadlines
-    mov r15, [{params} + 8]     // distance, ticks
-    xor ebx, ebx
+    call timer_setup            // r14 = deadlines, r15 = distance in ticks
 1:  cmp rbx, r14
     jae 8f
     inc rbx
@@ -83,3 +71,15 @@ reference_vmm_guest_timer_spin:
     call rt_report
     call rt_done
 10: .asciz "irqs"
+
+// timer_setup(): enables the local APIC with its LVT timer in TSC-deadline
+// mode (vector 0x50); r14 = params[0], r15 = params[1], rbx = 0.
+timer_setup:
+    call rt_apic_enable
+    mov edi, {msr_lvt_timer}
+    mov esi, 0x40050            // TSC-deadline mode, vector 0x50
+    call rt_wrmsr
+    mov r14, [{params}]
+    mov r15, [{params} + 8]
+    xor ebx, ebx
+    ret

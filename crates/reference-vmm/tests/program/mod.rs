@@ -29,3 +29,15 @@ pub fn run(
     )?;
     Ok((report, memory))
 }
+
+/// Asserts that every one of the first `vcpus` vCPUs reported `name` as `expected`.
+#[allow(dead_code)] // each test binary compiles this module; not all of them use it
+pub fn assert_each(report: &RunReport, vcpus: u32, name: &str, expected: u64, what: &str) {
+    for vcpu in 0..vcpus {
+        assert_eq!(
+            report.value(vcpu, name),
+            Some(expected),
+            "{what}: vCPU {vcpu}"
+        );
+    }
+}
