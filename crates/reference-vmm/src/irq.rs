@@ -10,8 +10,9 @@
 //! - in the VMM: nothing; it looks for work before it enters the guest again.
 //!
 //! # The handshake: why no post is missed
-//! Two sides, each writing first and reading second, all SeqCst (with the
-//! fences in `VcpuState`):
+//! Two sides, each writing first and reading second, with a SeqCst fence in
+//! between on both (`VcpuState`'s run-state accessors have them; the IRR is
+//! SeqCst atomics, the timer expiry a slot under a lock):
 //!
 //! | vCPU thread | poster |
 //! |---|---|
@@ -19,7 +20,7 @@
 //! | 2. read the IRR and the timer expiry; inject | 2. read the run state |
 //! | 3. `KVM_RUN` (or block on the wake source) | 3. `InGuest`: kick; `Halted`: wake |
 //!
-//! In the single order of SeqCst operations one of the two writes comes
+//! In the single order of SeqCst fences one of the two sides' fences comes
 //! first. If the poster's does, the vCPU's read in step 2 sees the work and
 //! injects it. If the vCPU's does, the poster reads `InGuest` (or `Halted`)
 //! and kicks (or wakes). A kick is a signal that stays pending while the

@@ -1,21 +1,44 @@
-//! The booster: raises a vCPU thread's priority through a [`ThreadControl`], and
-//! makes sure every boost is undone: when the thread has run, or when it has
-//! been boosted longer than allowed, and never beyond a budget per period, so a
-//! guest cannot keep its vCPU boosted.
+//! The booster: raises a vCPU thread's priority through a [`ThreadControl`],
+//! and takes every boost back: when the vCPU has run, and at the latest once
+//! it has been boosted for [`BoostBudget::max_boost`], even if the boosted
+//! thread never comes back to the VMM; and never beyond a budget per period.
+//!
+//! # The bound, enforced from outside the boosted thread
+//! A boosted vCPU thread that spins in the guest never returns to the VMM, so
+//! nothing it runs can end its boost, and on its CPU it now preempts whoever
+//! would. The booster therefore keeps a *revoker* thread, which the thread
+//! control raises above every boost ([`ThreadControl::prepare_revoker`]:
+//! `SCHED_FIFO` one priority higher with [`crate::FifoBoost`]). It sleeps until
+//! the earliest boost deadline and takes back every boost past it, from
+//! whichever CPU it wakes on.
+//!
+//! A boost is recorded *before* it is applied, so no thread is ever boosted
+//! without a record for the revoker to find. The vCPU running (`ran`) and the
+//! revoker race with the booster only through that record: while it is being
+//! applied, `ran` leaves a note for the booster to undo it once applied, and a
+//! revoker that finds it past its deadline restores the thread at once and
+//! looks again later. Only the caller that takes a published record restores
+//! the thread, so no boost is lost and none is restored twice, and the record
+//! goes only once the thread is restored: whenever a thread is boosted, a
+//! record says so ([`Booster::is_boosted`]).
 
 use std::io;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool as StdAtomicBool;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
+use crate::clock::{Clock, MonotonicClock};
 use crate::events::{NoEvents, SchedEvents};
 use crate::sync::{AtomicI32, AtomicU64, Ordering::SeqCst};
-use crate::thread::{ThreadControl, Tid};
+use crate::thread::{ThreadControl, Tid, current_tid};
 
 /// How long and how much boosting is allowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BoostBudget {
-    /// A boost older than this is taken back by [`Booster::revoke_expired`].
+    /// No boost lasts longer than this (plus the revoker's wake-up).
     pub max_boost: Duration,
     /// Boosted time allowed per vCPU per period.
     pub per_period: Duration,
@@ -34,157 +57,382 @@ impl Default for BoostBudget {
     }
 }
 
+/// A record's state bit: the booster is still applying the boost.
+const APPLYING: u64 = 1 << 63;
+/// A record's state bit: the vCPU ran while the boost was being applied.
+const CANCELLED: u64 = 1 << 62;
+/// A record's state bit: taken back, and the thread is being restored.
+const RESTORING: u64 = 1 << 61;
+/// The rest of a record: when the boost began, ns on the booster's clock, +1.
+const SINCE: u64 = RESTORING - 1;
+
 #[derive(Debug, Default)]
 struct Slot {
     tid: AtomicI32,
-    /// When the boost began (ns since the booster's epoch, +1), 0 if not boosted.
-    since: AtomicU64,
+    /// 0 if not boosted; else the boost's start and its `APPLYING` and
+    /// `CANCELLED` bits.
+    record: AtomicU64,
     period_start: AtomicU64,
     used: AtomicU64,
 }
 
-/// Boosts vCPU threads and undoes every boost.
-///
-/// `boost` and `ran` may race from different threads (the sender and the
-/// target): the thread is boosted before the boost is published, and only
-/// the caller that takes the published boost back restores it, so no boost is
-/// lost and none is restored twice. A VMM should call [`Booster::revoke_expired`]
-/// at least every `max_boost` (every `boost` runs it);
-/// the kernel's real-time throttling is the backstop.
-pub struct Booster<T: ThreadControl, E: SchedEvents = NoEvents> {
-    control: T,
-    events: E,
-    budget: BoostBudget,
-    slots: Vec<CachePadded<Slot>>,
-    epoch: Instant,
+impl Slot {
+    /// Clears `APPLYING`: the boost is applied. Returns the record as it was
+    /// (a compare-exchange loop, not `fetch_and`: loom 0.7 lets a racing
+    /// update slip inside other read-modify-writes, tokio-rs/loom#254).
+    fn publish(&self) -> u64 {
+        let mut record = self.record.load(SeqCst);
+        loop {
+            match self
+                .record
+                .compare_exchange(record, record & !APPLYING, SeqCst, SeqCst)
+            {
+                Ok(_) => return record,
+                Err(now) => record = now,
+            }
+        }
+    }
 }
 
-impl<T: ThreadControl> Booster<T> {
-    /// A booster for `vcpus` vCPUs acting through `control`.
+/// What the booster and its revoker thread share.
+struct Shared<T, E> {
+    control: T,
+    events: E,
+    max_boost_ns: AtomicU64,
+    per_period_ns: AtomicU64,
+    period_ns: AtomicU64,
+    slots: Vec<CachePadded<Slot>>,
+    clock: Box<dyn Clock>,
+    /// When the revoker wakes next (ns on the clock); `u64::MAX` while it
+    /// waits for a boost, 0 while it looks at the records.
+    revoker_wakes_at: AtomicU64,
+}
+
+/// Boosts vCPU threads and takes every boost back.
+///
+/// [`Booster::new`] and [`Booster::with_events`] start the revoker thread
+/// that enforces [`BoostBudget::max_boost`]; [`Booster::manual`] leaves
+/// revocation to the caller ([`Booster::revoke_expired`]), for tests in
+/// simulated time.
+pub struct Booster<T: ThreadControl, E: SchedEvents = NoEvents> {
+    shared: Arc<Shared<T, E>>,
+    revoker: Option<Revoker>,
+}
+
+/// The revoker thread and its stop flag.
+struct Revoker {
+    stop: Arc<StdAtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl<T: ThreadControl + 'static> Booster<T> {
+    /// A booster for `vcpus` vCPUs acting through `control`, with its revoker.
+    ///
+    /// # Panics
+    /// If the revoker thread cannot be spawned (the system is out of threads).
     pub fn new(vcpus: usize, control: T) -> Self {
         Booster::with_events(vcpus, control, NoEvents)
     }
 }
 
-impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
-    /// A booster reporting to `events`.
+impl<T: ThreadControl + 'static, E: SchedEvents + 'static> Booster<T, E> {
+    /// A booster reporting to `events`, with its revoker.
+    ///
+    /// # Panics
+    /// If the revoker thread cannot be spawned (the system is out of threads).
     pub fn with_events(vcpus: usize, control: T, events: E) -> Self {
-        let slots = (0..vcpus).map(|_| CachePadded::default()).collect();
+        let mut booster = Booster::manual(vcpus, control, events, MonotonicClock::new());
+        let stop = Arc::new(StdAtomicBool::new(false));
+        let (shared, flag) = (booster.shared.clone(), stop.clone());
+        let thread = thread::Builder::new()
+            .name("boost-revoker".into())
+            .spawn(move || shared.revoke_until(&flag))
+            .expect("spawning the boost revoker thread");
+        booster.revoker = Some(Revoker { stop, thread });
+        booster
+    }
+}
+
+impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
+    /// A booster on `clock` without a revoker thread: the caller calls
+    /// [`Booster::revoke_expired`] at least every `max_boost` (every `boost`
+    /// does too). For tests in simulated time, or a VMM whose own timer loop
+    /// runs above every boosted thread.
+    pub fn manual(vcpus: usize, control: T, events: E, clock: impl Clock + 'static) -> Self {
+        let budget = BoostBudget::default();
+        let ns = |d: Duration| AtomicU64::new(d.as_nanos() as u64);
         Self {
-            control,
-            events,
-            budget: BoostBudget::default(),
-            slots,
-            epoch: Instant::now(),
+            shared: Arc::new(Shared {
+                control,
+                events,
+                max_boost_ns: ns(budget.max_boost),
+                per_period_ns: ns(budget.per_period),
+                period_ns: ns(budget.period),
+                slots: (0..vcpus).map(|_| CachePadded::default()).collect(),
+                clock: Box::new(clock),
+                revoker_wakes_at: AtomicU64::new(0),
+            }),
+            revoker: None,
         }
     }
 
     /// The same booster with another budget.
-    pub fn with_budget(mut self, budget: BoostBudget) -> Self {
-        self.budget = budget;
+    pub fn with_budget(self, budget: BoostBudget) -> Self {
+        let s = &self.shared;
+        s.max_boost_ns
+            .store(budget.max_boost.as_nanos() as u64, SeqCst);
+        s.per_period_ns
+            .store(budget.per_period.as_nanos() as u64, SeqCst);
+        s.period_ns.store(budget.period.as_nanos() as u64, SeqCst);
+        self.wake_revoker();
         self
-    }
-
-    fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64 + 1
     }
 
     /// Says which host thread runs vCPU `vcpu` (ignored for an unknown vCPU).
     pub fn register(&self, vcpu: usize, tid: Tid) {
-        if let Some(s) = self.slots.get(vcpu) {
+        if let Some(s) = self.shared.slots.get(vcpu) {
             s.tid.store(tid, SeqCst);
         }
     }
 
     /// The thread control, for yielding.
     pub fn control(&self) -> &T {
-        &self.control
+        &self.shared.control
+    }
+
+    /// The events the booster reports to.
+    pub fn events(&self) -> &E {
+        &self.shared.events
     }
 
     /// Boosts vCPU `vcpu`'s thread; `Ok(false)` if it is unregistered, already
-    /// boosted, or out of budget for this period.
+    /// boosted, out of budget for this period, or ran while the boost was
+    /// being applied (then the boost is already undone).
     ///
     /// # Errors
     /// The thread control's error, e.g. `PermissionDenied` without `CAP_SYS_NICE`.
     pub fn boost(&self, vcpu: usize) -> io::Result<bool> {
-        self.revoke_expired();
-        let Some(slot) = self.slots.get(vcpu) else {
+        let s = &*self.shared;
+        if self.revoker.is_none() {
+            s.revoke_expired_at(s.now_ns());
+        }
+        let Some(slot) = s.slots.get(vcpu) else {
             return Ok(false);
         };
         let tid = slot.tid.load(SeqCst);
-        let now = self.now();
-        if tid == 0 || slot.since.load(SeqCst) != 0 {
+        if tid == 0 || slot.record.load(SeqCst) != 0 {
             return Ok(false);
         }
-        let period = self.budget.period.as_nanos() as u64;
-        if now.saturating_sub(slot.period_start.load(SeqCst)) >= period {
+        let now = s.now_ns();
+        if now.saturating_sub(slot.period_start.load(SeqCst)) >= s.period_ns.load(SeqCst) {
             slot.period_start.store(now, SeqCst);
             slot.used.store(0, SeqCst);
         }
-        if slot.used.load(SeqCst) >= self.budget.per_period.as_nanos() as u64 {
+        if slot.used.load(SeqCst) >= s.per_period_ns.load(SeqCst) {
             return Ok(false);
         }
-        if let Err(e) = self.control.boost(tid) {
-            self.events.boost_failed(vcpu, &e);
+        // Recorded before it is applied: the revoker can always find it.
+        let record = APPLYING | (now + 1).min(SINCE);
+        if slot
+            .record
+            .compare_exchange(0, record, SeqCst, SeqCst)
+            .is_err()
+        {
+            return Ok(false); // a concurrent caller boosts it; its record stands
+        }
+        self.wake_revoker_by(now.saturating_add(s.max_boost_ns.load(SeqCst)));
+        if let Err(e) = s.control.boost(tid) {
+            slot.record.store(0, SeqCst);
+            s.events.boost_failed(vcpu, &e);
             return Err(e);
         }
-        if slot.since.compare_exchange(0, now, SeqCst, SeqCst).is_err() {
-            return Ok(false); // a concurrent caller boosted it too; its record stands
+        s.events.boosted(vcpu);
+        let record = slot.publish();
+        if record & CANCELLED != 0 {
+            s.unboost(vcpu, false)?; // it ran meanwhile
+            return Ok(false);
         }
-        self.events.boosted(vcpu);
         Ok(true)
     }
 
     /// vCPU `vcpu` ran: undo its boost, if any.
+    ///
+    /// # Errors
+    /// The thread control's error restoring the thread (also reported to the
+    /// events).
     pub fn ran(&self, vcpu: usize) -> io::Result<()> {
-        self.unboost(vcpu, false)
+        self.shared.unboost(vcpu, false)
     }
 
-    fn unboost(&self, vcpu: usize, revoked: bool) -> io::Result<()> {
-        let Some(slot) = self.slots.get(vcpu) else {
-            return Ok(());
-        };
-        let since = slot.since.swap(0, SeqCst);
-        if since == 0 {
-            return Ok(());
-        }
-        let held = self.now().saturating_sub(since);
-        slot.used.fetch_add(held, SeqCst);
-        self.events
-            .unboosted(vcpu, Duration::from_nanos(held), revoked);
-        self.control.restore(slot.tid.load(SeqCst))
-    }
-
-    /// Takes back every boost older than `max_boost`.
+    /// Takes back every boost older than `max_boost` (the revoker does it at
+    /// each deadline; with [`Booster::manual`], the caller does).
     pub fn revoke_expired(&self) {
-        let now = self.now();
-        let max = self.budget.max_boost.as_nanos() as u64;
-        for (vcpu, slot) in self.slots.iter().enumerate() {
-            let since = slot.since.load(SeqCst);
-            if since != 0 && now.saturating_sub(since) > max {
-                let _ = self.unboost(vcpu, true);
-            }
-        }
+        let s = &*self.shared;
+        s.revoke_expired_at(s.now_ns());
     }
 
     /// Reports a directed-yield attempt to the events.
     pub fn report_directed_yield(&self, successful: bool) {
-        self.events.directed_yield(successful);
+        self.shared.events.directed_yield(successful);
     }
 
-    /// Whether vCPU `vcpu` is boosted now.
+    /// Whether vCPU `vcpu` is boosted now (or being boosted).
     pub fn is_boosted(&self, vcpu: usize) -> bool {
-        self.slots
+        self.shared
+            .slots
             .get(vcpu)
-            .is_some_and(|s| s.since.load(SeqCst) != 0)
+            .is_some_and(|s| s.record.load(SeqCst) != 0)
+    }
+
+    /// Has the revoker look at the records again.
+    fn wake_revoker(&self) {
+        if let Some(r) = &self.revoker {
+            r.thread.thread().unpark();
+        }
+    }
+
+    /// Makes sure the revoker wakes by `deadline`: it looks at the records
+    /// after storing when it wakes next, and this reads that after recording
+    /// the boost, so either it saw the record or this sees a wake-up to move.
+    fn wake_revoker_by(&self, deadline: u64) {
+        let wakes_at = self.shared.revoker_wakes_at.load(SeqCst);
+        if wakes_at == 0 || deadline < wakes_at {
+            self.wake_revoker();
+        }
+    }
+}
+
+impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
+    fn now_ns(&self) -> u64 {
+        self.clock.now().as_nanos() as u64
+    }
+
+    /// Takes the record of vCPU `vcpu` and restores its thread; a record
+    /// still being applied is only marked, for the booster to undo.
+    fn unboost(&self, vcpu: usize, revoked: bool) -> io::Result<()> {
+        let Some(slot) = self.slots.get(vcpu) else {
+            return Ok(());
+        };
+        // Read with a read-modify-write, which sees the latest record: the
+        // caller's run-state store and this read pair with the booster's
+        // record and its read of the vCPU's state (`boost_ready`).
+        let mut record = match slot.record.compare_exchange(0, 0, SeqCst, SeqCst) {
+            Ok(_) => return Ok(()),
+            Err(record) => record,
+        };
+        loop {
+            if record == 0 || record & RESTORING != 0 {
+                return Ok(()); // not boosted, or someone else restores it
+            }
+            let (next, taken) = if record & APPLYING != 0 {
+                (record | CANCELLED, false)
+            } else {
+                (record | RESTORING, true)
+            };
+            match slot.record.compare_exchange(record, next, SeqCst, SeqCst) {
+                Ok(_) if taken => break,
+                Ok(_) => return Ok(()),
+                Err(now) => record = now,
+            }
+        }
+        let started = (record & SINCE).saturating_sub(1);
+        let held = self.now_ns().saturating_sub(started);
+        slot.used.fetch_add(held, SeqCst);
+        self.events
+            .unboosted(vcpu, Duration::from_nanos(held), revoked);
+        // The record goes only once the thread is back: whenever a thread
+        // is boosted, a record says so.
+        let restored = self.restore(vcpu, slot);
+        slot.record.store(0, SeqCst);
+        restored
+    }
+
+    fn restore(&self, vcpu: usize, slot: &Slot) -> io::Result<()> {
+        self.control
+            .restore(slot.tid.load(SeqCst))
+            .inspect_err(|e| self.events.restore_failed(vcpu, e))
+    }
+
+    /// Takes back every boost past its deadline at `now`; returns the next
+    /// deadline, if any boost is left.
+    fn revoke_expired_at(&self, now: u64) -> Option<u64> {
+        let max = self.max_boost_ns.load(SeqCst);
+        let mut next: Option<u64> = None;
+        for (vcpu, slot) in self.slots.iter().enumerate() {
+            let record = slot.record.load(SeqCst);
+            if record == 0 || record & RESTORING != 0 {
+                continue;
+            }
+            let deadline = (record & SINCE).saturating_sub(1).saturating_add(max);
+            let wake = if now <= deadline {
+                deadline + 1
+            } else if record & APPLYING != 0 {
+                // The booster stalled while applying it: the thread goes
+                // back now, and the record, once published, at the next look.
+                let _ = self.restore(vcpu, slot);
+                now.saturating_add(max.max(1))
+            } else {
+                let _ = self.unboost(vcpu, true);
+                continue;
+            };
+            next = Some(next.map_or(wake, |n| n.min(wake)));
+        }
+        next
+    }
+
+    /// The revoker thread: above every boost, sleeps until the next deadline
+    /// and takes back what expired, until `stop`.
+    fn revoke_until(&self, stop: &StdAtomicBool) {
+        if let Err(e) = self.control.prepare_revoker(current_tid()) {
+            self.events.revoker_failed(&e);
+        }
+        while !stop.load(SeqCst) {
+            self.revoker_wakes_at.store(0, SeqCst);
+            let next = self.revoke_expired_at(self.now_ns());
+            self.revoker_wakes_at
+                .store(next.unwrap_or(u64::MAX), SeqCst);
+            if stop.load(SeqCst) {
+                break;
+            }
+            match next {
+                None => thread::park(),
+                Some(at) => {
+                    thread::park_timeout(Duration::from_nanos(at.saturating_sub(self.now_ns())))
+                }
+            }
+        }
+    }
+}
+
+impl<T: ThreadControl, E: SchedEvents> std::fmt::Debug for Booster<T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ns = |a: &AtomicU64| Duration::from_nanos(a.load(SeqCst));
+        let s = &self.shared;
+        f.debug_struct("Booster")
+            .field("vcpus", &s.slots.len())
+            .field(
+                "budget",
+                &BoostBudget {
+                    max_boost: ns(&s.max_boost_ns),
+                    per_period: ns(&s.per_period_ns),
+                    period: ns(&s.period_ns),
+                },
+            )
+            .field("revoker", &self.revoker.is_some())
+            .finish()
     }
 }
 
 impl<T: ThreadControl, E: SchedEvents> Drop for Booster<T, E> {
-    /// Nothing stays boosted when the booster goes away.
+    /// The revoker stops, and nothing stays boosted.
     fn drop(&mut self) {
-        for vcpu in 0..self.slots.len() {
-            let _ = self.unboost(vcpu, false);
+        if let Some(r) = self.revoker.take() {
+            r.stop.store(true, SeqCst);
+            r.thread.thread().unpark();
+            let _ = r.thread.join();
+        }
+        for vcpu in 0..self.shared.slots.len() {
+            let _ = self.shared.unboost(vcpu, false);
         }
     }
 }
@@ -192,13 +440,21 @@ impl<T: ThreadControl, E: SchedEvents> Drop for Booster<T, E> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use crate::clock::FakeClock;
+    use crate::events::SchedStats;
+    use std::sync::Mutex;
+    use std::sync::atomic::Ordering::Relaxed;
 
-    /// Records boosts and restores, and can refuse.
+    type Hook = Box<dyn Fn() + Send + Sync>;
+
+    /// Records boosts and restores, can refuse either, and can run a hook in
+    /// the middle of a boost (what another thread does meanwhile).
     #[derive(Default)]
     struct Fake {
         calls: Mutex<Vec<(&'static str, Tid)>>,
         refuse: bool,
+        refuse_restore: bool,
+        during_boost: Mutex<Option<Hook>>,
     }
 
     impl ThreadControl for Fake {
@@ -207,69 +463,128 @@ mod tests {
                 return Err(io::Error::from(io::ErrorKind::PermissionDenied));
             }
             self.calls.lock().unwrap().push(("boost", tid));
+            if let Some(hook) = &*self.during_boost.lock().unwrap() {
+                hook();
+            }
             Ok(())
         }
         fn restore(&self, tid: Tid) -> io::Result<()> {
             self.calls.lock().unwrap().push(("restore", tid));
+            if self.refuse_restore {
+                return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+            }
             Ok(())
         }
     }
 
-    fn booster(budget: BoostBudget) -> Booster<Arc<Fake>> {
-        let b = Booster::new(2, Arc::new(Fake::default())).with_budget(budget);
+    const MAX: Duration = Duration::from_millis(1);
+
+    type Tested = Booster<Arc<Fake>, Arc<SchedStats>>;
+
+    /// A booster in simulated time, with its clock and its statistics.
+    fn booster(fake: Fake) -> (Arc<Tested>, Arc<FakeClock>, Arc<SchedStats>) {
+        let clock = Arc::new(FakeClock::default());
+        let stats = Arc::new(SchedStats::default());
+        let b = Booster::manual(2, Arc::new(fake), stats.clone(), clock.clone());
         b.register(0, 100);
         b.register(1, 101);
-        b
+        (Arc::new(b), clock, stats)
+    }
+
+    fn calls(b: &Tested) -> Vec<(&'static str, Tid)> {
+        b.control().calls.lock().unwrap().clone()
     }
 
     #[test]
     fn a_boost_is_undone_when_the_vcpu_runs_and_only_once() {
-        let b = booster(BoostBudget::default());
+        let (b, ..) = booster(Fake::default());
         assert!(b.boost(1).unwrap());
         assert!(!b.boost(1).unwrap(), "already boosted");
         b.ran(1).unwrap();
         b.ran(1).unwrap();
-        assert_eq!(
-            *b.control().calls.lock().unwrap(),
-            [("boost", 101), ("restore", 101)]
-        );
+        assert_eq!(calls(&b), [("boost", 101), ("restore", 101)]);
         assert!(!b.is_boosted(1));
     }
 
     #[test]
-    fn an_old_boost_is_revoked() {
-        let b = booster(BoostBudget {
-            max_boost: Duration::ZERO,
-            ..Default::default()
-        });
+    fn a_boost_is_recorded_before_it_is_applied_and_a_run_meanwhile_undoes_it() {
+        // The target runs while the booster applies its boost (it preempted
+        // the booster): it finds the record, and the boost is undone as soon
+        // as it is applied, not left behind.
+        let (b, _, stats) = booster(Fake::default());
+        let seen = Arc::new(Mutex::new(None));
+        let (weak, saw) = (Arc::downgrade(&b), seen.clone());
+        *b.control().during_boost.lock().unwrap() = Some(Box::new(move || {
+            let b = weak.upgrade().unwrap();
+            *saw.lock().unwrap() = Some(b.is_boosted(0));
+            b.ran(0).unwrap();
+        }));
+        assert!(!b.boost(0).unwrap(), "undone: the vCPU ran");
+        assert_eq!(*seen.lock().unwrap(), Some(true), "recorded while applied");
+        assert_eq!(calls(&b), [("boost", 100), ("restore", 100)]);
+        assert!(!b.is_boosted(0));
+        assert_eq!(stats.boosts.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_boost_past_max_boost_is_revoked_and_not_before() {
+        let (b, clock, stats) = booster(Fake::default());
         assert!(b.boost(0).unwrap());
-        std::thread::sleep(Duration::from_millis(1));
+        clock.advance(MAX);
+        b.revoke_expired();
+        assert!(b.is_boosted(0), "at max_boost exactly: not yet");
+        clock.advance(Duration::from_nanos(1));
         b.revoke_expired();
         assert!(!b.is_boosted(0));
+        assert_eq!(calls(&b), [("boost", 100), ("restore", 100)]);
+        assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
+        assert_eq!(stats.boost_ns.load(Relaxed), 1_000_001);
+    }
+
+    #[test]
+    fn a_boost_that_stalls_while_applied_is_restored_at_its_deadline() {
+        // The booster is kept off the CPU between applying the boost and
+        // publishing it, past the deadline: the revoker restores the thread
+        // then, and takes the record once it is published.
+        let (b, clock, _) = booster(Fake::default());
+        let (weak, stalled) = (Arc::downgrade(&b), clock.clone());
+        *b.control().during_boost.lock().unwrap() = Some(Box::new(move || {
+            stalled.advance(2 * MAX);
+            weak.upgrade().unwrap().revoke_expired();
+        }));
+        assert!(b.boost(0).unwrap());
         assert_eq!(
-            b.control().calls.lock().unwrap().last(),
-            Some(&("restore", 100))
+            calls(&b),
+            [("boost", 100), ("restore", 100)],
+            "restored at once"
         );
+        assert!(b.is_boosted(0), "the record stays until published");
+        clock.advance(2 * MAX);
+        b.revoke_expired();
+        assert!(!b.is_boosted(0));
     }
 
     #[test]
     fn the_budget_per_period_is_enforced() {
-        let budget = BoostBudget {
+        let (b, clock, _) = booster(Fake::default());
+        let b = Arc::into_inner(b).unwrap().with_budget(BoostBudget {
             per_period: Duration::from_nanos(1),
             period: Duration::from_secs(60),
             ..Default::default()
-        };
-        let b = booster(budget);
+        });
         assert!(b.boost(0).unwrap());
-        std::thread::sleep(Duration::from_millis(1));
+        clock.advance(Duration::from_micros(10));
         b.ran(0).unwrap();
         assert!(!b.boost(0).unwrap(), "the budget for this period is spent");
         assert!(b.boost(1).unwrap(), "budgets are per vCPU");
+        clock.advance(Duration::from_secs(60));
+        b.ran(1).unwrap();
+        assert!(b.boost(0).unwrap(), "a new period");
     }
 
     #[test]
     fn unknown_and_unregistered_vcpus_are_not_boosted() {
-        let b = Booster::new(2, Fake::default());
+        let b = Booster::manual(2, Fake::default(), NoEvents, FakeClock::default());
         assert!(!b.boost(0).unwrap(), "no thread registered");
         assert!(!b.boost(9).unwrap());
         b.ran(9).unwrap();
@@ -278,58 +593,38 @@ mod tests {
 
     #[test]
     fn a_refused_boost_is_an_error_counted_and_leaves_nothing_behind() {
-        let stats = Arc::new(crate::SchedStats::default());
-        let refusing = Fake {
+        let (b, _, stats) = booster(Fake {
             refuse: true,
             ..Default::default()
-        };
-        let b = Booster::with_events(1, refusing, stats.clone());
-        b.register(0, 5);
+        });
         assert_eq!(
             b.boost(0).unwrap_err().kind(),
             io::ErrorKind::PermissionDenied
         );
         assert!(!b.is_boosted(0));
         assert!(
-            !crate::Boost::boost(&b, 0),
+            !crate::Boost::boost(&*b, 0),
             "through a policy: refused, and counted"
         );
-        let errors = stats
-            .boost_errors
-            .load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(errors, 2);
+        assert_eq!(stats.boost_errors.load(Relaxed), 2);
     }
 
     #[test]
-    fn a_real_boost_past_its_limit_restores_the_thread() {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let target = std::thread::spawn(move || {
-            tx.send(crate::thread::current_tid()).unwrap();
-            done_rx.recv().unwrap();
-        });
-        let tid = rx.recv().unwrap();
-        let before = crate::thread::get_attr(tid).unwrap();
-        let b = Booster::new(1, crate::FifoBoost::default()).with_budget(BoostBudget {
-            max_boost: Duration::ZERO,
+    fn a_failed_restore_is_an_error_and_reported() {
+        let (b, clock, stats) = booster(Fake {
+            refuse_restore: true,
             ..Default::default()
         });
-        b.register(0, tid);
-        match b.boost(0) {
-            Ok(boosted) => assert!(boosted),
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                eprintln!("SKIPPED: no CAP_SYS_NICE: {e}");
-                return;
-            }
-            Err(e) => panic!("{e}"),
-        }
-        let fifo = libc::SCHED_FIFO as u32;
-        assert_eq!(crate::thread::get_attr(tid).unwrap().policy, fifo);
-        std::thread::sleep(Duration::from_millis(1));
+        b.boost(0).unwrap();
+        assert!(b.ran(0).is_err());
+        b.boost(1).unwrap();
+        clock.advance(2 * MAX);
         b.revoke_expired();
-        assert_eq!(crate::thread::get_attr(tid).unwrap(), before);
-        done_tx.send(()).unwrap();
-        target.join().unwrap();
+        assert_eq!(
+            stats.restore_errors.load(Relaxed),
+            2,
+            "by run and by revocation"
+        );
     }
 
     #[test]
@@ -344,24 +639,63 @@ mod tests {
     }
 
     #[test]
-    fn events_see_boosts_and_revocations() {
-        let stats = Arc::new(crate::SchedStats::default());
-        let b = Booster::with_events(1, Fake::default(), stats.clone()).with_budget(BoostBudget {
-            max_boost: Duration::ZERO,
-            ..Default::default()
+    fn the_revoker_thread_takes_a_boost_back_without_anyone_asking() {
+        let fake = Arc::new(Fake::default());
+        let stats = Arc::new(SchedStats::default());
+        let b = Booster::with_events(1, fake.clone(), stats.clone());
+        b.register(0, 7);
+        assert!(b.boost(0).unwrap());
+        // A hang detector, not a bound: the revoker's timing is measured by
+        // the `boost_bound` example.
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while b.is_boosted(0) && std::time::Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!b.is_boosted(0), "never revoked");
+        assert_eq!(fake.calls.lock().unwrap().last(), Some(&("restore", 7)));
+        assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn a_real_thread_that_spins_once_boosted_is_restored_by_the_revoker() {
+        // The target never comes back to ask: it spins on the booster's CPU
+        // at SCHED_FIFO. Only the revoker, one priority higher, can end it.
+        let cpu = crate::thread::available_cpus().unwrap()[0];
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(StdAtomicBool::new(false));
+        let spin = stop.clone();
+        let target = std::thread::spawn(move || {
+            crate::thread::pin(0, &[cpu]).unwrap();
+            tx.send(current_tid()).unwrap();
+            while !spin.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
         });
-        b.register(0, 100);
-        b.boost(0).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
-        b.revoke_expired();
-        use std::sync::atomic::Ordering::Relaxed;
-        assert_eq!(
-            (
-                stats.boosts.load(Relaxed),
-                stats.boosts_revoked.load(Relaxed)
-            ),
-            (1, 1)
-        );
-        assert!(stats.boost_ns.load(Relaxed) > 0);
+        let tid = rx.recv().unwrap();
+        let before = crate::thread::get_attr(tid).unwrap();
+        let stats = Arc::new(SchedStats::default());
+        let b = Booster::with_events(1, crate::FifoBoost::default(), stats.clone());
+        b.register(0, tid);
+        let boosted = b.boost(0);
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while b.is_boosted(0) && std::time::Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let after = crate::thread::get_attr(tid).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        target.join().unwrap();
+        match boosted {
+            Ok(true) => {}
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                eprintln!(
+                    "SKIPPED a_real_thread_that_spins_once_boosted_is_restored_by_the_revoker: no CAP_SYS_NICE: {e}"
+                );
+                return;
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(after, before, "restored");
+        assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
+        assert_eq!(stats.revoker_errors.load(Relaxed), 0);
     }
 }

@@ -15,6 +15,13 @@ pub trait SchedEvents: Send + Sync {
     /// Boosting vCPU `vcpu` failed (e.g. no `CAP_SYS_NICE`): the policy goes
     /// on as if the boost had been refused.
     fn boost_failed(&self, _vcpu: usize, _error: &std::io::Error) {}
+    /// Restoring vCPU `vcpu`'s thread after a boost failed: it may still be
+    /// boosted, and nothing else will try again.
+    fn restore_failed(&self, _vcpu: usize, _error: &std::io::Error) {}
+    /// The revoker thread could not be raised above the boosts
+    /// ([`crate::ThreadControl::prepare_revoker`]): it may wait behind a
+    /// boosted thread on a crowded CPU, so boosts can outlast `max_boost`.
+    fn revoker_failed(&self, _error: &std::io::Error) {}
 }
 
 /// No metrics, at no cost.
@@ -36,6 +43,12 @@ impl<E: SchedEvents + ?Sized> SchedEvents for std::sync::Arc<E> {
     fn boost_failed(&self, vcpu: usize, error: &std::io::Error) {
         (**self).boost_failed(vcpu, error)
     }
+    fn restore_failed(&self, vcpu: usize, error: &std::io::Error) {
+        (**self).restore_failed(vcpu, error)
+    }
+    fn revoker_failed(&self, error: &std::io::Error) {
+        (**self).revoker_failed(error)
+    }
 }
 
 /// Counters a VMM can read at any time.
@@ -53,6 +66,10 @@ pub struct SchedStats {
     pub directed_yield_successful: AtomicU64,
     /// Boosts that failed (the thread control refused, e.g. no `CAP_SYS_NICE`).
     pub boost_errors: AtomicU64,
+    /// Restores that failed after a boost.
+    pub restore_errors: AtomicU64,
+    /// Revoker threads that could not be raised above the boosts.
+    pub revoker_errors: AtomicU64,
 }
 
 impl SchedEvents for SchedStats {
@@ -74,6 +91,14 @@ impl SchedEvents for SchedStats {
     fn boost_failed(&self, _: usize, _: &std::io::Error) {
         self.boost_errors.fetch_add(1, Relaxed);
     }
+
+    fn restore_failed(&self, _: usize, _: &std::io::Error) {
+        self.restore_errors.fetch_add(1, Relaxed);
+    }
+
+    fn revoker_failed(&self, _: &std::io::Error) {
+        self.revoker_errors.fetch_add(1, Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -88,7 +113,10 @@ mod tests {
         s.directed_yield(true);
         s.directed_yield(false);
         s.boost_failed(1, &std::io::Error::other("refused"));
+        s.restore_failed(1, &std::io::Error::other("refused"));
+        s.revoker_failed(&std::io::Error::other("refused"));
         let get = |a: &AtomicU64| a.load(Relaxed);
+        assert_eq!((get(&s.restore_errors), get(&s.revoker_errors)), (1, 1));
         assert_eq!(
             (get(&s.boosts), get(&s.boost_ns), get(&s.boosts_revoked)),
             (1, 3000, 1)

@@ -6,7 +6,12 @@ use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-use crate::{Booster, NoGuestView, RunState, ThreadControl, Tid, VcpuState, YieldResult, on_spin};
+use std::time::Duration;
+
+use crate::{
+    Booster, FakeClock, NoEvents, NoGuestView, RunState, ThreadControl, Tid, VcpuState,
+    YieldResult, on_spin,
+};
 
 const VCPUS: usize = 4;
 const STATES: [RunState; 3] = [RunState::InVmm, RunState::InGuest, RunState::Halted];
@@ -44,7 +49,8 @@ impl Control {
 /// Runs every check on `data`: each 3 bytes are an operation, a vCPU and an argument.
 pub fn run(data: &[u8]) {
     let vcpus: Vec<VcpuState> = (0..VCPUS).map(|_| VcpuState::new()).collect();
-    let booster = Booster::new(VCPUS, Control::default());
+    let clock = std::sync::Arc::new(FakeClock::default());
+    let booster = Booster::manual(VCPUS, Control::default(), NoEvents, clock.clone());
     (0..VCPUS).for_each(|v| booster.register(v, v as Tid));
     let last = AtomicUsize::new(data.first().map_or(0, |&b| usize::from(b)));
     for op in data.chunks_exact(3) {
@@ -87,7 +93,10 @@ pub fn run(data: &[u8]) {
                 booster.ran(v).expect("the control never fails");
                 assert!(!booster.is_boosted(v) && !booster.control().boosted(v));
             }
-            _ => booster.revoke_expired(),
+            _ => {
+                clock.advance(Duration::from_micros(u64::from(arg) * 10));
+                booster.revoke_expired();
+            }
         }
         for (i, _) in vcpus.iter().enumerate() {
             assert_eq!(

@@ -20,8 +20,10 @@
 //!   and this crate's [`DirectedYield`]; [`pv_yield_to`] for a guest's
 //!   "yield to vCPU n".
 //! - [`boost`]: the [`Booster`], which boosts through a [`ThreadControl`] and
-//!   undoes every boost when the vCPU runs, after [`BoostBudget::max_boost`],
-//!   and never beyond a budget per period.
+//!   undoes every boost when the vCPU runs, and at the latest after
+//!   [`BoostBudget::max_boost`] from a revoker thread above every boost, even
+//!   if the boosted thread never returns; never beyond a budget per period.
+//! - [`clock`]: the booster's time, real or fake ([`FakeClock`]) for tests.
 //! - [`thread`]: [`FifoBoost`] over `sched_setattr` (restoring each thread's
 //!   own attributes), pinning and affinity helpers.
 //! - [`probe`] and [`host_load`]: what a userspace VMM can see of the host
@@ -57,6 +59,7 @@
 #![deny(missing_docs)]
 
 pub mod boost;
+pub mod clock;
 pub mod directed_yield;
 pub mod events;
 pub mod host_load;
@@ -69,6 +72,7 @@ mod sync;
 pub mod thread;
 
 pub use boost::{BoostBudget, Booster};
+pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use directed_yield::{GuestView, NoGuestView, YieldResult, on_spin};
 pub use events::{NoEvents, SchedEvents, SchedStats};
 pub use host_load::{Crowding, LoadSource, RunnableThreads};

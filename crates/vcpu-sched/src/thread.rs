@@ -89,6 +89,12 @@ pub trait ThreadControl: Send + Sync {
     fn yield_now(&self) {
         std::thread::yield_now();
     }
+    /// Raises thread `tid`, the booster's revoker, above every boost, so that
+    /// it runs even on a CPU a boosted thread holds. The default does
+    /// nothing: right for a control whose boosts cannot starve other threads.
+    fn prepare_revoker(&self, _tid: Tid) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl<T: ThreadControl + ?Sized> ThreadControl for std::sync::Arc<T> {
@@ -98,10 +104,16 @@ impl<T: ThreadControl + ?Sized> ThreadControl for std::sync::Arc<T> {
     fn restore(&self, tid: Tid) -> io::Result<()> {
         (**self).restore(tid)
     }
+    fn prepare_revoker(&self, tid: Tid) -> io::Result<()> {
+        (**self).prepare_revoker(tid)
+    }
     fn yield_now(&self) {
         (**self).yield_now()
     }
 }
+
+/// `SCHED_DEADLINE`, which the libc crate does not name.
+const SCHED_DEADLINE: u32 = 6;
 
 /// Boosts to `SCHED_FIFO` at a priority, saving each thread's original
 /// attributes and putting them back on `restore`. Needs `CAP_SYS_NICE` (or an
@@ -124,6 +136,11 @@ impl FifoBoost {
 }
 
 impl FifoBoost {
+    /// The threads' original attributes, locked briefly.
+    fn saved(&self) -> std::sync::MutexGuard<'_, HashMap<Tid, SchedAttr>> {
+        self.saved.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Checks, before relying on it, that this process may boost: boosts the
     /// calling thread and puts it back. A VMM calls it at start-up to fail
     /// (or choose a policy that does not boost) with a clear reason.
@@ -148,17 +165,19 @@ fn exited(e: &io::Error) -> bool {
 }
 
 impl ThreadControl for FifoBoost {
+    /// The lock on the saved attributes is never held while a thread is
+    /// boosted: the boosted thread may preempt this one at once, and the
+    /// booster's revoker must be able to restore it meanwhile.
     fn boost(&self, tid: Tid) -> io::Result<()> {
         let original = get_attr(tid)?;
-        let mut saved = self.saved.lock().unwrap_or_else(PoisonError::into_inner);
-        saved.entry(tid).or_insert(original);
+        self.saved().entry(tid).or_insert(original);
         let fifo = SchedAttr {
             policy: libc::SCHED_FIFO as u32,
             priority: self.priority,
             ..Default::default()
         };
         set_attr(tid, &fifo).map_err(|e| {
-            saved.remove(&tid);
+            self.saved().remove(&tid);
             let hint = if e.kind() == io::ErrorKind::PermissionDenied {
                 " (needs CAP_SYS_NICE, or an RLIMIT_RTPRIO of at least the priority)"
             } else {
@@ -174,12 +193,46 @@ impl ThreadControl for FifoBoost {
         })
     }
 
+    /// `SCHED_DEADLINE` with 50 µs every 1 ms, on every online CPU: above
+    /// every `SCHED_FIFO` thread, and above the kernel's fair server, which
+    /// runs starved `SCHED_OTHER` threads for up to 50 ms a second above
+    /// real-time ones (a `SCHED_FIFO` revoker was seen waiting that long
+    /// behind it). Where the kernel refuses a deadline task (its admission
+    /// control, a cpuset narrower than the machine), the revoker runs
+    /// `SCHED_FIFO` one priority above the boosts and the refusal is the
+    /// error returned.
+    fn prepare_revoker(&self, tid: Tid) -> io::Result<()> {
+        // A deadline task must be allowed on every CPU of its root domain;
+        // the revoker may have inherited a narrower affinity.
+        let _ = online_cpus().and_then(|all| pin(tid, &all));
+        let deadline = SchedAttr {
+            policy: SCHED_DEADLINE,
+            runtime: 50_000,
+            deadline: 1_000_000,
+            period: 1_000_000,
+            ..Default::default()
+        };
+        let Err(e) = set_attr(tid, &deadline) else {
+            return Ok(());
+        };
+        let fifo = SchedAttr {
+            policy: libc::SCHED_FIFO as u32,
+            priority: (self.priority + 1).min(99),
+            ..Default::default()
+        };
+        set_attr(tid, &fifo)?;
+        Err(io::Error::new(
+            e.kind(),
+            format!(
+                "the boost revoker cannot be SCHED_DEADLINE ({e}); it runs SCHED_FIFO {}, \
+                 which the kernel's fair server can hold back for up to 50 ms",
+                fifo.priority
+            ),
+        ))
+    }
+
     fn restore(&self, tid: Tid) -> io::Result<()> {
-        let original = self
-            .saved
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&tid);
+        let original = self.saved().remove(&tid);
         match original.map(|attr| set_attr(tid, &attr)) {
             Some(Err(e)) if !exited(&e) => Err(e),
             _ => Ok(()),

@@ -12,7 +12,8 @@ use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use loom::thread;
 
 use vcpu_sched::{
-    Boost, Booster, Ctx, NoGuestView, RunState, ThreadControl, Tid, VcpuState, boost_ready,
+    Boost, BoostBudget, Booster, Ctx, FakeClock, NoEvents, NoGuestView, RunState, ThreadControl,
+    Tid, VcpuState, boost_ready,
 };
 
 /// A thread control that remembers whether the thread is boosted.
@@ -40,7 +41,9 @@ struct Vm {
 
 impl Vm {
     fn new() -> Arc<Self> {
-        let booster = Booster::new(2, Fake::default());
+        // No revoker thread (loom models the threads it spawns itself), and
+        // time that stands still: the model must be deterministic.
+        let booster = Booster::manual(2, Fake::default(), NoEvents, FakeClock::default());
         booster.register(1, 101);
         Arc::new(Self {
             vcpus: (0..2).map(|_| VcpuState::new()).collect(),
@@ -100,6 +103,41 @@ fn racing_boosts_leave_one_record_that_running_undoes() {
         assert!(vm.booster.is_boosted(1));
         vm.booster.ran(1).unwrap();
         assert!(!vm.booster.control().boosted.load(SeqCst));
+    });
+}
+
+/// The revoker looks at the records while vCPU 0 boosts vCPU 1 (the boost
+/// already past its deadline): whatever the order, once the revoker has
+/// looked again the thread is not boosted and no record is left, so no
+/// thread is ever boosted where the revoker cannot see it.
+#[test]
+fn a_revocation_racing_with_a_boost_leaves_nothing_boosted() {
+    loom::model(|| {
+        let clock = std::sync::Arc::new(FakeClock::default());
+        let booster = Arc::new(
+            Booster::manual(2, Fake::default(), NoEvents, clock.clone()).with_budget(BoostBudget {
+                max_boost: std::time::Duration::ZERO,
+                ..BoostBudget::default()
+            }),
+        );
+        booster.register(1, 101);
+        clock.advance(std::time::Duration::from_micros(1));
+        let revoker = {
+            let (booster, clock) = (booster.clone(), clock.clone());
+            thread::spawn(move || {
+                clock.advance(std::time::Duration::from_micros(1));
+                booster.revoke_expired();
+            })
+        };
+        let _ = booster.boost(1);
+        revoker.join().unwrap();
+        clock.advance(std::time::Duration::from_micros(1));
+        booster.revoke_expired(); // the revoker's next look
+        assert!(!booster.is_boosted(1), "record left behind");
+        assert!(
+            !booster.control().boosted.load(SeqCst),
+            "thread left boosted"
+        );
     });
 }
 

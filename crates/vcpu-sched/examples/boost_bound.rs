@@ -1,0 +1,265 @@
+//! The booster's bound against threads that never give a boost back: three
+//! "vCPU" threads busy-loop for ever, on the booster's own CPU, so a boosted
+//! one (`SCHED_FIFO`) keeps the booster off that CPU and never returns to ask
+//! for its boost to end. Only the revoker can end each boost. A sampler
+//! thread, above everything and on another CPU, reads each target's
+//! scheduling policy from outside (`sched_getattr`) every 20 µs.
+//!
+//! `cargo run --release -p vcpu-sched --example boost_bound [-- --json] [--seconds N]`
+//!
+//! Prints `boosts`, `revoked_by_deadline`, `budget_us` (`max_boost`),
+//! `max_boost_us` (the longest time a target was seen real-time, from the
+//! last sample before to the first sample after), and
+//! `unrecorded_fifo_samples` (samples of a real-time target while the
+//! booster had no record of boosting it). Goal: `max_boost_us` at most
+//! `budget_us` + 1000, and no unrecorded sample. A stretch during which the
+//! sampler itself was off its CPU for over 1 ms cannot be measured (the
+//! machine stalled under every thread): it is counted apart
+//! (`unwatched_stretches`, with `max_sampler_gap_us`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use vcpu_sched::thread::{available_cpus, current_tid, get_attr, pin, set_attr};
+use vcpu_sched::{BoostBudget, Booster, FifoBoost, SchedAttr, SchedEvents, SchedStats, Tid};
+
+const TARGETS: usize = 3;
+const SAMPLE_EVERY: Duration = Duration::from_micros(20);
+
+/// Counts boosts per target (to tell a boost that came and went between two
+/// samples from one that was never recorded), and everything else as
+/// `SchedStats` does.
+#[derive(Default)]
+struct Events {
+    stats: SchedStats,
+    boosts: [AtomicU64; TARGETS],
+}
+
+impl SchedEvents for Events {
+    fn boosted(&self, vcpu: usize) {
+        self.stats.boosted(vcpu);
+        self.boosts[vcpu].fetch_add(1, SeqCst);
+    }
+    fn unboosted(&self, vcpu: usize, held: Duration, revoked: bool) {
+        self.stats.unboosted(vcpu, held, revoked);
+    }
+    fn boost_failed(&self, vcpu: usize, error: &std::io::Error) {
+        self.stats.boost_failed(vcpu, error);
+    }
+    fn restore_failed(&self, vcpu: usize, error: &std::io::Error) {
+        self.stats.restore_failed(vcpu, error);
+    }
+    fn revoker_failed(&self, error: &std::io::Error) {
+        self.stats.revoker_failed(error);
+    }
+}
+
+struct Args {
+    json: bool,
+    seconds: u64,
+}
+
+fn args() -> Result<Args, String> {
+    let mut args = Args {
+        json: false,
+        seconds: 10,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--json" => args.json = true,
+            "--seconds" => {
+                let n = it.next().ok_or("--seconds needs a number")?;
+                args.seconds = n.parse().ok().filter(|&s| s > 0).ok_or(format!(
+                    "--seconds {n:?}: a whole number of seconds, at least 1"
+                ))?;
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?}; use [--json] [--seconds N]"
+                ));
+            }
+        }
+    }
+    Ok(args)
+}
+
+/// What the sampler saw.
+#[derive(Default)]
+struct Seen {
+    samples: u64,
+    /// The longest real-time stretch the sampler watched throughout.
+    max_fifo: Duration,
+    /// Real-time samples with no record around them.
+    unrecorded: u64,
+    /// Real-time stretches during which the sampler itself was off its CPU
+    /// for over `UNWATCHED` (the machine stalled): not measurable.
+    unwatched: u64,
+    /// The sampler's longest gap between two passes.
+    max_gap: Duration,
+}
+
+/// A gap between two sampling passes beyond this means the sampler, above
+/// everything on its CPU, did not run: the machine, not the booster, stalled.
+const UNWATCHED: Duration = Duration::from_millis(1);
+
+fn is_fifo(tid: Tid) -> bool {
+    get_attr(tid).is_ok_and(|a| a.policy == libc::SCHED_FIFO as u32)
+}
+
+/// Samples every target until `stop`: the longest real-time stretch of each
+/// (bounded by the samples around it) and real-time samples that no record
+/// covers (no record before, none after, and no boost in between).
+fn sample(
+    tids: &[Tid],
+    booster: &Booster<FifoBoost, Arc<Events>>,
+    events: &Events,
+    stop: &AtomicBool,
+) -> Seen {
+    let mut seen = Seen::default();
+    let start = Instant::now();
+    // Per target: the last sample that saw it not real-time, and whether a
+    // stall of the sampler happened since.
+    let mut last_other = vec![start; tids.len()];
+    let mut in_fifo = vec![false; tids.len()];
+    let mut stalled = vec![false; tids.len()];
+    let mut last_pass = start;
+    while !stop.load(SeqCst) {
+        let gap = last_pass.elapsed();
+        seen.max_gap = seen.max_gap.max(gap);
+        if gap > UNWATCHED {
+            stalled.iter_mut().for_each(|s| *s = true);
+        }
+        last_pass = Instant::now();
+        for (v, &tid) in tids.iter().enumerate() {
+            let boosts = events.boosts[v].load(SeqCst);
+            let recorded_before = booster.is_boosted(v);
+            let fifo = is_fifo(tid);
+            let recorded_after = booster.is_boosted(v);
+            let unchanged = events.boosts[v].load(SeqCst) == boosts;
+            let now = Instant::now();
+            seen.samples += 1;
+            if fifo {
+                seen.unrecorded += u64::from(!recorded_before && !recorded_after && unchanged);
+                in_fifo[v] = true;
+                continue;
+            }
+            if in_fifo[v] && stalled[v] {
+                seen.unwatched += 1;
+            } else if in_fifo[v] {
+                seen.max_fifo = seen.max_fifo.max(now - last_other[v]);
+            }
+            (in_fifo[v], stalled[v], last_other[v]) = (false, false, now);
+        }
+        thread::sleep(SAMPLE_EVERY);
+    }
+    seen
+}
+
+fn main() {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let cpus = available_cpus().expect("sched_getaffinity");
+    let (shared_cpu, sampler_cpu) = (cpus[0], *cpus.last().expect("one CPU at least"));
+    pin(0, &[shared_cpu]).expect("pin the booster");
+    let fifo = FifoBoost::default();
+    if let Err(e) = fifo.check() {
+        eprintln!("error: this example boosts threads to SCHED_FIFO: {e}");
+        std::process::exit(1);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let targets: Vec<_> = (0..TARGETS)
+        .map(|_| {
+            let (stop, tx) = (stop.clone(), tx.clone());
+            thread::spawn(move || {
+                pin(0, &[shared_cpu]).expect("pin a target");
+                tx.send(current_tid()).expect("main waits");
+                while !stop.load(SeqCst) {
+                    std::hint::spin_loop(); // a guest spinning in guest mode
+                }
+            })
+        })
+        .collect();
+    let tids: Vec<Tid> = (0..TARGETS).map(|_| rx.recv().expect("a target")).collect();
+    let events = Arc::new(Events::default());
+    let budget = BoostBudget::default();
+    let booster = Booster::with_events(TARGETS, fifo, events.clone()).with_budget(budget);
+    for (v, &tid) in tids.iter().enumerate() {
+        booster.register(v, tid);
+    }
+    let sampling = AtomicBool::new(false);
+    let seen = thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            pin(0, &[sampler_cpu]).expect("pin the sampler");
+            let top = SchedAttr {
+                policy: libc::SCHED_FIFO as u32,
+                priority: 90,
+                ..Default::default()
+            };
+            set_attr(0, &top).expect("the sampler above everything");
+            sample(&tids, &booster, &events, &sampling)
+        });
+        let end = Instant::now() + Duration::from_secs(args.seconds);
+        while Instant::now() < end {
+            for v in 0..TARGETS {
+                // Boosting a target on this CPU stops this loop until the
+                // revoker takes the boost back.
+                let _ = booster.boost(v);
+            }
+            thread::yield_now();
+        }
+        sampling.store(true, SeqCst);
+        sampler.join().expect("the sampler")
+    });
+    drop(booster);
+    stop.store(true, SeqCst);
+    for t in targets {
+        t.join().expect("a target");
+    }
+    report(&args, &events.stats, budget, &seen);
+}
+
+fn report(args: &Args, stats: &SchedStats, budget: BoostBudget, seen: &Seen) {
+    let get = |a: &AtomicU64| a.load(SeqCst);
+    let budget_us = budget.max_boost.as_micros();
+    let max_us = seen.max_fifo.as_micros();
+    let met = max_us <= budget_us + 1000 && seen.unrecorded == 0;
+    if args.json {
+        println!(
+            "{{\"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"goal_met\": {met}}}",
+            args.seconds,
+            get(&stats.boosts),
+            get(&stats.boosts_revoked),
+            seen.unrecorded,
+            seen.samples,
+            seen.unwatched,
+            seen.max_gap.as_micros(),
+            get(&stats.restore_errors),
+            get(&stats.revoker_errors),
+        );
+    } else {
+        println!(
+            "{} boosts in {} s, {} revoked by their deadline; the longest a target was seen \
+             real-time: {max_us} µs (max_boost {budget_us} µs; {} stretches not watched \
+             throughout, the sampler's longest gap {} µs); {} of {} samples saw a real-time \
+             target with no record; goal (at most {} µs, no such sample): {}",
+            get(&stats.boosts),
+            args.seconds,
+            get(&stats.boosts_revoked),
+            seen.unwatched,
+            seen.max_gap.as_micros(),
+            seen.unrecorded,
+            seen.samples,
+            budget_us + 1000,
+            if met { "met" } else { "not met" }
+        );
+    }
+}
