@@ -319,9 +319,57 @@ impl Default for Mechanisms {
     }
 }
 
+impl Mechanisms {
+    /// The halt-poll policy of each wake source of a halted vCPU, indexed by
+    /// source (`irq::WAKE_INTERRUPT`, then `irq::WAKE_TIMER`), so each learns
+    /// its own wake times. With guest-side polling the VMM blocks at once. A
+    /// timer with an advance needs no polling: its host timer fires early
+    /// enough to cover the vCPU thread's wake-up too (the advance learns where
+    /// the receiver arrives), and a poll would only take the CPU the timer
+    /// thread needs to wake on time.
+    pub fn halt_poll_per_source(self) -> [HaltPoll; 2] {
+        let interrupts = if self.guest_poll {
+            HaltPoll::Off
+        } else {
+            self.halt_poll
+        };
+        let timer = match self.timer_advance {
+            TimerAdvance::None => interrupts,
+            _ => HaltPoll::Off,
+        };
+        [interrupts, timer]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_wake_source_gets_its_own_halt_poll_policy() {
+        let m = |halt_poll, timer_advance, guest_poll| Mechanisms {
+            halt_poll,
+            timer_advance,
+            guest_poll,
+            ..Mechanisms::default()
+        };
+        use HaltPoll::{Kvm, Off, Own};
+        assert_eq!(
+            m(Own, TimerAdvance::None, false).halt_poll_per_source(),
+            [Own, Own],
+            "the timer learns its own wake times"
+        );
+        assert_eq!(
+            m(Kvm, TimerAdvance::Own, false).halt_poll_per_source(),
+            [Kvm, Off],
+            "an advance covers the timer's wake-up"
+        );
+        assert_eq!(
+            m(Own, TimerAdvance::None, true).halt_poll_per_source(),
+            [Off, Off],
+            "the guest polls; the VMM blocks"
+        );
+    }
 
     #[test]
     fn choices_round_trip_and_bad_ones_list_the_good_ones() {

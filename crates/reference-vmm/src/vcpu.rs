@@ -45,7 +45,7 @@ use crate::guest::PAUSE_PORT;
 use crate::irq::{Interrupts, WAKE_INTERRUPT, WAKE_TIMER};
 use crate::kick;
 use crate::layout::{MAILBOX_RING, irq_record, mailbox};
-use crate::mechanisms::{HaltPoll, Mechanisms, TimerAdvance};
+use crate::mechanisms::{HaltPoll, Mechanisms};
 
 // The halt poller keeps one policy per wake source: policy `i` learns from
 // the halts that source `i` (bit `i` of the events) ended.
@@ -356,21 +356,7 @@ impl VcpuRunner {
             vcpu: self.index,
             source,
         })?;
-        let vmm_side = if m.guest_poll {
-            HaltPoll::Off
-        } else {
-            m.halt_poll
-        };
-        // One policy per wake source, so each learns its own wake times. A
-        // timer with an advance needs no polling: its host timer fires early
-        // enough to cover this thread's wake-up too (the advance learns where
-        // the receiver arrives), and a poll would only take the CPU the timer
-        // thread needs to wake on time.
-        let timer_side = match m.timer_advance {
-            TimerAdvance::None => vmm_side,
-            _ => HaltPoll::Off,
-        };
-        let policies = vec![vmm_side.policy(), timer_side.policy()];
+        let policies = m.halt_poll_per_source().map(HaltPoll::policy).into();
         let poller = HaltPoller::with_policies(self.shared.irqs.wake_source(self.vcpu()), policies)
             .with_events(self.shared.halt_stats.clone());
         Ok(Loop {
