@@ -74,7 +74,15 @@ impl AdvancePolicy for Fixed {
 /// below 100 or above 10000 TSC cycles; otherwise move the advance by one
 /// eighth of the delta (in ns), down when early, up when late; if it exceeds
 /// 5000 ns (including by wrapping below zero, as the kernel's `u32` does),
-/// reset it to 1000 ns.
+/// reset it to 1000 ns. Once the advance is 0 it never changes again: the
+/// kernel only tunes inside `__kvm_wait_lapic_expire`, which
+/// `kvm_wait_lapic_expire` skips while `timer_advance_ns` is 0.
+///
+/// The kernel filters on the guest TSC delta in cycles before converting it
+/// to ns; [`KvmAdaptive::learn_cycles`] takes that delta and is exact.
+/// [`AdvancePolicy::learn`] converts a [`Wakeup`]'s ns to cycles first (as
+/// the guest's TSC would have counted them), so near the filter's edges it
+/// sees what a TSC read at the same moment would have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvmAdaptive {
     advance_ns: u32,
@@ -100,6 +108,28 @@ impl KvmAdaptive {
             tsc_khz: tsc_khz.max(1),
         }
     }
+
+    /// Learns from one expiry as the kernel does: `delta_cycles` is the guest
+    /// TSC when the expiry was handled minus the deadline
+    /// (`advance_expire_delta`: negative when early).
+    pub fn learn_cycles(&mut self, delta_cycles: i64) {
+        let cycles = delta_cycles.unsigned_abs();
+        if self.advance_ns == 0 || !(Self::ADJUST_MIN..=Self::ADJUST_MAX).contains(&cycles) {
+            return;
+        }
+        // `ns` is a u64 and the advance a u32 in the kernel: the step is
+        // truncated to 32 bits and the advance wraps.
+        let ns = cycles * 1_000_000 / self.tsc_khz;
+        let step = (ns / u64::from(Self::STEP)) as u32;
+        self.advance_ns = if delta_cycles < 0 {
+            self.advance_ns.wrapping_sub(step)
+        } else {
+            self.advance_ns.wrapping_add(step)
+        };
+        if self.advance_ns > Self::NS_MAX {
+            self.advance_ns = Self::NS_INIT;
+        }
+    }
 }
 
 impl AdvancePolicy for KvmAdaptive {
@@ -108,20 +138,8 @@ impl AdvancePolicy for KvmAdaptive {
     }
 
     fn learn(&mut self, w: &Wakeup) {
-        let ns = w.delta_ns.unsigned_abs();
-        let cycles = ns.saturating_mul(self.tsc_khz) / 1_000_000;
-        if !(Self::ADJUST_MIN..=Self::ADJUST_MAX).contains(&cycles) {
-            return;
-        }
-        let step = (ns / u64::from(Self::STEP)) as u32;
-        self.advance_ns = if w.delta_ns < 0 {
-            self.advance_ns.wrapping_sub(step)
-        } else {
-            self.advance_ns.wrapping_add(step)
-        };
-        if self.advance_ns > Self::NS_MAX {
-            self.advance_ns = Self::NS_INIT;
-        }
+        let cycles = i128::from(w.delta_ns) * i128::from(self.tsc_khz) / 1_000_000;
+        self.learn_cycles(cycles.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
     }
 }
 
@@ -272,6 +290,53 @@ mod tests {
         k.learn(&wake(1050, 40)); // 80 cycles: below the dead band
         k.learn(&wake(1050, 6_000)); // 12000 cycles: a spike, ignored
         assert_eq!(k.advance(), Duration::from_nanos(1050));
+    }
+
+    /// Expected values stepped through `adjust_lapic_timer_advance` and the
+    /// guard in `kvm_wait_lapic_expire` by hand, in the kernel's integer
+    /// types, for a 2.596 GHz guest TSC.
+    #[test]
+    fn kvm_in_cycles_follows_the_kernel_step_by_step() {
+        let mut k = KvmAdaptive::new(2_596_000);
+        let traced = [
+            (99, 1000),     // below ADJUST_MIN: ignored
+            (100, 1004),    // 100 cycles = 38 ns (38.5 truncated), / 8 = 4
+            (10_000, 1485), // 3852 ns / 8 = 481
+            (10_001, 1485), // above ADJUST_MAX: ignored
+            (-10_001, 1485),
+            (-100, 1481),
+            (-10_000, 1000),
+            (2_500, 1120), // 963 ns / 8 = 120
+            (-7_999, 735), // 3081 ns / 8 = 385
+            (150, 742),    // 57 ns / 8 = 7
+            (-2_000, 646), // 770 ns / 8 = 96
+        ];
+        for (delta, advance) in traced {
+            k.learn_cycles(delta);
+            assert_eq!(k.advance(), Duration::from_nanos(advance), "after {delta}");
+        }
+    }
+
+    #[test]
+    fn kvm_tunes_nothing_once_the_advance_is_zero() {
+        let mut k = KvmAdaptive::new(1_000_000); // 1 ns = 1 cycle
+        k.learn_cycles(-8_000); // 1000 - 8000 / 8 = 0
+        assert_eq!(k.advance(), Duration::ZERO);
+        for delta in [8_000, -150, 5_000] {
+            k.learn_cycles(delta);
+            assert_eq!(k.advance(), Duration::ZERO, "after {delta}");
+        }
+    }
+
+    #[test]
+    fn kvm_in_ns_filters_on_the_cycles_a_tsc_would_count() {
+        // 100 cycles at 2.596 GHz are 38.5 ns: a wake-up 38 ns late is 98
+        // cycles (ignored), 39 ns is 101 cycles (tuned by 38 ns / 8).
+        let mut k = KvmAdaptive::new(2_596_000);
+        k.learn(&wake(1000, 38));
+        assert_eq!(k.advance(), Duration::from_nanos(1000));
+        k.learn(&wake(1000, 39));
+        assert_eq!(k.advance(), Duration::from_nanos(1004));
     }
 
     #[test]

@@ -35,7 +35,7 @@ proptest! {
         prop_assert!(t.expire(now).is_none(), "fires once");
     }
 
-    /// KVM's tuning stays within (0, 5000] ns whatever it sees.
+    /// KVM's tuning stays within [0, 5000] ns whatever it sees.
     #[test]
     fn kvm_adaptive_stays_bounded(deltas in prop::collection::vec(any::<i64>(), 1..200), khz in 1u64..10_000_000) {
         let mut k = KvmAdaptive::new(khz);
