@@ -17,6 +17,27 @@ pub struct Wakeup {
 }
 
 impl Wakeup {
+    /// What a deadline teaches: armed at `armed_ns` for `target_ns` with
+    /// `advance`, its host timer woke at `woke_ns` (host ns). A host timer
+    /// cannot fire before it is armed, so the advance it had is at most the
+    /// distance it was armed at: a deadline closer than the advance fired at
+    /// once, and still tells how late the host runs a timer that is due.
+    /// `None` for a deadline already past when armed (a guest behind its
+    /// timers): its lateness would be the backlog, not the host's.
+    pub fn of_deadline(
+        advance: Duration,
+        armed_ns: u64,
+        target_ns: u64,
+        woke_ns: u64,
+    ) -> Option<Self> {
+        let distance = target_ns.checked_sub(armed_ns).filter(|&d| d > 0)?;
+        let delta_ns = i128::from(woke_ns) - i128::from(target_ns);
+        Some(Self {
+            advance: advance.min(Duration::from_nanos(distance)),
+            delta_ns: delta_ns.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64,
+        })
+    }
+
     /// How late the host timer woke after the time it was armed for.
     pub fn wake_lateness(&self) -> Duration {
         let ns = self
@@ -153,6 +174,9 @@ pub struct PercentileConfig {
     pub memory: u32,
     /// Largest advance.
     pub max_advance: Duration,
+    /// Wake-ups seen before the advance moves from 0: a host stall among the
+    /// first few cannot make itself the quantile.
+    pub min_samples: u32,
 }
 
 impl Default for PercentileConfig {
@@ -161,6 +185,7 @@ impl Default for PercentileConfig {
             spin_weight: 0.1,
             memory: 512,
             max_advance: Duration::from_micros(500),
+            min_samples: 32,
         }
     }
 }
@@ -185,53 +210,33 @@ fn edge_ns(i: usize) -> f64 {
     f64::from(1u32 << FIRST_SHIFT) * 2f64.powi(octave as i32) * (1.0 + quarter as f64 / 4.0)
 }
 
-/// This crate's own policy: the seed author's "rightmost bucket", made explicit.
-///
-/// It keeps a decayed histogram of the host timer's wake lateness (independent
-/// of the advance it used) and advances by the quantile that minimises
-/// expected lateness plus λ × expected spin: the pinball loss, whose minimiser
-/// is the `1/(1+λ)` quantile. The histogram forgets, so the advance follows a
-/// distribution that shifts.
+/// A histogram of wake lateness whose counts decay by `1/memory` per sample.
 #[derive(Clone, Debug)]
-pub struct Percentile {
-    config: PercentileConfig,
+struct Decayed {
+    memory: u32,
     counts: [f64; BUCKETS],
     weight: f64,
-    advance_ns: u64,
 }
 
-impl Default for Percentile {
-    fn default() -> Self {
-        Self::new(PercentileConfig::default())
-    }
-}
-
-impl Percentile {
-    /// A policy with `config`, starting with no advance until it has data.
-    pub fn new(config: PercentileConfig) -> Self {
+impl Decayed {
+    fn new(memory: u32) -> Self {
         Self {
-            config,
+            memory: memory.max(2),
             counts: [0.0; BUCKETS],
             weight: 1.0,
-            advance_ns: 0,
         }
-    }
-
-    /// The quantile it aims at.
-    pub fn quantile(&self) -> f64 {
-        1.0 / (1.0 + self.config.spin_weight.max(0.0))
     }
 
     fn record(&mut self, lateness_ns: u64) {
         self.counts[bucket_of(lateness_ns)] += self.weight;
-        self.weight /= 1.0 - 1.0 / f64::from(self.config.memory.max(2));
+        self.weight /= 1.0 - 1.0 / f64::from(self.memory);
         if self.weight > 1e100 {
             self.counts.iter_mut().for_each(|c| *c /= self.weight);
             self.weight = 1.0;
         }
     }
 
-    /// The `q` quantile of the histogram, interpolated within its bucket.
+    /// The `q` quantile, interpolated within its bucket.
     fn quantile_ns(&self, q: f64) -> f64 {
         let total: f64 = self.counts.iter().sum();
         let mut below = 0.0;
@@ -246,15 +251,80 @@ impl Percentile {
     }
 }
 
+/// Wake-ups the recent histogram remembers.
+const RECENT_MEMORY: u32 = 32;
+/// How far above the recent quantile the advance may stay while the long
+/// histogram still remembers a slower host.
+const RECENT_MARGIN: f64 = 1.25;
+
+/// This crate's own policy: the seed author's "rightmost bucket", made explicit.
+///
+/// It keeps a decayed histogram of the host timer's wake lateness (independent
+/// of the advance it used) and advances by the quantile that minimises
+/// expected lateness plus λ × expected spin: the pinball loss, whose minimiser
+/// is the `1/(1+λ)` quantile. The histogram forgets, so the advance follows a
+/// distribution that shifts.
+///
+/// Host stalls do not move it: the advance stays 0 until
+/// [`PercentileConfig::min_samples`] wake-ups are in, and a quantile is not
+/// moved by a rare outlier (one stall in 32 samples is above p91). Wasted
+/// spin does not last: a second histogram remembers only the last 32
+/// wake-ups, and the advance is at most 1.25 times its quantile, so when the
+/// host gets faster the advance follows within about 50 expiries instead of
+/// waiting for the long histogram to forget.
+#[derive(Clone, Debug)]
+pub struct Percentile {
+    config: PercentileConfig,
+    long: Decayed,
+    recent: Decayed,
+    samples: u64,
+    advance_ns: u64,
+}
+
+impl Default for Percentile {
+    fn default() -> Self {
+        Self::new(PercentileConfig::default())
+    }
+}
+
+impl Percentile {
+    /// A policy with `config`, starting with no advance until it has data.
+    pub fn new(config: PercentileConfig) -> Self {
+        Self {
+            config,
+            long: Decayed::new(config.memory),
+            recent: Decayed::new(RECENT_MEMORY),
+            samples: 0,
+            advance_ns: 0,
+        }
+    }
+
+    /// The quantile it aims at.
+    pub fn quantile(&self) -> f64 {
+        1.0 / (1.0 + self.config.spin_weight.max(0.0))
+    }
+}
+
 impl AdvancePolicy for Percentile {
     fn advance(&self) -> Duration {
         Duration::from_nanos(self.advance_ns)
     }
 
     fn learn(&mut self, w: &Wakeup) {
-        self.record(w.wake_lateness().as_nanos() as u64);
-        let max = self.config.max_advance.as_nanos() as f64;
-        self.advance_ns = self.quantile_ns(self.quantile()).min(max) as u64;
+        let lateness = w.wake_lateness().as_nanos() as u64;
+        self.long.record(lateness);
+        self.recent.record(lateness);
+        self.samples += 1;
+        if self.samples < u64::from(self.config.min_samples) {
+            return;
+        }
+        let q = self.quantile();
+        let advance = self
+            .long
+            .quantile_ns(q)
+            .min(RECENT_MARGIN * self.recent.quantile_ns(q))
+            .min(self.config.max_advance.as_nanos() as f64);
+        self.advance_ns = advance as u64;
     }
 }
 

@@ -52,17 +52,10 @@ pub struct Expiry {
 }
 
 impl Expiry {
-    /// Whether the host timer was armed before the time it was set for
-    /// (`target − max_spin`), so that its wake-up says how late host timers
-    /// wake. A deadline armed when that time had already passed (a guest
-    /// behind its timers) fires at once: learning from it would grow the
-    /// advance by the backlog, as KVM's tuning avoids by ignoring deltas over
-    /// 10000 cycles.
-    pub fn measures_wakeup(&self) -> bool {
-        let fire_ns = self
-            .target_ns
-            .saturating_sub(self.max_spin.as_nanos() as u64);
-        self.armed_ns < fire_ns
+    /// What this expiry teaches the advance policy if its host timer's
+    /// wake-up is measured at `now_ns` ([`Wakeup::of_deadline`]).
+    pub fn wakeup_at(&self, now_ns: u64) -> Option<Wakeup> {
+        Wakeup::of_deadline(self.max_spin, self.armed_ns, self.target_ns, now_ns)
     }
 
     /// Busy-waits until the target, for at most `max_spin`; returns the time spun.
@@ -121,15 +114,16 @@ struct Shared {
 }
 
 impl Shared {
-    /// Teaches the policy a wake-up `delta_ns` after the target of a deadline
-    /// armed with `advance`, and publishes its new advance.
-    fn learn(&self, advance: Duration, delta_ns: i128) -> Wakeup {
-        let wakeup = wakeup(advance, delta_ns);
+    /// Teaches the policy what `expiry` measured at `now_ns`, if anything,
+    /// and publishes its new advance.
+    fn learn(&self, expiry: &Expiry, now_ns: u64) {
+        let Some(wakeup) = expiry.wakeup_at(now_ns) else {
+            return;
+        };
         let mut policy = self.policy.lock().unwrap_or_else(PoisonError::into_inner);
         policy.learn(&wakeup);
         self.advance_ns
             .store(policy.advance().as_nanos() as u64, Relaxed);
-        wakeup
     }
 
     /// Sets the timerfd to fire at `at_ns` (`CLOCK_MONOTONIC`), or disarms it (0).
@@ -262,13 +256,7 @@ impl TimerThread {
     /// target, then busy-waits to the target (at most `expiry.max_spin`).
     /// Returns the time spun.
     pub fn receive(&self, expiry: &Expiry) -> Duration {
-        let arrived = MonotonicClock.now_ns();
-        if expiry.measures_wakeup() {
-            self.shared.learn(
-                expiry.max_spin,
-                i128::from(arrived) - i128::from(expiry.target_ns),
-            );
-        }
+        self.shared.learn(expiry, MonotonicClock.now_ns());
         expiry.spin(&MonotonicClock)
     }
 
@@ -368,11 +356,10 @@ impl<S: TimerSink, E: TimerEvents> Worker<S, E> {
             max_spin: advance,
         };
         // The receiver teaches the policy itself, from where it spins.
-        let wakeup = match self.spin_at {
-            SpinAt::TimerThread if expiry.measures_wakeup() => self.shared.learn(advance, delta_ns),
-            _ => wakeup(advance, delta_ns),
-        };
-        self.events.woke(&wakeup);
+        if self.spin_at == SpinAt::TimerThread {
+            self.shared.learn(&expiry, woke_ns);
+        }
+        self.events.woke(&wakeup(advance, delta_ns));
         if self.spin_at == SpinAt::TimerThread {
             self.events.spun(expiry.spin(&self.clock));
             let lateness = i128::from(self.clock.now_ns()) - i128::from(target_ns);
@@ -389,31 +376,29 @@ mod tests {
     use crate::time::FakeClock;
 
     #[test]
-    fn only_a_timer_armed_before_its_fire_time_measures_a_wake_up() {
+    fn a_timer_closer_than_its_advance_teaches_the_distance_it_was_armed_at() {
+        let us = Duration::from_micros;
         let e = Expiry {
             payload: 0,
             deadline_ns: 110_000,
             target_ns: 100_000,
             woke_ns: 0,
             armed_ns: 0,
-            max_spin: Duration::from_micros(50),
+            max_spin: us(50),
         };
-        assert!(e.measures_wakeup(), "armed 50 µs before it fired");
-        assert!(
-            !Expiry {
-                armed_ns: 50_000,
-                ..e
-            }
-            .measures_wakeup()
-        );
-        assert!(
-            !Expiry {
-                armed_ns: 200_000,
-                ..e
-            }
-            .measures_wakeup(),
-            "already due"
-        );
+        // Fired at 50 µs, woke at 60 µs: 10 µs late.
+        assert_eq!(e.wakeup_at(60_000).unwrap().wake_lateness(), us(10));
+        // Armed 20 µs before its target: fired at once, woke 5 µs later.
+        let near = Expiry {
+            armed_ns: 80_000,
+            ..e
+        };
+        let w = near.wakeup_at(85_000).unwrap();
+        assert_eq!((w.advance, w.wake_lateness()), (us(20), us(5)));
+        // Armed at or after its target (a guest behind): nothing to learn.
+        for armed_ns in [100_000, 200_000] {
+            assert_eq!(Expiry { armed_ns, ..e }.wakeup_at(210_000), None);
+        }
     }
 
     /// A clock that moves `step` at every reading, as a busy-wait sees time pass.

@@ -146,6 +146,8 @@ pub struct SimResult {
     pub mean: Duration,
     /// Mean spin per expiry.
     pub spin: Duration,
+    /// Longest spin of one expiry.
+    pub max_spin: Duration,
 }
 
 impl SimResult {
@@ -154,7 +156,7 @@ impl SimResult {
         (self.mean.as_nanos() as f64 + spin_weight * self.spin.as_nanos() as f64) / 1000.0
     }
 
-    fn from(policy: &str, mut late: Vec<Duration>, spin: Duration) -> Self {
+    fn from(policy: &str, mut late: Vec<Duration>, spins: &[Duration]) -> Self {
         let n = late.len().max(1);
         late.sort_unstable();
         let q = |p: f64| {
@@ -167,34 +169,61 @@ impl SimResult {
             p50: q(0.5),
             p99: q(0.99),
             mean: late.iter().sum::<Duration>() / n as u32,
-            spin: spin / n as u32,
+            spin: spins.iter().sum::<Duration>() / n as u32,
+            max_spin: spins.iter().max().copied().unwrap_or_default(),
         }
     }
 }
 
-/// Replays `trace` through `policy` (which learns as it goes).
-pub fn simulate(name: &str, policy: &mut dyn AdvancePolicy, trace: &Trace) -> SimResult {
-    let (mut late, mut spin) = (Vec::with_capacity(trace.lateness.len()), Duration::ZERO);
-    for &w in &trace.lateness {
-        let a = policy.advance();
-        late.push(w.saturating_sub(a));
-        spin += a.saturating_sub(w);
-        let delta = w.as_nanos() as i64 - a.as_nanos() as i64;
-        policy.learn(&Wakeup {
-            advance: a,
-            delta_ns: delta,
-        });
+/// One expiry of a deadline armed `period` before its target, whose host
+/// timer wakes `wake_lateness` after it fires: the host timer fires at the
+/// target less the policy's advance, or at once where the advance is longer
+/// than `period`; then the policy learns what the backend would teach it
+/// ([`Wakeup::of_deadline`]). Returns the expiry's lateness and its spin.
+pub fn expire_once(
+    policy: &mut dyn AdvancePolicy,
+    wake_lateness: Duration,
+    period: Duration,
+) -> (Duration, Duration) {
+    let advance = policy.advance();
+    let fired_early_by = advance.min(period);
+    let target_ns = period.as_nanos() as u64;
+    let woke_ns = target_ns - fired_early_by.as_nanos() as u64 + wake_lateness.as_nanos() as u64;
+    if let Some(wakeup) = Wakeup::of_deadline(advance, 0, target_ns, woke_ns) {
+        policy.learn(&wakeup);
     }
-    SimResult::from(name, late, spin)
+    (
+        wake_lateness.saturating_sub(fired_early_by),
+        fired_early_by.saturating_sub(wake_lateness),
+    )
+}
+
+/// Replays `trace` through `policy` (which learns as it goes), each deadline
+/// armed `period` before its target.
+pub fn simulate_every(
+    name: &str,
+    policy: &mut dyn AdvancePolicy,
+    trace: &Trace,
+    period: Duration,
+) -> SimResult {
+    let (late, spins): (Vec<_>, Vec<_>) = trace
+        .lateness
+        .iter()
+        .map(|&w| expire_once(policy, w, period))
+        .unzip();
+    SimResult::from(name, late, &spins)
+}
+
+/// Replays `trace` through `policy` with deadlines armed far ahead (an
+/// hour), so that no advance is longer than a deadline's distance.
+pub fn simulate(name: &str, policy: &mut dyn AdvancePolicy, trace: &Trace) -> SimResult {
+    simulate_every(name, policy, trace, Duration::from_secs(3600))
 }
 
 /// The oracle: advances by exactly each wake-up's lateness.
 pub fn oracle(trace: &Trace) -> SimResult {
-    SimResult::from(
-        "oracle",
-        vec![Duration::ZERO; trace.lateness.len()],
-        Duration::ZERO,
-    )
+    let zeros = vec![Duration::ZERO; trace.lateness.len()];
+    SimResult::from("oracle", zeros.clone(), &zeros)
 }
 
 /// A Markdown table of `results` on `trace`.
@@ -285,6 +314,95 @@ mod tests {
         assert_eq!((r.mean, r.spin), (5 * US, 5 * US));
         assert!((r.score(0.1) - 5.5).abs() < 1e-9);
         assert_eq!(oracle(&t).score(0.1), 0.0);
+    }
+
+    const PERIOD: Duration = Duration::from_micros(200);
+    const STALL: Duration = Duration::from_millis(5);
+
+    /// Runs `lateness` through the own policy at a 200 µs period: the
+    /// advance before each expiry, and each expiry's spin.
+    fn own_policy_on(lateness: &[Duration]) -> (Vec<Duration>, Vec<Duration>) {
+        let mut p = crate::Percentile::default();
+        lateness
+            .iter()
+            .map(|&w| (p.advance(), expire_once(&mut p, w, PERIOD).1))
+            .unzip()
+    }
+
+    /// The spin CPU, over every 50 expiries in a row: at most a tenth of
+    /// their periods.
+    fn assert_spin_under_a_tenth_of_the_period(spins: &[Duration], what: &str) {
+        for (i, window) in spins.windows(50).enumerate() {
+            let spin = window.iter().sum::<Duration>() / 50;
+            assert!(
+                spin <= PERIOD / 10,
+                "{what}: expiries {i}..+50 spun {spin:?} each"
+            );
+        }
+    }
+
+    #[test]
+    fn one_host_stall_does_not_move_the_own_advance() {
+        let clean = Trace::timerfd_like(1000, 7).lateness;
+        let (clean_advance, clean_spins) = own_policy_on(&clean);
+        assert_spin_under_a_tenth_of_the_period(&clean_spins, "no stall");
+        // At the first wake-up (as seen on a busy host), and in steady state.
+        for at in [0, 500] {
+            let mut stalled = clean.clone();
+            stalled[at] = STALL;
+            let (advance, spins) = own_policy_on(&stalled);
+            assert_spin_under_a_tenth_of_the_period(&spins, &format!("stall at {at}"));
+            for i in at + 50..stalled.len() {
+                let (a, b) = (
+                    advance[i].as_nanos() as f64,
+                    clean_advance[i].as_nanos() as f64,
+                );
+                assert!(
+                    (a - b).abs() <= 0.1 * b,
+                    "stall at {at}: expiry {i}: {a} ns against {b} ns"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stalls_every_100_expiries_cost_no_spin() {
+        let mut lateness = Trace::timerfd_like(3000, 8).lateness;
+        lateness.iter_mut().step_by(100).for_each(|w| *w = STALL);
+        let (advance, spins) = own_policy_on(&lateness);
+        assert_spin_under_a_tenth_of_the_period(&spins, "stalls every 100");
+        assert!(advance[2999] < 60 * US, "{:?}", advance[2999]);
+    }
+
+    #[test]
+    fn the_own_advance_follows_a_step_either_way() {
+        let fast = |i: u64| US * 18 + Duration::from_nanos(i * 7919 % 4000);
+        let slow = |i: u64| US * 55 + Duration::from_nanos(i * 7919 % 10_000);
+        let lateness: Vec<Duration> = (0..3000u64)
+            .map(|i| {
+                if (1000..2000).contains(&i) {
+                    slow(i)
+                } else {
+                    fast(i)
+                }
+            })
+            .collect();
+        let (advance, spins) = own_policy_on(&lateness);
+        // Up: within 10 % of the slower host's p91 (64 µs) in 100 expiries.
+        assert!(advance[1100] >= 58 * US, "{:?}", advance[1100]);
+        // Down: the wasted spin ends within 100 expiries.
+        assert_spin_under_a_tenth_of_the_period(&spins[2100..], "after the step down");
+        // At most 1.25 times the faster host's p91 (22 µs) while the long
+        // histogram still remembers the slower one, bucket width included.
+        assert!(advance[2999] < 32 * US, "{:?}", advance[2999]);
+        assert_spin_under_a_tenth_of_the_period(&spins[..2000], "before the step down");
+    }
+
+    #[test]
+    fn an_advance_longer_than_the_period_fires_at_once_and_learns() {
+        let mut p = Fixed(300 * US);
+        let (late, spin) = expire_once(&mut p, 10 * US, PERIOD);
+        assert_eq!((late, spin), (Duration::ZERO, 190 * US));
     }
 
     #[test]
