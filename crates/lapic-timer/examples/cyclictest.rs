@@ -3,7 +3,8 @@
 //! measured where delivery starts (after the spin to the target), so it is the
 //! host side of what a guest would see.
 //!
-//! `cargo run --release -p lapic-timer --example cyclictest [-- SECONDS_PER_POLICY [TRACE_FILE]]`
+//! `cargo run --release -p lapic-timer --example cyclictest -- [SECONDS_PER_POLICY [TRACE_FILE]]
+//! [--period-us P] [--policy none|kvm|own] [--stall-every N --stall-ms M] [--json]`
 //!
 //! With TRACE_FILE, the wake lateness of the first run without advance at 1 ms
 //! is recorded there (up to 20 000 expiries) for `--example simulate-timer`.
@@ -12,10 +13,17 @@
 //! rounds; the table gives the median of the rounds. Score = mean lateness +
 //! λ·mean spin per expiry (λ = 0.1, the own policy's default), the quantity the
 //! own policy minimises; the Fixed rows are the sweep it is compared with.
+//!
+//! `--stall-every N --stall-ms M`: the process runs on one CPU, and every N
+//! expiries a `SCHED_FIFO` thread takes that CPU for M ms, halfway through a
+//! period, as a host stall would. Each policy also runs without stalls in the
+//! same rounds, and the report gives the ratio of the p50s. `--json` prints
+//! one JSON object per policy and period instead of tables.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use lapic_timer::sim::TraceRecorder;
@@ -26,6 +34,8 @@ use lapic_timer::{
 
 const ROUNDS: usize = 3;
 const SPIN_WEIGHT: f64 = 0.1;
+const USAGE: &str = "usage: cyclictest [SECONDS_PER_POLICY [TRACE_FILE]] [--period-us P] \
+                     [--policy none|kvm|own] [--stall-every N --stall-ms M] [--json]";
 
 /// Sends each expiry's delivery lateness to the measuring thread.
 struct Lateness(mpsc::Sender<i64>);
@@ -61,6 +71,81 @@ fn policies() -> Vec<(String, MakePolicy)> {
     v
 }
 
+/// What the command line asked for.
+struct Opts {
+    secs: f64,
+    trace: Option<String>,
+    periods: Vec<Duration>,
+    /// Index into `policies()`, or all of them.
+    policy: Option<usize>,
+    stall: Option<Stall>,
+    json: bool,
+}
+
+/// Every `every` expiries, the CPU is taken for `length`.
+#[derive(Clone, Copy)]
+struct Stall {
+    every: u64,
+    length: Duration,
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts {
+        secs: 1.0,
+        trace: None,
+        periods: vec![Duration::from_millis(1), Duration::from_micros(200)],
+        policy: None,
+        stall: None,
+        json: false,
+    };
+    let (mut every, mut ms) = (None, None);
+    let mut positional = 0;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            let v = args.next().ok_or(format!("{name} needs a value"))?;
+            v.parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or(format!("{name} {v:?}: a whole number above 0"))
+        };
+        match arg.as_str() {
+            "--json" => o.json = true,
+            "--period-us" => o.periods = vec![Duration::from_micros(value("--period-us")?)],
+            "--stall-every" => every = Some(value("--stall-every")?),
+            "--stall-ms" => ms = Some(value("--stall-ms")?),
+            "--policy" => {
+                let name = args.next().ok_or("--policy needs a value")?;
+                let index = ["none", "kvm", "own"].iter().position(|&n| n == name);
+                o.policy = Some(index.ok_or(format!("--policy {name:?}: none, kvm or own"))?);
+            }
+            _ if arg.starts_with("--") => return Err(format!("unknown option {arg:?}")),
+            _ if positional == 0 => {
+                o.secs = arg
+                    .parse()
+                    .ok()
+                    .filter(|&s: &f64| s > 0.0)
+                    .ok_or(format!("SECONDS_PER_POLICY {arg:?}: a number above 0"))?;
+                positional += 1;
+            }
+            _ if positional == 1 => {
+                o.trace = Some(arg);
+                positional += 1;
+            }
+            _ => return Err(format!("unexpected argument {arg:?}")),
+        }
+    }
+    o.stall = match (every, ms) {
+        (Some(every), Some(ms)) => Some(Stall {
+            every,
+            length: Duration::from_millis(ms),
+        }),
+        (None, None) => None,
+        _ => return Err("--stall-every and --stall-ms go together".into()),
+    };
+    Ok(o)
+}
+
 #[derive(Clone, Copy, Default)]
 struct Row {
     min: f64,
@@ -71,6 +156,7 @@ struct Row {
     spin_percent: f64,
     spin_per_expiry: f64,
     early: u64,
+    advance_final: f64,
 }
 
 impl Row {
@@ -97,11 +183,74 @@ impl TimerEvents for Events {
     }
 }
 
+/// A `SCHED_FIFO` thread on the process's CPU that busy-loops for a stall's
+/// length from each time it is sent (host ns), keeping every other thread of
+/// the process off the CPU meanwhile.
+struct Staller(mpsc::Sender<u64>);
+
+impl Staller {
+    fn start(length: Duration) -> Result<Self, String> {
+        let (tx, rx) = mpsc::channel::<u64>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        thread::spawn(move || {
+            let fifo = libc::sched_param { sched_priority: 50 };
+            // SAFETY: sets the calling thread's policy from a valid sched_param.
+            let ret = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo) };
+            let _ = ready_tx.send(
+                (ret == 0)
+                    .then_some(())
+                    .ok_or(std::io::Error::last_os_error()),
+            );
+            for at in rx {
+                thread::sleep(Duration::from_nanos(
+                    at.saturating_sub(MonotonicClock.now_ns()),
+                ));
+                let end = Instant::now() + length;
+                while Instant::now() < end {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self(tx)),
+            Ok(Err(e)) => Err(format!("the staller cannot be SCHED_FIFO: {e}")),
+            Err(_) => Err("the staller thread died".into()),
+        }
+    }
+}
+
+/// Runs the whole process on its first allowed CPU, so that a stall there
+/// stalls the timer thread.
+fn share_one_cpu() -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` lives for the call and its size is passed.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let first = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE, within the set.
+        .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .unwrap_or(0);
+    // SAFETY: as above; the set is rebuilt with that one CPU.
+    unsafe {
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(first, &mut set);
+    }
+    // SAFETY: `set` lives for the call and its size is passed.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn run(
     policy: Box<dyn AdvancePolicy + Send>,
     period: Duration,
     secs: f64,
     record: Option<Arc<TraceRecorder>>,
+    stall: Option<(Stall, &Staller)>,
 ) -> Row {
     let (tx, rx) = mpsc::channel();
     let stats = Arc::new(TimerStats::default());
@@ -117,10 +266,15 @@ fn run(
     let mut lateness = Vec::with_capacity(count);
     let wall = Instant::now();
     for k in 1..=count as u64 {
-        timer.arm(start + k * period.as_nanos() as u64, k).unwrap();
+        let deadline = start + k * period.as_nanos() as u64;
+        if let Some((_, staller)) = stall.filter(|(s, _)| k % s.every == 0) {
+            let _ = staller.0.send(deadline - period.as_nanos() as u64 / 2);
+        }
+        timer.arm(deadline, k).unwrap();
         lateness.push(rx.recv().unwrap() as f64 / 1000.0);
     }
     let wall = wall.elapsed();
+    let advance_final = timer.advance().as_nanos() as f64 / 1000.0;
     drop(timer);
     // The first tenth is warm-up for the learning policies.
     let mut sorted: Vec<f64> = lateness[count / 10..].to_vec();
@@ -136,6 +290,7 @@ fn run(
         spin_percent: 100.0 * spin_us / (wall.as_secs_f64() * 1e6),
         spin_per_expiry: spin_us / count as f64,
         early: stats.early.load(Relaxed),
+        advance_final,
     }
 }
 
@@ -146,65 +301,133 @@ fn median(rows: &[Row], key: impl Fn(&Row) -> f64) -> f64 {
 }
 
 fn main() {
-    let secs: f64 = match std::env::args().nth(1).map(|s| s.parse()) {
-        None => 1.0,
-        Some(Ok(s)) if s > 0.0 => s,
-        Some(_) => {
-            eprintln!("usage: cyclictest [SECONDS_PER_POLICY [TRACE_FILE]]");
-            std::process::exit(2);
-        }
-    };
-    let record_path = std::env::args().nth(2);
+    let o = parse().unwrap_or_else(|e| {
+        eprintln!("error: {e}\n{USAGE}");
+        std::process::exit(2);
+    });
+    let staller = o.stall.map(|s| {
+        let started = share_one_cpu()
+            .map_err(|e| format!("cannot pin the process to one CPU: {e}"))
+            .and_then(|()| Staller::start(s.length));
+        (
+            s,
+            started.unwrap_or_else(|e| {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }),
+        )
+    });
     let recorder = Arc::new(TraceRecorder::new(20_000));
-    for period in [Duration::from_millis(1), Duration::from_micros(200)] {
+    let chosen: Vec<usize> = match o.policy {
+        Some(i) => vec![i],
+        None => (0..policies().len()).collect(),
+    };
+    for &period in &o.periods {
         let names: Vec<String> = policies().into_iter().map(|(n, _)| n).collect();
         let mut rows: Vec<Vec<Row>> = vec![Vec::new(); names.len()];
+        let mut calm: Vec<Vec<Row>> = vec![Vec::new(); names.len()];
         for round in 0..ROUNDS {
             for (i, (_, make)) in policies().into_iter().enumerate() {
+                if !chosen.contains(&i) {
+                    continue;
+                }
                 let record = (round == 0 && i == 0 && period == Duration::from_millis(1))
                     .then(|| recorder.clone());
-                rows[i].push(run(make(), period, secs, record));
+                let stall = staller.as_ref().map(|(s, st)| (*s, st));
+                rows[i].push(run(make(), period, o.secs, record, stall));
+                if stall.is_some() {
+                    calm[i].push(run(make(), period, o.secs, None, None));
+                }
             }
         }
-        println!(
-            "\n**period {period:?}**, {secs} s per policy, median of {ROUNDS} rounds (lateness in µs at delivery)\n"
-        );
-        println!(
-            "| policy | min | p50 | p99 | max | mean | spin CPU | spin µs/expiry | score | early |"
-        );
-        println!("|---|---|---|---|---|---|---|---|---|---|");
-        for (name, r) in names.iter().zip(&rows) {
-            let m = |f: fn(&Row) -> f64| median(r, f);
-            println!(
-                "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2}% | {:.2} | {:.2} | {} |",
-                m(|r| r.min),
-                m(|r| r.p50),
-                m(|r| r.p99),
-                m(|r| r.max),
-                m(|r| r.mean),
-                m(|r| r.spin_percent),
-                m(|r| r.spin_per_expiry),
-                m(Row::score),
-                r.iter().map(|r| r.early).sum::<u64>(),
-            );
+        if o.json {
+            print_json(&o, period, &names, &rows, &calm);
+        } else {
+            print_table(&o, period, &names, &rows, &calm);
         }
-        let own = median(&rows[2], Row::score);
-        let best_fixed = (3..names.len())
-            .map(|i| (median(&rows[i], Row::score), &names[i]))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .unwrap();
-        println!(
-            "\nown score {own:.2} vs best Fixed ({}) {:.2}: {:.0}%",
-            best_fixed.1,
-            best_fixed.0,
-            100.0 * own / best_fixed.0
-        );
     }
-    if let Some(path) = record_path {
+    if let Some(path) = o.trace {
         let trace = recorder.trace("timerfd wake lateness, 1 ms period (recorded)");
         match trace.save(std::path::Path::new(&path)) {
             Ok(()) => println!("\nrecorded {} wake-ups to {path}", trace.lateness.len()),
             Err(e) => eprintln!("error: cannot write {path}: {e}"),
         }
     }
+}
+
+/// The median p50 with stalls over the median p50 without, if stalled.
+fn p50_ratio(rows: &[Row], calm: &[Row]) -> Option<f64> {
+    (!calm.is_empty()).then(|| median(rows, |r| r.p50) / median(calm, |r| r.p50))
+}
+
+fn print_json(o: &Opts, period: Duration, names: &[String], rows: &[Vec<Row>], calm: &[Vec<Row>]) {
+    for ((name, r), c) in names.iter().zip(rows).zip(calm) {
+        if r.is_empty() {
+            continue;
+        }
+        let m = |f: fn(&Row) -> f64| median(r, f);
+        let ns = |us: f64| (us * 1000.0).round() as i64;
+        let (every, ms) = o
+            .stall
+            .map_or((0, 0), |s| (s.every, s.length.as_millis() as u64));
+        let ratio = p50_ratio(r, c).map_or("null".into(), |x| format!("{x:.2}"));
+        println!(
+            "{{\"policy\": \"{name}\", \"period_ns\": {}, \"seconds\": {}, \"rounds\": {ROUNDS}, \"stall_every\": {every}, \"stall_ms\": {ms}, \"p50_ns\": {}, \"p99_ns\": {}, \"max_ns\": {}, \"early\": {}, \"spin_cpu_fraction\": {:.4}, \"advance_ns_final\": {}, \"p50_over_no_stall\": {ratio}}}",
+            period.as_nanos(),
+            o.secs,
+            ns(m(|r| r.p50)),
+            ns(m(|r| r.p99)),
+            ns(m(|r| r.max)),
+            r.iter().map(|r| r.early).sum::<u64>(),
+            m(|r| r.spin_percent) / 100.0,
+            ns(m(|r| r.advance_final)),
+        );
+    }
+}
+
+fn print_table(o: &Opts, period: Duration, names: &[String], rows: &[Vec<Row>], calm: &[Vec<Row>]) {
+    let stalled = o.stall.map_or(String::new(), |s| {
+        format!(", a {:?} stall every {} expiries", s.length, s.every)
+    });
+    println!(
+        "\n**period {period:?}**, {} s per policy{stalled}, median of {ROUNDS} rounds (lateness in µs at delivery)\n",
+        o.secs
+    );
+    println!(
+        "| policy | min | p50 | p99 | max | mean | spin CPU | spin µs/expiry | score | early | p50 / no stall |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for ((name, r), c) in names.iter().zip(rows).zip(calm) {
+        if r.is_empty() {
+            continue;
+        }
+        let m = |f: fn(&Row) -> f64| median(r, f);
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2}% | {:.2} | {:.2} | {} | {} |",
+            m(|r| r.min),
+            m(|r| r.p50),
+            m(|r| r.p99),
+            m(|r| r.max),
+            m(|r| r.mean),
+            m(|r| r.spin_percent),
+            m(|r| r.spin_per_expiry),
+            m(Row::score),
+            r.iter().map(|r| r.early).sum::<u64>(),
+            p50_ratio(r, c).map_or("-".into(), |x| format!("{x:.2}x")),
+        );
+    }
+    if rows.len() < 4 || rows[2].is_empty() || rows[3].is_empty() {
+        return;
+    }
+    let own = median(&rows[2], Row::score);
+    let best_fixed = (3..names.len())
+        .map(|i| (median(&rows[i], Row::score), &names[i]))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap();
+    println!(
+        "\nown score {own:.2} vs best Fixed ({}) {:.2}: {:.0}%",
+        best_fixed.1,
+        best_fixed.0,
+        100.0 * own / best_fixed.0
+    );
 }
