@@ -11,8 +11,9 @@
 //!
 //! # Pieces
 //! - [`LapicTimer`]: the register-accurate model (LVT Timer, Initial/Current
-//!   Count, Divide Configuration, IA32_TSC_DEADLINE), by xAPIC offset or x2APIC
-//!   MSR ([`TimerRegister`]), with plain-data save/restore ([`LapicTimerState`]).
+//!   Count, Divide Configuration, IA32_TSC_DEADLINE), by xAPIC offset
+//!   ([`TimerRegister`]) or MSR ([`LapicTimer::write_msr`]), with plain-data
+//!   save/restore ([`LapicTimerState`]).
 //! - [`GuestTime`] maps the guest TSC onto host time; [`Clock`] with
 //!   [`MonotonicClock`], [`TscClock`] and [`FakeClock`].
 //! - [`AdvancePolicy`]: [`NoAdvance`], [`Fixed`], [`KvmAdaptive`] (the kernel's

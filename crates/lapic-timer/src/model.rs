@@ -18,7 +18,7 @@
 //! Every value a guest can write is accepted without panic or overflow.
 
 use crate::registers::{
-    DIVIDE_WRITABLE, LVT_WRITABLE, LvtTimer, TimerMode, TimerRegister, divisor,
+    DIVIDE_WRITABLE, LVT_WRITABLE, LvtTimer, MSR_TSC_DEADLINE, TimerMode, TimerRegister, divisor,
 };
 use crate::time::GuestTime;
 
@@ -27,12 +27,24 @@ pub const DEFAULT_BUS_CYCLE_NS: u64 = 1;
 /// LVT entries come out of reset masked.
 const LVT_RESET: u32 = crate::registers::LVT_MASKED;
 
-/// A register access the timer refuses.
+/// A register access the timer refuses (the guest gets a #GP where it came
+/// through an MSR).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TimerError {
     /// The Current Count is read-only (an x2APIC write to it is a #GP).
     #[error("the {0:?} register is read-only")]
     ReadOnly(TimerRegister),
+    /// An x2APIC timer register is 32 bits: bits 63:32 are reserved.
+    #[error("MSR {msr:#x} is 32 bits wide; {value:#x} sets reserved bits")]
+    Reserved {
+        /// The MSR written.
+        msr: u32,
+        /// The value written.
+        value: u64,
+    },
+    /// Not a timer MSR (neither an x2APIC timer register nor IA32_TSC_DEADLINE).
+    #[error("MSR {0:#x} is not a timer register")]
+    NotTimer(u32),
 }
 
 /// The timer expired.
@@ -111,6 +123,36 @@ impl LapicTimer {
 
     fn period_ns(&self) -> u64 {
         u64::from(self.initial_count).saturating_mul(self.tick_ns())
+    }
+
+    /// Reads timer MSR `msr` at host time `now_ns`: one entry point for the
+    /// x2APIC timer registers (0x832, 0x838, 0x839, 0x83E) and
+    /// IA32_TSC_DEADLINE (0x6E0).
+    ///
+    /// # Errors
+    /// [`TimerError::NotTimer`] for any other MSR.
+    pub fn read_msr(&self, msr: u32, now_ns: u64) -> Result<u64, TimerError> {
+        if msr == MSR_TSC_DEADLINE {
+            return Ok(self.tsc_deadline());
+        }
+        let reg = TimerRegister::from_x2apic_msr(msr).ok_or(TimerError::NotTimer(msr))?;
+        Ok(u64::from(self.read(reg, now_ns)))
+    }
+
+    /// Writes timer MSR `msr` at host time `now_ns` (see [`Self::read_msr`]).
+    ///
+    /// # Errors
+    /// [`TimerError::NotTimer`] for any other MSR, [`TimerError::ReadOnly`]
+    /// for the Current Count, and [`TimerError::Reserved`] for an x2APIC timer
+    /// register written with bits 63:32 set (KVM's `kvm_lapic_msr_write`).
+    pub fn write_msr(&mut self, msr: u32, value: u64, now_ns: u64) -> Result<(), TimerError> {
+        if msr == MSR_TSC_DEADLINE {
+            self.write_tsc_deadline(value);
+            return Ok(());
+        }
+        let reg = TimerRegister::from_x2apic_msr(msr).ok_or(TimerError::NotTimer(msr))?;
+        let value32 = u32::try_from(value).map_err(|_| TimerError::Reserved { msr, value })?;
+        self.write(reg, value32, now_ns)
     }
 
     /// Reads a register at host time `now_ns`.
@@ -449,6 +491,39 @@ mod tests {
             t.write(CurrentCount, 5, 0),
             Err(TimerError::ReadOnly(CurrentCount))
         );
+    }
+
+    #[test]
+    fn one_msr_entry_point_covers_the_x2apic_registers_and_the_tsc_deadline() {
+        let mut t = LapicTimer::new(TIME);
+        t.write_msr(0x832, u64::from(DEADLINE), 0).unwrap();
+        t.write_msr(0x6e0, 5_000, 0).unwrap();
+        assert_eq!(t.read_msr(0x6e0, 0), Ok(5_000));
+        assert_eq!(t.next_expiry_ns(), Some(5_000));
+        t.write_msr(0x832, u64::from(ONE_SHOT), 0).unwrap();
+        t.write_msr(0x83e, 0b1011, 0).unwrap();
+        t.write_msr(0x838, 100, 0).unwrap();
+        assert_eq!(t.read_msr(0x839, 40), Ok(60));
+        assert_eq!(t.read_msr(0x832, 0), Ok(u64::from(ONE_SHOT)));
+        assert_eq!(
+            t.write_msr(0x839, 1, 0),
+            Err(TimerError::ReadOnly(CurrentCount))
+        );
+        let wide = 1 << 32 | 100;
+        assert_eq!(
+            t.write_msr(0x838, wide, 0),
+            Err(TimerError::Reserved {
+                msr: 0x838,
+                value: wide
+            })
+        );
+        assert_eq!(
+            t.read(InitialCount, 0),
+            100,
+            "a refused write changes nothing"
+        );
+        assert_eq!(t.write_msr(0x830, 0, 0), Err(TimerError::NotTimer(0x830)));
+        assert_eq!(t.read_msr(0x1b, 0), Err(TimerError::NotTimer(0x1b)));
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //! x2APIC MSR) are errors the VMM turns into #GP; an IPI with an illegal
 //! vector (0-15) is not sent and sets the ESR, as hardware does.
 
-use lapic_timer::{GuestTime, LapicTimer, TimerRegister};
+use lapic_timer::{GuestTime, LapicTimer};
 
 /// IA32_APIC_BASE.
 pub const MSR_APIC_BASE: u32 = 0x1B;
@@ -246,7 +246,6 @@ impl LocalApic {
     fn read_register(&self, msr: u32, irr: &[u64; 4], now_ns: u64) -> Result<u64, ApicFault> {
         Ok(match msr {
             MSR_APIC_BASE => self.apic_base(),
-            MSR_TSC_DEADLINE => self.timer.tsc_deadline(),
             ID => u64::from(self.id),
             VERSION => VERSION_VALUE,
             TPR => u64::from(self.tpr),
@@ -258,16 +257,18 @@ impl LocalApic {
             IRR..=0x827 => word32(irr, msr - IRR),
             ESR => u64::from(self.esr),
             ICR => self.icr,
-            LVT_FIRST..=LVT_LAST | 0x838 | 0x839 | 0x83E => self.read_lvt_or_timer(msr, now_ns)?,
+            MSR_TSC_DEADLINE | LVT_FIRST..=LVT_LAST | 0x838 | 0x839 | 0x83E => {
+                self.read_lvt_or_timer(msr, now_ns)?
+            }
             EOI | SELF_IPI => return Err(ApicFault::WriteOnly(msr)),
             other => return Err(ApicFault::NoSuchRegister(other)),
         })
     }
 
     fn read_lvt_or_timer(&self, msr: u32, now_ns: u64) -> Result<u64, ApicFault> {
-        match TimerRegister::from_x2apic_msr(msr) {
-            Some(reg) => Ok(u64::from(self.timer.read(reg, now_ns))),
-            None => self.lvt_index(msr).map(|i| u64::from(self.lvt[i])),
+        match self.timer.read_msr(msr, now_ns) {
+            Ok(value) => Ok(value),
+            Err(_) => self.lvt_index(msr).map(|i| u64::from(self.lvt[i])),
         }
     }
 
@@ -304,10 +305,6 @@ impl LocalApic {
         let low = value as u32;
         match msr {
             MSR_APIC_BASE => return self.write_apic_base(value),
-            MSR_TSC_DEADLINE => {
-                self.timer.write_tsc_deadline(value);
-                return Ok(Action::TimerChanged);
-            }
             TPR => self.tpr = low as u8,
             SVR => self.svr = low & 0x11FF,
             ESR => self.esr = std::mem::take(&mut self.esr_pending),
@@ -316,12 +313,10 @@ impl LocalApic {
             ICR => return self.write_icr(value),
             SELF_IPI => return Ok(self.ipi(low as u8, Destination::SelfOnly)),
             0x833..=LVT_LAST => self.lvt[(msr - 0x833) as usize] = low,
-            LVT_FIRST | 0x838 | 0x83E => {
-                let reg =
-                    TimerRegister::from_x2apic_msr(msr).ok_or(ApicFault::NoSuchRegister(msr))?;
+            MSR_TSC_DEADLINE | LVT_FIRST | 0x838 | 0x83E => {
                 self.timer
-                    .write(reg, low, now_ns)
-                    .map_err(|_| ApicFault::ReadOnly(msr))?;
+                    .write_msr(msr, value, now_ns)
+                    .map_err(|_| ApicFault::Reserved { msr, value })?;
                 return Ok(Action::TimerChanged);
             }
             ID | VERSION | PPR | LDR | 0x839 | ISR..=0x827 => return Err(ApicFault::ReadOnly(msr)),
@@ -596,6 +591,15 @@ mod tests {
         assert!(
             a.timer().expire(10).is_none(),
             "the LVT timer is masked at reset"
+        );
+        let wide = 1 << 32 | 0x30;
+        assert_eq!(
+            a.write(LVT_FIRST, wide, 0),
+            Err(ApicFault::Reserved {
+                msr: LVT_FIRST,
+                value: wide
+            }),
+            "timer registers are 32 bits"
         );
     }
 
