@@ -111,6 +111,8 @@ struct Shared {
     /// The policy's current advance, published after each lesson.
     advance_ns: AtomicU64,
     lead_ns: AtomicU64,
+    /// Told of every wake-up, and of each spin and delivery wherever it runs.
+    events: Box<dyn TimerEvents>,
 }
 
 impl Shared {
@@ -124,6 +126,17 @@ impl Shared {
         policy.learn(&wakeup);
         self.advance_ns
             .store(policy.advance().as_nanos() as u64, Relaxed);
+    }
+
+    /// Busy-waits to `expiry`'s target and reports the spin and the
+    /// delivery's lateness; returns the time spun.
+    fn spin_to_target(&self, expiry: &Expiry, clock: &impl Clock) -> Duration {
+        let spun = expiry.spin(clock);
+        self.events.spun(spun);
+        let lateness = i128::from(clock.now_ns()) - i128::from(expiry.target_ns);
+        self.events
+            .delivered(lateness.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
+        spun
     }
 
     /// Sets the timerfd to fire at `at_ns` (`CLOCK_MONOTONIC`), or disarms it (0).
@@ -196,11 +209,11 @@ impl TimerThread {
             advance_ns: AtomicU64::new(policy.advance().as_nanos() as u64),
             policy: Mutex::new(Box::new(policy)),
             lead_ns: AtomicU64::new(0),
+            events: Box::new(events),
         });
         let worker = Worker {
             shared: shared.clone(),
             sink,
-            events,
             spin_at,
             clock: MonotonicClock,
         };
@@ -253,11 +266,12 @@ impl TimerThread {
 
     /// The receiver's half of [`SpinAt::Receiver`], where delivery starts:
     /// teaches the advance policy how late the receiver got here after the
-    /// target, then busy-waits to the target (at most `expiry.max_spin`).
-    /// Returns the time spun.
+    /// target, then busy-waits to the target (at most `expiry.max_spin`),
+    /// reporting the spin and the delivery to the events. Returns the time
+    /// spun.
     pub fn receive(&self, expiry: &Expiry) -> Duration {
         self.shared.learn(expiry, MonotonicClock.now_ns());
-        expiry.spin(&MonotonicClock)
+        self.shared.spin_to_target(expiry, &MonotonicClock)
     }
 
     /// Sets the delivery lead for deadlines armed from now on.
@@ -275,15 +289,14 @@ impl Drop for TimerThread {
     }
 }
 
-struct Worker<S, E> {
+struct Worker<S> {
     shared: Arc<Shared>,
     sink: S,
-    events: E,
     spin_at: SpinAt,
     clock: MonotonicClock,
 }
 
-impl<S: TimerSink, E: TimerEvents> Worker<S, E> {
+impl<S: TimerSink> Worker<S> {
     fn run(mut self) {
         loop {
             let mut fds = [
@@ -359,12 +372,9 @@ impl<S: TimerSink, E: TimerEvents> Worker<S, E> {
         if self.spin_at == SpinAt::TimerThread {
             self.shared.learn(&expiry, woke_ns);
         }
-        self.events.woke(&wakeup(advance, delta_ns));
+        self.shared.events.woke(&wakeup(advance, delta_ns));
         if self.spin_at == SpinAt::TimerThread {
-            self.events.spun(expiry.spin(&self.clock));
-            let lateness = i128::from(self.clock.now_ns()) - i128::from(target_ns);
-            self.events
-                .delivered(lateness.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
+            self.shared.spin_to_target(&expiry, &self.clock);
         }
         self.sink.expired(expiry);
     }

@@ -94,10 +94,11 @@ fn rearming_replaces_and_disarming_cancels() {
 #[test]
 fn a_receiver_can_spin_to_the_target_itself() {
     let (tx, rx) = mpsc::channel();
+    let stats = Arc::new(TimerStats::default());
     let timer = TimerThread::start(
         Fixed(Duration::from_micros(200)),
         Forward(tx),
-        NoEvents,
+        stats.clone(),
         SpinAt::Receiver,
     )
     .unwrap();
@@ -114,6 +115,10 @@ fn a_receiver_can_spin_to_the_target_itself() {
             "the receiver reached the target"
         );
     }
+    // The receiver's spins and deliveries reach the events too.
+    let delivered: u64 = stats.lateness_hist.iter().map(|b| b.load(Relaxed)).sum();
+    assert_eq!((stats.early.load(Relaxed), delivered), (0, 20));
+    assert_eq!(stats.wakeups.load(Relaxed), 20);
 }
 
 #[test]

@@ -29,7 +29,7 @@ use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use lapic_timer::time::rdtsc;
 use lapic_timer::{
-    Clock, DeliveryLead, GuestTime, MonotonicClock, NoEvents, SpinAt, TimerThread, TscClock,
+    Clock, DeliveryLead, GuestTime, MonotonicClock, SpinAt, TimerStats, TimerThread, TscClock,
 };
 use rcu_qs::{Domain, Reader};
 use std::time::Duration;
@@ -71,6 +71,8 @@ pub struct VmShared {
     pub mechanisms: Mechanisms,
     /// What the halt pollers did.
     pub halt_stats: Arc<HaltStats>,
+    /// What the LAPIC timer threads did (wake-ups, spins, deliveries).
+    pub timer_stats: Arc<TimerStats>,
     /// Device-bus lookups on exits, and their cost.
     pub bus_lookups: BusLookups,
     /// Drains the dirty rings when one is full (with a dirty ring only).
@@ -95,6 +97,7 @@ impl VmShared {
             irqs,
             mechanisms,
             halt_stats: Arc::default(),
+            timer_stats: Arc::default(),
             bus_lookups: BusLookups::default(),
             ring_full: None,
             stop: AtomicBool::new(false),
@@ -349,7 +352,7 @@ impl VcpuRunner {
         let timer = TimerThread::start(
             m.timer_advance.policy(clock.tsc_khz),
             sink,
-            NoEvents,
+            self.shared.timer_stats.clone(),
             SpinAt::Receiver,
         )
         .map_err(|source| Error::SpawnThread {

@@ -124,6 +124,10 @@ pub struct VmStats {
     pub bus_lookups: u64,
     /// TSC ticks spent in them (with the device's handling).
     pub bus_lookup_ticks: u64,
+    /// LAPIC timer expiries delivered by the userspace APIC.
+    pub timer_expiries: u64,
+    /// Time vCPU threads spun to their timers' targets, ns (the advance's CPU).
+    pub timer_spin_ns: u64,
 }
 
 impl VmStats {
@@ -151,6 +155,8 @@ impl VmStats {
             directed_yield_attempted: s.directed_yield_attempted.load(Relaxed),
             bus_lookups: shared.bus_lookups.count.load(Relaxed),
             bus_lookup_ticks: shared.bus_lookups.ticks.load(Relaxed),
+            timer_expiries: shared.timer_stats.wakeups.load(Relaxed),
+            timer_spin_ns: shared.timer_stats.spin_ns.load(Relaxed),
         }
     }
 }
