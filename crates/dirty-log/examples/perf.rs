@@ -14,7 +14,12 @@ use std::time::{Duration, Instant};
 use dirty_log::perf::{self, Mode, RING_BYTES, Row, Tracker};
 use dirty_log::{DirtyStats, RingFull, Slots, enable_dirty_ring};
 use kvm_ioctls::VcpuFd;
-use test_support::kvm::{Stop, Writer, WriterVm, run};
+use writer_vm::{Stop, Writer, WriterVm, run};
+
+// The guest the KVM tests run; this example takes only its writers.
+#[allow(dead_code)]
+#[path = "../tests/support/kvm.rs"]
+mod writer_vm;
 
 #[derive(Clone, Copy, Debug)]
 struct Options {
@@ -124,7 +129,7 @@ impl Vcpus {
     }
 }
 
-fn measure(mode: Mode, o: Options) -> Result<Row, test_support::kvm::Error> {
+fn measure(mode: Mode, o: Options) -> Result<Row, writer_vm::Error> {
     let data = (o.vcpus as u64 * o.mib_per_vcpu) << 20;
     let vm = WriterVm::new(data, o.thp, |vm| {
         if mode == Mode::Ring {

@@ -126,10 +126,10 @@ mod tests {
         super::run(&[0xff; 200]);
     }
 
-    /// Replays every input committed under `fuzz/corpus/decode/`.
+    /// Replays every input committed under `fuzz-corpus/decode/`.
     #[test]
     fn replays_the_fuzz_corpus() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/decode");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/decode");
         let mut inputs = 0;
         for entry in std::fs::read_dir(dir).expect("the corpus is committed") {
             super::run(&std::fs::read(entry.unwrap().path()).unwrap());

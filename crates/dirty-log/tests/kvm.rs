@@ -15,8 +15,11 @@ use dirty_log::{
     copy_round, copy_round_pipelined, enable_dirty_ring,
 };
 use kvm_ioctls::VcpuFd;
-use test_support::kvm::{DATA_ADDR, Memory, PAGE, Stop, Writer, WriterVm, Xorshift, run};
 use vm_memory::{Bytes, GuestAddress};
+use writer_vm::{DATA_ADDR, Memory, PAGE, Stop, Writer, WriterVm, Xorshift, run};
+
+#[path = "support/kvm.rs"]
+mod writer_vm;
 
 const DATA_BYTES: u64 = 16 << 20;
 const RING_BYTES: u32 = 1 << 20;

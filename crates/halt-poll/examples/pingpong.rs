@@ -16,7 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread;
 use std::time::{Duration, Instant};
-use test_support::Hogs;
+
+// The workspace's CPU hogs (test-support's), a copy of which ships with the crate.
+#[path = "support/hogs.rs"]
+mod hogs;
+use hogs::Hogs;
 
 use halt_poll::{
     AioPoll, Fixed, FutexWake, GuestHaltpoll, HaltEvents, HaltPoller, HaltStats, KvmGrowShrink,

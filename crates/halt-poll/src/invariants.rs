@@ -94,10 +94,10 @@ pub fn run(data: &[u8]) {
 mod tests {
     use super::*;
 
-    /// Replays every input committed under `fuzz/corpus/policies/`.
+    /// Replays every input committed under `fuzz-corpus/policies/`.
     #[test]
     fn replays_the_fuzz_corpus() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/policies");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/policies");
         let mut inputs = 0;
         for entry in std::fs::read_dir(dir).expect("the corpus is committed") {
             run(&std::fs::read(entry.unwrap().path()).unwrap());

@@ -80,10 +80,10 @@ fn check(timer: &LapicTimer, now: u64) {
 mod tests {
     use super::*;
 
-    /// Replays every input committed under `fuzz/corpus/registers/`.
+    /// Replays every input committed under `fuzz-corpus/registers/`.
     #[test]
     fn replays_the_fuzz_corpus() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/registers");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/registers");
         let mut inputs = 0;
         for entry in std::fs::read_dir(dir).expect("the corpus is committed") {
             run(&std::fs::read(entry.unwrap().path()).unwrap());

@@ -229,10 +229,10 @@ pub fn run(data: &[u8]) {
 mod tests {
     use super::*;
 
-    /// Replays every input committed under `fuzz/corpus/model/`.
+    /// Replays every input committed under `fuzz-corpus/model/`.
     #[test]
     fn replays_the_fuzz_corpus() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/model");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/model");
         let mut inputs = 0;
         for entry in std::fs::read_dir(dir).expect("the corpus is committed") {
             let path = entry.unwrap().path();

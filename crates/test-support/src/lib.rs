@@ -5,6 +5,5 @@
 #![deny(missing_docs)]
 
 pub mod hogs;
-pub mod kvm;
 
 pub use hogs::Hogs;

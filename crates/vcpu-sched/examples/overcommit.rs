@@ -15,7 +15,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
-use test_support::Hogs;
+
+// The workspace's CPU hogs (test-support's), a copy of which ships with the crate.
+#[path = "support/hogs.rs"]
+mod hogs;
+use hogs::Hogs;
 
 use crossbeam_utils::CachePadded;
 use vcpu_sched::thread::current_tid;

@@ -150,10 +150,10 @@ mod tests {
         super::run(&[]);
     }
 
-    /// Replays every input committed under `fuzz/corpus/events/`.
+    /// Replays every input committed under `fuzz-corpus/events/`.
     #[test]
     fn replays_the_fuzz_corpus() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/events");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/events");
         let mut inputs = 0;
         for entry in std::fs::read_dir(dir).expect("the corpus is committed") {
             super::run(&std::fs::read(entry.unwrap().path()).unwrap());

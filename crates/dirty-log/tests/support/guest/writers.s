@@ -9,16 +9,16 @@
 #   rcx  xorshift64 state (random writer; never 0)
 #   r8   writes per round (random writer)
 #   r10  the doorbell's address
-    .pushsection .rodata.test_support_guest, "a"
+    .pushsection .rodata.dirty_log_writer_guest, "a"
     .balign 16
-    .globl test_support_guest_image_start
-test_support_guest_image_start:
+    .globl dirty_log_writer_guest_image_start
+dirty_log_writer_guest_image_start:
 
 # Writes `r8` pseudo-random pages per round; each write stores the round
 # number in the page's first 8 bytes. The VMM replays the same xorshift64
 # sequence to know which pages were written.
-    .globl test_support_guest_random_writer
-test_support_guest_random_writer:
+    .globl dirty_log_writer_guest_random_writer
+dirty_log_writer_guest_random_writer:
     xor r11, r11
 1:
     mov r9, r8
@@ -44,8 +44,8 @@ test_support_guest_random_writer:
     jmp 1b
 
 # Writes every page once per round, in order (dirty_log_perf_test's loop).
-    .globl test_support_guest_sequential_writer
-test_support_guest_sequential_writer:
+    .globl dirty_log_writer_guest_sequential_writer
+dirty_log_writer_guest_sequential_writer:
     xor r11, r11
 1:
     mov rax, rdi
@@ -59,6 +59,6 @@ test_support_guest_sequential_writer:
     inc r11
     jmp 1b
 
-    .globl test_support_guest_image_end
-test_support_guest_image_end:
+    .globl dirty_log_writer_guest_image_end
+dirty_log_writer_guest_image_end:
     .popsection

@@ -40,21 +40,21 @@ core::arch::global_asm!(include_str!("guest/writers.s"));
 // SAFETY: the symbols are labels in the read-only section emitted by the
 // `global_asm!` above; they are never written, so reading them is sound.
 unsafe extern "C" {
-    safe static test_support_guest_image_start: u8;
-    safe static test_support_guest_image_end: u8;
-    safe static test_support_guest_random_writer: u8;
-    safe static test_support_guest_sequential_writer: u8;
+    safe static dirty_log_writer_guest_image_start: u8;
+    safe static dirty_log_writer_guest_image_end: u8;
+    safe static dirty_log_writer_guest_random_writer: u8;
+    safe static dirty_log_writer_guest_sequential_writer: u8;
 }
 
 fn image() -> &'static [u8] {
-    let start = &raw const test_support_guest_image_start;
-    let len = &raw const test_support_guest_image_end as usize - start as usize;
+    let start = &raw const dirty_log_writer_guest_image_start;
+    let len = &raw const dirty_log_writer_guest_image_end as usize - start as usize;
     // SAFETY: start and end delimit one immutable section, end after start.
     unsafe { std::slice::from_raw_parts(start, len) }
 }
 
 fn entry(label: &'static u8) -> u64 {
-    CODE + (label as *const u8 as u64 - &raw const test_support_guest_image_start as u64)
+    CODE + (label as *const u8 as u64 - &raw const dirty_log_writer_guest_image_start as u64)
 }
 
 /// What a vCPU writes.
@@ -205,11 +205,11 @@ impl WriterVm {
                 seed,
                 writes_per_round,
             } => (
-                entry(&test_support_guest_random_writer),
+                entry(&dirty_log_writer_guest_random_writer),
                 seed.max(1),
                 writes_per_round.max(1),
             ),
-            Writer::Sequential => (entry(&test_support_guest_sequential_writer), 0, 0),
+            Writer::Sequential => (entry(&dirty_log_writer_guest_sequential_writer), 0, 0),
         };
         let mut regs = vcpu.get_regs()?;
         (regs.rip, regs.rflags, regs.rdi, regs.rsi) = (rip, 0x2, DATA_ADDR + first * PAGE, pages);
