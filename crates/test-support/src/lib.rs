@@ -1,6 +1,8 @@
 //! Scaffolding shared by the workspace's examples, benchmarks and tests, so
 //! that each crate's measurements run the same "other tenants". Not published:
-//! the crates take it as a dev-dependency only.
+//! the reference VMM depends on it, and the published crates' examples include
+//! `hogs.rs` through a link in their `examples/support/`, so that it ships
+//! with each of them.
 
 #![deny(missing_docs)]
 
