@@ -143,6 +143,12 @@ fn parse() -> Result<Opts, String> {
         (None, None) => None,
         _ => return Err("--stall-every and --stall-ms go together".into()),
     };
+    if let Some(p) = o.periods.iter().find(|p| o.secs < 10.0 * p.as_secs_f64()) {
+        return Err(format!(
+            "{} s per policy is under 10 periods of {p:?}: nothing left to measure after the warm-up",
+            o.secs
+        ));
+    }
     Ok(o)
 }
 

@@ -188,7 +188,8 @@ pub fn expire_once(
     let advance = policy.advance();
     let fired_early_by = advance.min(period);
     let target_ns = period.as_nanos() as u64;
-    let woke_ns = target_ns - fired_early_by.as_nanos() as u64 + wake_lateness.as_nanos() as u64;
+    let woke_ns = (target_ns - fired_early_by.as_nanos() as u64)
+        .saturating_add(wake_lateness.as_nanos().min(u128::from(u64::MAX)) as u64);
     if let Some(wakeup) = Wakeup::of_deadline(advance, 0, target_ns, woke_ns) {
         policy.learn(&wakeup);
     }
