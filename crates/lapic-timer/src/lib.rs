@@ -72,7 +72,7 @@ pub use advance::{
 pub use backend::{Expiry, NoSink, SpinAt, TimerSink, TimerThread};
 pub use events::{NoEvents, TimerEvents, TimerStats};
 pub use lead::DeliveryLead;
-pub use model::{Fired, LapicTimer, LapicTimerState, TimerError};
+pub use model::{Fired, KVM_MIN_TIMER_PERIOD_NS, LapicTimer, LapicTimerState, TimerError};
 pub use registers::{LvtTimer, TimerMode, TimerRegister};
 pub use time::{Clock, FakeClock, GuestTime, MonotonicClock, TscClock};
 

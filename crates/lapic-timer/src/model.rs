@@ -10,8 +10,15 @@
 //! - TSC-deadline fires when the guest TSC reaches IA32_TSC_DEADLINE; writing 0
 //!   disarms; writes outside TSC-deadline mode are ignored and reads give 0; the
 //!   Initial Count is ignored and the Current Count reads 0 in that mode.
-//! - A masked timer counts and reloads but delivers nothing. The reserved mode
-//!   (0b11) never counts.
+//! - A periodic timer's period is at least [`KVM_MIN_TIMER_PERIOD_NS`]
+//!   (KVM's `min_timer_period_us`, configurable with
+//!   [`LapicTimer::with_min_period_ns`]): a guest cannot make the host fire a
+//!   timer every few µs, which would hold a host CPU in interrupt delivery.
+//!   As in KVM's `limit_periodic_timer_frequency`, only a non-zero periodic
+//!   count is raised to the floor; one-shot and TSC-deadline timers are not.
+//! - A masked timer counts and reloads but delivers nothing; the expiries
+//!   that fall while it is masked are spent, not delivered late when it is
+//!   unmasked. The reserved mode (0b11) never counts.
 //!
 //! Time is the host's (`CLOCK_MONOTONIC` ns), passed in by the caller, so the
 //! model is plain, deterministic data; [`GuestTime`] maps the guest TSC onto it.
@@ -24,6 +31,8 @@ use crate::time::GuestTime;
 
 /// KVM's APIC bus clock: one tick per ns (`APIC_BUS_CYCLE_NS`).
 pub const DEFAULT_BUS_CYCLE_NS: u64 = 1;
+/// KVM's floor on a periodic timer's period: `min_timer_period_us`, 200 µs.
+pub const KVM_MIN_TIMER_PERIOD_NS: u64 = 200_000;
 /// LVT entries come out of reset masked.
 const LVT_RESET: u32 = crate::registers::LVT_MASKED;
 
@@ -84,6 +93,7 @@ pub struct LapicTimer {
     /// One-shot/periodic: host ns of the next expiry, while counting.
     next_ns: Option<u64>,
     bus_cycle_ns: u64,
+    min_period_ns: u64,
     time: GuestTime,
 }
 
@@ -97,8 +107,16 @@ impl LapicTimer {
             tsc_deadline: 0,
             next_ns: None,
             bus_cycle_ns: DEFAULT_BUS_CYCLE_NS,
+            min_period_ns: KVM_MIN_TIMER_PERIOD_NS,
             time,
         }
+    }
+
+    /// The same timer with another floor on the periodic period (ns; 0: no
+    /// floor). The default is KVM's, [`KVM_MIN_TIMER_PERIOD_NS`].
+    pub fn with_min_period_ns(mut self, ns: u64) -> Self {
+        self.min_period_ns = ns;
+        self
     }
 
     /// The same timer with another bus clock period (ns per tick, at least 1).
@@ -121,8 +139,13 @@ impl LapicTimer {
         u64::from(divisor(self.divide_config)).saturating_mul(self.bus_cycle_ns)
     }
 
+    /// The time the count takes to run down; a periodic one raised to the floor.
     fn period_ns(&self) -> u64 {
-        u64::from(self.initial_count).saturating_mul(self.tick_ns())
+        let count = u64::from(self.initial_count).saturating_mul(self.tick_ns());
+        match self.mode() {
+            TimerMode::Periodic if count != 0 => count.max(self.min_period_ns),
+            _ => count,
+        }
     }
 
     /// Reads timer MSR `msr` at host time `now_ns`: one entry point for the
@@ -168,7 +191,7 @@ impl LapicTimer {
     /// Writes a register at host time `now_ns`.
     pub fn write(&mut self, reg: TimerRegister, value: u32, now_ns: u64) -> Result<(), TimerError> {
         match reg {
-            TimerRegister::LvtTimer => self.write_lvt(value),
+            TimerRegister::LvtTimer => self.write_lvt(value, now_ns),
             TimerRegister::InitialCount => self.write_initial_count(value, now_ns),
             TimerRegister::CurrentCount => return Err(TimerError::ReadOnly(reg)),
             TimerRegister::DivideConfig => self.write_divide(value, now_ns),
@@ -176,7 +199,11 @@ impl LapicTimer {
         Ok(())
     }
 
-    fn write_lvt(&mut self, value: u32) {
+    fn write_lvt(&mut self, value: u32, now_ns: u64) {
+        if self.lvt().masked {
+            // Spend what expired while masked: it was never delivered.
+            let _ = self.expire(now_ns);
+        }
         let old = self.mode();
         self.lvt = value & LVT_WRITABLE;
         if self.mode() != old {
@@ -244,6 +271,13 @@ impl LapicTimer {
             TimerMode::OneShot | TimerMode::Periodic => self.next_ns,
             TimerMode::Reserved => None,
         }
+    }
+
+    /// When the timer next interrupts the guest (host ns): its next expiry,
+    /// unless it is masked. A VMM arms its host timer for this, so a masked
+    /// timer costs no wake-ups.
+    pub fn next_delivery_ns(&self) -> Option<u64> {
+        self.next_expiry_ns().filter(|_| !self.lvt().masked)
     }
 
     /// Expires the timer if it is due at `now_ns`: one-shot and TSC-deadline
@@ -391,7 +425,7 @@ mod tests {
 
     #[test]
     fn periodic_reloads_and_coalesces_missed_periods() {
-        let mut t = timer(PERIODIC);
+        let mut t = timer(PERIODIC).with_min_period_ns(0);
         t.write(DivideConfig, 0b1011, 0).unwrap(); // divide by 1
         t.write(InitialCount, 100, 0).unwrap();
         assert_eq!(t.expire(100).map(|f| f.due_ns), Some(100));
@@ -416,11 +450,77 @@ mod tests {
 
     #[test]
     fn masked_timers_count_and_reload_but_do_not_deliver() {
-        let mut t = timer(PERIODIC | 0x1_0000);
+        let mut t = timer(PERIODIC | 0x1_0000).with_min_period_ns(0);
         t.write(InitialCount, 10, 0).unwrap();
         let f = t.expire(20).unwrap();
         assert!(!f.deliver);
         assert!(t.next_expiry_ns().is_some());
+        assert_eq!(t.next_delivery_ns(), None, "nothing to wake up for");
+    }
+
+    #[test]
+    fn unmasking_spends_the_expiries_that_fell_while_masked() {
+        let mut t = timer(PERIODIC | 0x1_0000).with_min_period_ns(0);
+        t.write(DivideConfig, 0b1011, 0).unwrap(); // divide by 1
+        t.write(InitialCount, 100, 0).unwrap();
+        t.write(LvtTimer, PERIODIC, 350).unwrap();
+        assert_eq!(
+            t.next_delivery_ns(),
+            Some(400),
+            "the next tick, not one now"
+        );
+        assert_eq!(t.expire(399), None);
+        let mut d = timer(DEADLINE | 0x1_0000);
+        d.write_tsc_deadline(100);
+        d.write(LvtTimer, DEADLINE, 200).unwrap();
+        assert_eq!(
+            (d.next_delivery_ns(), d.expire(300)),
+            (None, None),
+            "a deadline that passed while masked is not delivered late"
+        );
+    }
+
+    #[test]
+    fn a_periodic_period_below_kvms_floor_is_raised_to_it() {
+        // The hostile guest's timer: divide by 1, 9 204 counts = 9.2 µs.
+        let mut t = timer(PERIODIC);
+        t.write(DivideConfig, 0b1011, 0).unwrap();
+        t.write(InitialCount, 9_204, 1_000).unwrap();
+        assert_eq!(t.next_expiry_ns(), Some(1_000 + KVM_MIN_TIMER_PERIOD_NS));
+        assert_eq!(
+            t.expire(1_000 + KVM_MIN_TIMER_PERIOD_NS).map(|f| f.deliver),
+            Some(true)
+        );
+        assert_eq!(
+            t.next_expiry_ns(),
+            Some(1_000 + 2 * KVM_MIN_TIMER_PERIOD_NS)
+        );
+        assert!(t.read(CurrentCount, 1_000 + KVM_MIN_TIMER_PERIOD_NS + 1) <= 9_204);
+        // At the floor exactly, and above it, the count is the period.
+        let at = |count| {
+            let mut t = timer(PERIODIC);
+            t.write(DivideConfig, 0b1011, 0).unwrap();
+            t.write(InitialCount, count, 0).unwrap();
+            t.next_expiry_ns()
+        };
+        assert_eq!(at(200_000), Some(200_000));
+        assert_eq!(at(200_001), Some(200_001));
+        assert_eq!(at(199_999), Some(200_000));
+    }
+
+    #[test]
+    fn the_floor_leaves_one_shot_and_a_stopped_count_alone_and_is_configurable() {
+        let mut o = timer(ONE_SHOT);
+        o.write(DivideConfig, 0b1011, 0).unwrap();
+        o.write(InitialCount, 30, 0).unwrap();
+        assert_eq!(o.next_expiry_ns(), Some(30), "one-shot is not floored");
+        let mut p = timer(PERIODIC);
+        p.write(InitialCount, 0, 0).unwrap();
+        assert_eq!(p.next_expiry_ns(), None, "count 0 stops, it is not floored");
+        let mut c = timer(PERIODIC).with_min_period_ns(50_000);
+        c.write(DivideConfig, 0b1011, 0).unwrap();
+        c.write(InitialCount, 30_000, 0).unwrap();
+        assert_eq!(c.next_expiry_ns(), Some(50_000));
     }
 
     #[test]
