@@ -187,6 +187,13 @@ impl LocalApic {
         }
     }
 
+    /// The same APIC with another floor on its periodic timer's period
+    /// (ns; KVM's 200 µs by default, see [`LapicTimer::with_min_period_ns`]).
+    pub fn with_min_timer_period_ns(mut self, ns: u64) -> Self {
+        self.timer = self.timer.with_min_period_ns(ns);
+        self
+    }
+
     /// The timer, for the VMM to expire and arm.
     pub fn timer(&mut self) -> &mut LapicTimer {
         &mut self.timer
@@ -385,6 +392,44 @@ impl LocalApic {
             self.illegal_register();
             Action::None
         }))
+    }
+
+    /// An MMIO read of `data.len()` bytes (1 to 8) at `offset` in the xAPIC
+    /// page, with KVM's rules: a read within one register's 32 bits returns
+    /// those bytes of it; one that spans past them reads 0 and is noted as an
+    /// illegal-register access; in x2APIC mode the page is not decoded and
+    /// reads all ones (KVM's `KVM_X86_QUIRK_LAPIC_MMIO_HOLE`).
+    pub fn mmio_read_bytes(&mut self, offset: u64, data: &mut [u8], irr: &[u64; 4], now_ns: u64) {
+        let within = (offset & 0xF) as usize;
+        let value = match self.mmio_read(offset & !0xF, irr, now_ns) {
+            Err(_) => return data.fill(0xFF),
+            Ok(_) if within + data.len() > 4 => self.illegal_register(),
+            Ok(value) => value,
+        };
+        let bytes = value.to_le_bytes();
+        data.fill(0);
+        for (d, b) in data.iter_mut().zip(bytes.iter().skip(within)) {
+            *d = *b;
+        }
+    }
+
+    /// An MMIO write of `data` at `offset` in the xAPIC page. Registers are
+    /// written with aligned 32-bit stores only (SDM 11.4.1): any other write
+    /// is dropped, as KVM drops it, and noted as an illegal-register access;
+    /// in x2APIC mode the page is not decoded and the write is ignored.
+    pub fn mmio_write_bytes(&mut self, offset: u64, data: &[u8], now_ns: u64) -> Action {
+        if self.x2apic {
+            return Action::None;
+        }
+        match <[u8; 4]>::try_from(data) {
+            Ok(word) if offset % 16 == 0 => self
+                .mmio_write(offset, u32::from_le_bytes(word), now_ns)
+                .unwrap_or(Action::None),
+            _ => {
+                self.illegal_register();
+                Action::None
+            }
+        }
     }
 
     /// The x2APIC MSR with the layout of the xAPIC register at `offset`.
@@ -656,6 +701,45 @@ mod tests {
             a.mmio_read(XAPIC_ID, &[0; 4], 0),
             Err(ApicFault::WrongMode(ID))
         );
+    }
+
+    #[test]
+    fn byte_and_quadword_accesses_to_the_xapic_page_get_kvms_answer() {
+        let mut a = xapic();
+        let none = [0; 4];
+        let read = |a: &mut LocalApic, offset, len| {
+            let mut data = vec![0x55; len];
+            a.mmio_read_bytes(offset, &mut data, &none, 0);
+            data
+        };
+        assert_eq!(read(&mut a, XAPIC_ID + 3, 1), [3], "the ID's top byte");
+        assert_eq!(read(&mut a, 0x30, 2), [0x14, 0], "the version's low half");
+        assert_eq!(read(&mut a, 0x32, 2), [5, 0], "the version's high half");
+        assert_eq!(read(&mut a, 0x30, 4), (VERSION_VALUE as u32).to_le_bytes());
+        assert_eq!(a.mmio_read(0x280, &none, 0), Ok(0), "no error yet");
+        assert_eq!(read(&mut a, 0x30, 8), [0; 8], "spans past the register");
+        assert_eq!(read(&mut a, 0x33, 2), [0; 2], "spans past the register");
+        a.mmio_write(0x280, 0, 0).unwrap();
+        assert_eq!(a.mmio_read(0x280, &none, 0), Ok(ESR_ILLEGAL_REGISTER));
+        assert_eq!(a.mmio_write_bytes(0x80, &[0x80], 0), Action::None);
+        assert_eq!(
+            a.mmio_write_bytes(0x80, &[0x80, 0, 0, 0, 0, 0, 0, 0], 0),
+            Action::None
+        );
+        assert_eq!(a.mmio_write_bytes(0x84, &[0x80, 0, 0, 0], 0), Action::None);
+        assert_eq!(
+            read(&mut a, 0x80, 4),
+            [0; 4],
+            "TPR: only aligned dwords write"
+        );
+        assert_eq!(a.mmio_write_bytes(0x80, &[0x40, 0, 0, 0], 0), Action::None);
+        assert_eq!(read(&mut a, 0x80, 1), [0x40]);
+        assert_eq!(a.mmio_write_bytes(0xB0, &[0; 4], 0), Action::Eoi);
+        a.write_apic_base(XAPIC_BASE | APIC_BASE_EN | APIC_BASE_EXTD)
+            .unwrap();
+        assert_eq!(read(&mut a, 0x80, 2), [0xFF; 2], "x2APIC mode: a hole");
+        assert_eq!(a.mmio_write_bytes(0x80, &[0; 4], 0), Action::None);
+        assert_eq!(a.read(TPR, &none, 0), Ok(0x40), "the write was ignored");
     }
 
     #[test]

@@ -2,11 +2,12 @@
 
 use std::fmt;
 use std::io;
-use std::time::Duration;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 
+use crate::stop::StopReason;
 use crate::ucall::UcallError;
+use crate::vm::RunReport;
 
 /// Everything that can end a run early.
 #[derive(Debug, thiserror::Error)]
@@ -81,9 +82,19 @@ pub enum Error {
     /// binary statistics read.
     #[error("KVM halt polling: {0}")]
     KvmHaltPoll(String),
-    /// The run did not finish in time; every vCPU was kicked out and stopped.
-    #[error("the guest did not finish within {0:?}; stopped every vCPU")]
-    Timeout(Duration),
+    /// The run was stopped before its guest finished (its timeout, or a
+    /// signal); every vCPU was kicked out and stopped.
+    #[error("{reason}; stopped every vCPU. What it reported until then:\n{partial}")]
+    Stopped {
+        /// Why.
+        reason: StopReason,
+        /// What the guest reported and the mechanisms did until the stop.
+        partial: Box<RunReport>,
+    },
+    /// vCPU threads that did not leave `KVM_RUN` within [`crate::stop::STOP_GRACE`]
+    /// of being stopped: a VMM bug (a blocked device), never the guest's doing.
+    #[error("vCPU thread(s) {0:?} did not stop when asked; the run ended without them")]
+    Unresponsive(Vec<u32>),
 }
 
 /// A configuration that cannot work, with the accepted values.
@@ -192,6 +203,12 @@ pub enum GuestFault {
         a: u64,
         /// Second value.
         b: u64,
+    },
+    /// More named values than one vCPU may report.
+    #[error("more than {max} reports from one vCPU (a guest that reports in a loop?)")]
+    TooManyReports {
+        /// The cap, [`crate::exit::MAX_REPORTS`].
+        max: usize,
     },
     /// A ucall that cannot be decoded.
     #[error("bad ucall: {0}")]

@@ -41,6 +41,11 @@ pub enum ExitError {
     },
 }
 
+/// The most named values one vCPU may report in a run: a guest that reports
+/// in a loop would otherwise grow the VMM without bound. The built-in
+/// programs report a handful each.
+pub const MAX_REPORTS: usize = 1024;
+
 /// A named value a guest reported through ucall.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
@@ -50,7 +55,8 @@ pub struct Report {
     pub value: u64,
 }
 
-/// Handles one exit; named values the guest reports are appended to `reports`.
+/// Handles one exit; named values the guest reports are appended to `reports`
+/// (at most [`MAX_REPORTS`]: one more is [`GuestFault::TooManyReports`]).
 pub fn handle_exit<M: GuestMemory>(
     exit: VcpuExit<'_>,
     bus: &IoBus,
@@ -110,6 +116,9 @@ pub fn handle_exit<M: GuestMemory>(
 
 fn handle_ucall(call: Ucall, reports: &mut Vec<Report>) -> Result<Flow, ExitError> {
     match call {
+        Ucall::Report { .. } if reports.len() >= MAX_REPORTS => {
+            Err(GuestFault::TooManyReports { max: MAX_REPORTS }.into())
+        }
         Ucall::Report { name, value } => {
             reports.push(Report { name, value });
             Ok(Flow::Continue)
@@ -248,6 +257,30 @@ mod tests {
             err,
             ExitError::Guest(GuestFault::BadUcall(UcallError::BadWidth(1)))
         ));
+    }
+
+    #[test]
+    fn a_vcpu_reports_at_most_max_reports_values() {
+        let (bus, _, mem) = setup();
+        mem.write_slice(b"n\0", GuestAddress(0x200)).unwrap();
+        let frame = UcallFrame {
+            cmd: CMD_REPORT,
+            args: [0x200, 1, 0, 0],
+        };
+        mem.write_obj(frame, GuestAddress(0x100)).unwrap();
+        let port = 0x100u32.to_le_bytes();
+        let mut reports = vec![];
+        let mut report =
+            || handle_exit(VcpuExit::IoOut(UCALL_PORT, &port), &bus, &mem, &mut reports);
+        for _ in 0..MAX_REPORTS {
+            assert_eq!(report().unwrap(), Flow::Continue);
+        }
+        let err = report().unwrap_err();
+        assert!(matches!(
+            err,
+            ExitError::Guest(GuestFault::TooManyReports { max: MAX_REPORTS })
+        ));
+        assert_eq!(reports.len(), MAX_REPORTS, "nothing past the cap is kept");
     }
 
     #[test]

@@ -37,12 +37,14 @@ pub mod irq;
 pub mod kick;
 pub mod layout;
 pub mod mechanisms;
+pub mod stop;
 pub mod ucall;
 pub mod vcpu;
 pub mod vm;
 pub mod x86;
 
 pub use error::{ConfigError, Error, GuestFault};
+pub use stop::{StopHandle, StopReason};
 pub use vm::{RunReport, Vm, VmConfig, VmStats};
 
 // The README's examples are doctests too.

@@ -12,7 +12,7 @@ use reference_vmm::guest::{self, GuestProgram, PROGRAMS};
 use reference_vmm::layout::{MAX_VCPUS, PARAMS};
 use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Irqchip, Mechanisms, TimerAdvance};
 use reference_vmm::vm::{check_mem_mib, check_vcpus};
-use reference_vmm::{ConfigError, Vm, VmConfig};
+use reference_vmm::{ConfigError, Error, StopHandle, StopReason, Vm, VmConfig};
 
 /// A reference VMM on real KVM for the vm-latency crates.
 #[derive(Debug, Parser)]
@@ -166,9 +166,16 @@ struct RunArgs {
     /// Write the guest's serial output to this file instead of stdout.
     #[arg(long, value_name = "PATH")]
     serial_out: Option<PathBuf>,
-    /// Stop every vCPU and fail if the guest has not finished after this long.
+    /// Stop every vCPU and fail if the guest has not finished after this long
+    /// [default: a 600 s watchdog; programs that run until stopped need one given].
+    /// SIGINT and SIGTERM stop the run the same way; either prints what the
+    /// guest reported until then.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: Option<u64>,
+    /// The floor on a periodic LAPIC timer's period, as KVM's
+    /// `min_timer_period_us` (the userspace APIC only).
+    #[arg(long, value_name = "US", default_value_t = 200)]
+    min_timer_period_us: u64,
     /// The guest program's parameters, comma-separated (e.g. rounds for pingpong).
     #[arg(long, value_name = "N,N,...", value_parser = parse_params, default_value = "")]
     params: Params,
@@ -337,14 +344,68 @@ fn run(args: RunArgs) -> ExitCode {
         vcpus: args.vcpus,
         mem_mib: args.mem_mib,
         timeout,
+        min_timer_period: Duration::from_micros(args.min_timer_period_us),
         mechanisms,
         params: args.params.0,
         ..VmConfig::default()
     };
-    match Vm::new(&config).and_then(|vm| vm.run(args.guest, serial_out)) {
+    let vm = match Vm::new(&config) {
+        Ok(vm) => vm,
+        Err(e) => return fail(&e.to_string()),
+    };
+    if let Err(e) = stop_on_signals(vm.stop_handle()) {
+        return fail(&format!("cannot handle SIGINT and SIGTERM: {e}"));
+    }
+    match vm.run(args.guest, serial_out) {
         Ok(report) => print_or_fail(&format!("{report}\n")),
+        // A signal's conventional status: 128 + its number.
+        Err(
+            e @ Error::Stopped {
+                reason: StopReason::Signal(n),
+                ..
+            },
+        ) => {
+            eprintln!("error: {e}");
+            ExitCode::from(128u8.saturating_add(u8::try_from(n).unwrap_or(0)))
+        }
         Err(e) => fail(&e.to_string()),
     }
+}
+
+/// SIGINT and SIGTERM stop the run through `stop` (the vCPUs leave the guest
+/// and the partial report is printed) instead of killing the process: they
+/// are blocked in every thread (the vCPU threads, started later, inherit the
+/// mask) and a thread takes them with `sigwait`. A second one kills.
+fn stop_on_signals(stop: StopHandle) -> io::Result<()> {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a local sigset_t;
+    // pthread_sigmask only reads it. Results are checked.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        match libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) {
+            0 => set,
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut signal = 0;
+            // SAFETY: `set` is an initialised sigset_t and `signal` a valid
+            // out-pointer for the call.
+            if unsafe { libc::sigwait(&set, &mut signal) } == 0 {
+                stop.stop(StopReason::Signal(signal));
+                // SAFETY: as above. Unblocked in this thread, which stays
+                // alive, the next one takes its default action: it kills.
+                unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+                loop {
+                    std::thread::park();
+                }
+            }
+        })?;
+    Ok(())
 }
 
 fn bench(args: BenchArgs) -> ExitCode {

@@ -77,6 +77,9 @@ pub struct VmShared {
     pub bus_lookups: BusLookups,
     /// Drains the dirty rings when one is full (with a dirty ring only).
     pub ring_full: Option<dirty_log::RingFull>,
+    /// The floor on a periodic LAPIC timer's period, ns (KVM's
+    /// `min_timer_period_us`).
+    pub min_timer_period_ns: u64,
     /// Set before kicking the vCPUs to make them stop.
     stop: AtomicBool,
 }
@@ -100,6 +103,7 @@ impl VmShared {
             timer_stats: Arc::default(),
             bus_lookups: BusLookups::default(),
             ring_full: None,
+            min_timer_period_ns: lapic_timer::KVM_MIN_TIMER_PERIOD_NS,
             stop: AtomicBool::new(false),
         }
     }
@@ -363,7 +367,8 @@ impl VcpuRunner {
         let poller = HaltPoller::with_policies(self.shared.irqs.wake_source(self.vcpu()), policies)
             .with_events(self.shared.halt_stats.clone());
         Ok(Loop {
-            apic: LocalApic::new(self.index, time),
+            apic: LocalApic::new(self.index, time)
+                .with_min_timer_period_ns(self.shared.min_timer_period_ns),
             timer,
             lead: TimerLead::new(time, irq_record(self.index)),
             guest_poll: m
@@ -461,22 +466,15 @@ impl VcpuRunner {
                 }
                 Ok(Flow::Continue)
             }
-            VcpuExit::MmioRead(addr, data) if in_xapic_page(addr, data.len()) => {
-                let offset = addr - XAPIC_BASE;
-                let value = l
-                    .apic
-                    .mmio_read(offset, &irqs.pending(vcpu), now)
-                    .map_err(|_| xapic_off(addr, false, data.len()))?;
-                data.copy_from_slice(&value.to_le_bytes());
+            VcpuExit::MmioRead(addr, data) if in_xapic_page(addr) => {
+                let pending = irqs.pending(vcpu);
+                l.apic
+                    .mmio_read_bytes(addr - XAPIC_BASE, data, &pending, now);
                 Ok(Flow::Continue)
             }
-            VcpuExit::MmioWrite(addr, data) if in_xapic_page(addr, data.len()) => {
+            VcpuExit::MmioWrite(addr, data) if in_xapic_page(addr) => {
                 l.reanchor();
-                let value = u32::from_le_bytes(data.try_into().unwrap_or_default());
-                let action = l
-                    .apic
-                    .mmio_write(addr - XAPIC_BASE, value, now)
-                    .map_err(|_| xapic_off(addr, true, data.len()))?;
+                let action = l.apic.mmio_write_bytes(addr - XAPIC_BASE, data, now);
                 apply(irqs, vcpu, l, action);
                 Ok(Flow::Continue)
             }
@@ -658,15 +656,10 @@ fn apply(irqs: &Interrupts, vcpu: usize, l: &mut Loop, action: Action) {
     }
 }
 
-/// Whether an MMIO access is a 32-bit one to the xAPIC page (anything else
-/// there is no APIC register access, and faults as unknown MMIO).
-fn in_xapic_page(addr: u64, len: usize) -> bool {
-    (XAPIC_BASE..XAPIC_BASE + XAPIC_SIZE).contains(&addr) && len == 4
-}
-
-/// The xAPIC page in x2APIC mode is not decoded: the access is unknown MMIO.
-fn xapic_off(addr: u64, write: bool, len: usize) -> ExitError {
-    GuestFault::UnknownMmio { addr, write, len }.into()
+/// Whether an MMIO access is to the xAPIC page: the local APIC answers it
+/// whatever its size (see [`LocalApic::mmio_read_bytes`]).
+fn in_xapic_page(addr: u64) -> bool {
+    (XAPIC_BASE..XAPIC_BASE + XAPIC_SIZE).contains(&addr)
 }
 
 /// Fires the LVT timer if it is due `lead` from now (delivery starts that
@@ -686,7 +679,9 @@ fn fire_timer(irqs: &Interrupts, vcpu: usize, l: &mut Loop) {
 fn rearm(l: &mut Loop) {
     // A timerfd that cannot be set is out of the guest's reach and of ours: the
     // timer then fires at the next exit instead (prepare_entry checks).
-    let _ = match l.apic.timer().next_expiry_ns() {
+    // A masked timer delivers nothing, so it needs no host timer: its expiries
+    // are spent at the next entry (`due_now`) or when it is unmasked.
+    let _ = match l.apic.timer().next_delivery_ns() {
         Some(at) => l.timer.arm(at, 0),
         None => l.timer.disarm(),
     };

@@ -12,7 +12,9 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE, XAPIC_BASE};
-use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole, SharedBus};
+use crate::devices::{
+    BoundedOutput, IoBus, OUTPUT_BUFFER_BYTES, POST_PORT, PostCode, SerialConsole, SharedBus,
+};
 use crate::error::{ConfigError, Error};
 use crate::exit::Report;
 use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
@@ -20,6 +22,7 @@ use crate::irq::Interrupts;
 use crate::kick;
 use crate::layout::*;
 use crate::mechanisms::{Irqchip, Mechanisms};
+use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
 use crate::vcpu::{VcpuRunner, VcpuSummary, VmShared};
 use crate::x86::boot::{
     VcpuBootInfo, advertise_apic_features, entry_regs, long_mode_sregs, set_apic_id,
@@ -35,8 +38,13 @@ pub struct VmConfig {
     pub vcpus: u32,
     /// Guest memory in MiB: even, [`MIN_MEM_MIB`] to [`MAX_MEM_MIB`].
     pub mem_mib: u64,
-    /// Stop every vCPU and fail if the guest has not finished by then.
+    /// Stop every vCPU and fail if the guest has not finished by then; `None`:
+    /// the watchdog, [`DEFAULT_TIMEOUT`]. A program that runs until it is
+    /// stopped needs one given.
     pub timeout: Option<Duration>,
+    /// The floor on a periodic LAPIC timer's period (KVM's
+    /// `min_timer_period_us`; the userspace APIC only).
+    pub min_timer_period: Duration,
     /// The latency mechanisms on the exit path.
     pub mechanisms: Mechanisms,
     /// The guest program's parameters (in the shared page).
@@ -52,6 +60,7 @@ impl Default for VmConfig {
             vcpus: 1,
             mem_mib: 64,
             timeout: None,
+            min_timer_period: Duration::from_nanos(lapic_timer::KVM_MIN_TIMER_PERIOD_NS),
             mechanisms: Mechanisms::default(),
             params: [0; PARAMS],
             dirty_ring: None,
@@ -120,6 +129,10 @@ pub struct VmStats {
     pub boosts: u64,
     /// Directed yields attempted (KVM's `directed_yield_attempted`).
     pub directed_yield_attempted: u64,
+    /// Guest output bytes that never reached the output: dropped when the
+    /// buffer was full, or still buffered when the run ended, because the
+    /// output blocked (a pipe nobody reads, say).
+    pub output_lost: u64,
     /// Device-bus lookups on exits.
     pub bus_lookups: u64,
     /// TSC ticks spent in them (with the device's handling).
@@ -153,6 +166,7 @@ impl VmStats {
             wakes: i.wakes.load(Relaxed),
             boosts: s.boosts.load(Relaxed),
             directed_yield_attempted: s.directed_yield_attempted.load(Relaxed),
+            output_lost: 0,
             bus_lookups: shared.bus_lookups.count.load(Relaxed),
             bus_lookup_ticks: shared.bus_lookups.ticks.load(Relaxed),
             timer_expiries: shared.timer_stats.wakeups.load(Relaxed),
@@ -175,13 +189,12 @@ impl RunReport {
 
 impl fmt::Display for RunReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "guest {}: {} vCPU(s) finished in {:.3?}",
-            self.guest,
-            self.vcpus.len(),
-            self.elapsed
-        )?;
+        let stopped = self.vcpus.iter().filter(|s| !s.finished).count();
+        write!(f, "guest {}: {} vCPU(s) ", self.guest, self.vcpus.len())?;
+        match stopped {
+            0 => write!(f, "finished in {:.3?}", self.elapsed)?,
+            n => write!(f, "ran {:.3?}, {n} stopped before finishing", self.elapsed)?,
+        }
         for s in &self.vcpus {
             write!(f, "\n  vcpu {}: {} exits", s.index, s.exits)?;
             for Report { name, value } in &s.reports {
@@ -200,7 +213,15 @@ impl fmt::Display for RunReport {
             st.kicks,
             st.wakes,
             st.boosts,
-        )
+        )?;
+        if st.output_lost > 0 {
+            write!(
+                f,
+                "\n  guest output: {} byte(s) never written (the output blocked)",
+                st.output_lost
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -210,6 +231,8 @@ pub struct Vm {
     vm: Arc<VmFd>,
     memory: GuestMemoryMmap,
     timeout: Option<Duration>,
+    min_timer_period: Duration,
+    stop: StopHandle,
     params: [u64; PARAMS],
     mechanisms: Mechanisms,
     devices: Vec<(u16, u16, Arc<dyn crate::devices::PioDevice>)>,
@@ -261,6 +284,8 @@ impl Vm {
             vm: Arc::new(vm),
             memory,
             timeout: config.timeout,
+            min_timer_period: config.min_timer_period,
+            stop: StopHandle::default(),
             params: config.params,
             mechanisms: config.mechanisms,
             devices: Vec::new(),
@@ -295,13 +320,24 @@ impl Vm {
         self.domain.clone()
     }
 
+    /// A handle that stops the run from another thread (on a signal, say).
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
     /// Adds `device` at ports `base..base + len` for the run.
     pub fn add_device(&mut self, base: u16, len: u16, device: Arc<dyn crate::devices::PioDevice>) {
         self.devices.push((base, len, device));
     }
 
     /// Runs `program` on every vCPU, each on its own thread, until all have
-    /// finished, one fails, or the timeout passes. Serial output goes to `serial_out`.
+    /// finished, one fails, the timeout passes or a [`StopHandle`] asks.
+    /// Serial output goes to `serial_out` through a bounded buffer, so a
+    /// writer that blocks never holds a vCPU (see [`crate::devices::BoundedOutput`]).
+    ///
+    /// # Errors
+    /// A stopped run is [`Error::Stopped`], with what the guest reported so
+    /// far; a guest that misbehaves is [`Error::Guest`].
     pub fn run(
         self,
         program: &GuestProgram,
@@ -315,9 +351,15 @@ impl Vm {
             let regs = entry_regs(entry, user_stack_top(i), i, count, vcpu_data(i));
             fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
         }
+        let (output, drain) = BoundedOutput::start(serial_out, OUTPUT_BUFFER_BYTES)
+            .map_err(|source| Error::SpawnThread { vcpu: 0, source })?;
         let mut io_bus = IoBus::new();
         io_bus
-            .insert(SERIAL_PORT, 8, Arc::new(SerialConsole::new(serial_out)))
+            .insert(
+                SERIAL_PORT,
+                8,
+                Arc::new(SerialConsole::new(Box::new(output))),
+            )
             .expect("the serial console is the first device on an empty bus");
         io_bus
             .insert(POST_PORT, 1, Arc::new(PostCode::default()))
@@ -335,6 +377,7 @@ impl Vm {
         ));
         let mut shared = VmShared::new(self.memory, bus, domain, irqs, self.mechanisms);
         shared.ring_full = self.ring_full;
+        shared.min_timer_period_ns = self.min_timer_period.as_nanos() as u64;
         let shared = Arc::new(shared);
         let start = Instant::now();
         let (tx, rx) = mpsc::channel();
@@ -349,32 +392,42 @@ impl Vm {
                 Ok(handle) => threads.push(handle),
                 Err(source) => {
                     stop_all(&shared, &threads);
-                    join_all(threads);
+                    threads.into_iter().for_each(|t| t.join().unwrap_or(()));
                     return Err(Error::SpawnThread { vcpu: i, source });
                 }
             }
         }
         drop(tx);
-        let outcome = collect(&rx, &shared, &threads, self.timeout);
-        let panicked = join_all(threads);
-        let mut vcpus = outcome?;
-        if let Some(i) = panicked {
-            return Err(Error::VcpuPanicked(i));
+        let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let (mut vcpus, ending, answered) = collect(&rx, &shared, &threads, &self.stop, timeout);
+        let elapsed = start.elapsed();
+        let unresponsive = join_or_leave(threads, &answered)?;
+        let unwritten = drain.finish(OUTPUT_GRACE);
+        if !unresponsive.is_empty() {
+            return Err(Error::Unresponsive(unresponsive));
         }
         vcpus.sort_by_key(|s| s.index);
-        let elapsed = start.elapsed();
         let mut stats = VmStats::collect(&shared);
+        stats.output_lost = drain.dropped() + unwritten;
         for vcpu in &kvm_halts {
             let kvm = halt_poll::kvm::KvmHaltStats::read(vcpu)
                 .map_err(|e| Error::KvmHaltPoll(e.to_string()))?;
             stats.add_kvm_halts(&kvm);
         }
-        Ok(RunReport {
+        let report = RunReport {
             guest: program.name,
             vcpus,
             elapsed,
             stats,
-        })
+        };
+        match ending {
+            Ending::Finished => Ok(report),
+            Ending::Stopped(reason) => Err(Error::Stopped {
+                reason,
+                partial: Box::new(report),
+            }),
+            Ending::Failed(e) => Err(e),
+        }
     }
 
     /// With KVM's irqchip, each vCPU's binary statistics, opened before the
@@ -393,49 +446,93 @@ impl Vm {
     }
 }
 
-/// Waits for every vCPU thread's result; on the first error or at the timeout,
-/// stops the others. Returns the summaries, or the first error.
+/// How the vCPU threads' run ended.
+enum Ending {
+    /// Every vCPU finished its program.
+    Finished,
+    /// Stopped before that: the timeout passed or a stop was asked for.
+    Stopped(StopReason),
+    /// A vCPU failed (the first failure).
+    Failed(Error),
+}
+
+/// How often the VMM looks at its [`StopHandle`] while the vCPUs run.
+const STOP_POLL: Duration = Duration::from_millis(10);
+
+/// Waits for every vCPU thread's result; at the first error, the timeout or
+/// a requested stop, stops the others and waits [`STOP_GRACE`] for them.
+/// Returns the summaries received, how the run ended, and which vCPUs
+/// answered.
 fn collect(
     rx: &mpsc::Receiver<(u32, Result<VcpuSummary, Error>)>,
     shared: &VmShared,
     threads: &[JoinHandle<()>],
-    timeout: Option<Duration>,
-) -> Result<Vec<VcpuSummary>, Error> {
-    let deadline = timeout.map(|t| (Instant::now() + t, t));
+    stop: &StopHandle,
+    timeout: Duration,
+) -> (Vec<VcpuSummary>, Ending, Vec<u32>) {
+    let deadline = Instant::now() + timeout;
     let mut summaries = Vec::new();
-    let mut first_error = None;
-    let mut stopped = false;
-    for _ in 0..threads.len() {
-        let received = match deadline.filter(|_| !stopped) {
-            Some((at, _)) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
-            None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+    let mut ending = None;
+    let mut stopped_at: Option<Instant> = None;
+    let mut answered = Vec::new();
+    loop {
+        let now = Instant::now();
+        let wait = match stopped_at {
+            Some(at) => (at + STOP_GRACE).saturating_duration_since(now),
+            None => STOP_POLL.min(deadline.saturating_duration_since(now)),
         };
-        let result = match received {
-            Ok((_, result)) => result,
+        let failure = match rx.recv_timeout(wait) {
+            Ok((i, Ok(summary))) => {
+                answered.push(i);
+                summaries.push(summary);
+                continue;
+            }
+            Ok((i, Err(e))) => {
+                answered.push(i);
+                Ending::Failed(e)
+            }
+            // Stopped, and the grace is over: the threads left are stuck.
+            Err(mpsc::RecvTimeoutError::Timeout) if stopped_at.is_some() => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                first_error.get_or_insert(Error::Timeout(deadline.map_or(Duration::ZERO, |d| d.1)));
-                stop_all(shared, threads);
-                stopped = true;
-                match rx.recv() {
-                    Ok((_, result)) => result,
-                    Err(_) => break,
+                let timed_out =
+                    (Instant::now() >= deadline).then_some(StopReason::Timeout(timeout));
+                match stop.requested().or(timed_out) {
+                    Some(reason) => Ending::Stopped(reason),
+                    None => continue,
                 }
             }
-            // A thread that panicked never sends; the join reports it.
+            // Every thread has ended (one that panicked never sends).
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
-        match result {
-            Ok(summary) => summaries.push(summary),
-            Err(e) => {
-                if !stopped {
-                    stop_all(shared, threads);
-                    stopped = true;
-                }
-                first_error.get_or_insert(e);
-            }
+        ending.get_or_insert(failure);
+        if stopped_at.is_none() {
+            stop_all(shared, threads);
+            stopped_at = Some(Instant::now());
         }
     }
-    first_error.map_or(Ok(summaries), Err)
+    (summaries, ending.unwrap_or(Ending::Finished), answered)
+}
+
+/// Joins the vCPU threads that answered or ended, and leaves the ones still
+/// stuck (joining them would hang the VMM). Returns the indices of those
+/// left, or the first thread that panicked.
+fn join_or_leave(threads: Vec<JoinHandle<()>>, answered: &[u32]) -> Result<Vec<u32>, Error> {
+    let mut left = Vec::new();
+    let mut panicked = None;
+    for (i, t) in (0u32..).zip(threads) {
+        // Sending its answer is a thread's last act: it is on its way out.
+        if answered.contains(&i) || t.is_finished() {
+            if t.join().is_err() {
+                panicked.get_or_insert(i);
+            }
+        } else {
+            left.push(i);
+        }
+    }
+    match panicked {
+        Some(i) => Err(Error::VcpuPanicked(i)),
+        None => Ok(left),
+    }
 }
 
 fn stop_all(shared: &VmShared, threads: &[JoinHandle<()>]) {
@@ -445,17 +542,6 @@ fn stop_all(shared: &VmShared, threads: &[JoinHandle<()>]) {
         // A thread that already returned cannot be kicked and needs no kick.
         let _ = kick::kick(t);
     }
-}
-
-/// Joins every thread; returns the index of the first that panicked.
-fn join_all(threads: Vec<JoinHandle<()>>) -> Option<u32> {
-    let mut panicked = None;
-    for (i, t) in threads.into_iter().enumerate() {
-        if t.join().is_err() {
-            panicked.get_or_insert(i as u32);
-        }
-    }
-    panicked
 }
 
 fn kvm_err(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> Error {

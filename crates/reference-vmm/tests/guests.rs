@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::kvm_available;
 use reference_vmm::devices::SharedBuffer;
 use reference_vmm::ucall::UcallError;
-use reference_vmm::{Error, GuestFault, RunReport, Vm, VmConfig, guest};
+use reference_vmm::{Error, GuestFault, RunReport, StopReason, Vm, VmConfig, guest};
 
 fn lines(serial: &SharedBuffer) -> Vec<String> {
     let text = String::from_utf8(serial.contents()).unwrap();
@@ -187,10 +187,12 @@ fn timeout_kicks_vcpus_that_never_exit() {
     let result = Vm::new(&config)
         .unwrap()
         .run(guest::find("spin").unwrap(), Box::new(io::sink()));
-    assert!(
-        matches!(result, Err(Error::Timeout(t)) if t == Duration::from_millis(100)),
-        "{result:?}"
-    );
+    let Err(Error::Stopped { reason, partial }) = result else {
+        panic!("expected a stop at the timeout, got {result:?}");
+    };
+    assert_eq!(reason, StopReason::Timeout(Duration::from_millis(100)));
+    assert_eq!(partial.vcpus.len(), 3, "every vCPU's part of the report");
+    assert!(partial.vcpus.iter().all(|s| !s.finished));
 }
 
 #[test]

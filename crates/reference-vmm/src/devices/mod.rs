@@ -1,11 +1,14 @@
-//! Port-I/O devices and the bus that routes guest port accesses to them.
+//! Port-I/O devices, the bus that routes guest port accesses to them, and
+//! the bounded buffer between the console and its output.
 
 mod bus;
+mod output;
 mod post;
 mod serial;
 mod shared;
 
 pub use bus::{BusError, IoBus, PioDevice};
+pub use output::{BoundedOutput, OUTPUT_BUFFER_BYTES, OutputDrain};
 pub use post::{POST_PORT, PostCode};
 pub use serial::{NoIrq, SerialConsole, SharedBuffer};
 pub use shared::SharedBus;

@@ -53,6 +53,7 @@ core::arch::global_asm!(
     include_str!("faults.s"),
     include_str!("ipi.s"),
     include_str!("timer.s"),
+    include_str!("bounds.s"),
     ".globl reference_vmm_guest_image_end",
     "reference_vmm_guest_image_end:",
     ".popsection",
@@ -75,6 +76,8 @@ core::arch::global_asm!(
     msr_icr = const apic::MSR_ICR,
     msr_esr = const apic::MSR_ESR,
     msr_lvt_timer = const apic::MSR_LVT_TIMER,
+    msr_timer_initial = const lapic_timer::registers::x2apic_msr(lapic_timer::registers::INITIAL_COUNT),
+    msr_timer_divide = const lapic_timer::registers::x2apic_msr(lapic_timer::registers::DIVIDE_CONFIG),
     msr_tsc_deadline = const apic::MSR_TSC_DEADLINE,
     irq_record_below_data = const VCPU_DATA_OFFSET - KERNEL_STACK_TOP_OFFSET + IRQ_RECORD_SIZE,
     params = const SHARED_DATA_ADDR + PARAMS_OFFSET,
@@ -115,6 +118,10 @@ unsafe extern "C" {
     safe static reference_vmm_guest_ipi_ring: u8;
     safe static reference_vmm_guest_port_exits: u8;
     safe static reference_vmm_guest_dirty_writer: u8;
+    safe static reference_vmm_guest_report_flood: u8;
+    safe static reference_vmm_guest_serial_flood: u8;
+    safe static reference_vmm_guest_periodic_timer: u8;
+    safe static reference_vmm_guest_xapic_bytes: u8;
 }
 
 /// The whole guest image: runtime and every program.
@@ -335,6 +342,38 @@ pub static PROGRAMS: &[GuestProgram] = &[
         params: &[count("pages per vCPU"), count("passes")],
         until_stopped: false,
         entry: &reference_vmm_guest_dirty_writer,
+    },
+    GuestProgram {
+        name: "report-flood",
+        about: "every vCPU reports a value for ever (the VMM caps reports per vCPU)",
+        params: &[],
+        until_stopped: false,
+        entry: &reference_vmm_guest_report_flood,
+    },
+    GuestProgram {
+        name: "serial-flood",
+        about: "every vCPU writes to the serial port until stopped (use with --timeout-ms)",
+        params: &[],
+        until_stopped: true,
+        entry: &reference_vmm_guest_serial_flood,
+    },
+    GuestProgram {
+        name: "periodic-timer",
+        about: "vCPU 0 runs a periodic LAPIC timer of params[0] ns for params[1] interrupts (params[2] = 1: masked, params[1] port exits instead)",
+        params: &[
+            count("initial count, ns"),
+            count("interrupts or exits"),
+            any("1: masked"),
+        ],
+        until_stopped: false,
+        entry: &reference_vmm_guest_periodic_timer,
+    },
+    GuestProgram {
+        name: "xapic-bytes",
+        about: "vCPU 0 accesses its xAPIC page with 1-, 2- and 8-byte loads and stores",
+        params: &[],
+        until_stopped: false,
+        entry: &reference_vmm_guest_xapic_bytes,
     },
     GuestProgram {
         name: "assert-fail",
