@@ -12,9 +12,19 @@
 //! - A reader publishes its slot with Release, and a writer reads slots with
 //!   Acquire: a writer that sees a reader quiescent or offline also sees that
 //!   the reader's earlier reads are over.
-//! - A writer publishes a new pointer, then advances `gp` with Release; a reader
-//!   loads `gp` with Acquire before publishing it: once its slot says it saw
-//!   the new grace period, it also sees the new pointer.
+//! - A writer publishes a new pointer, runs a SeqCst fence, then advances `gp`;
+//!   a reader loads `gp`, stores the value in its slot, then runs the SeqCst
+//!   fence in [`ReaderSlot::publish`]. When the reader's load returns the new
+//!   value, the writer's fence (a release fence before the `fetch_add`)
+//!   synchronizes with the reader's (an acquire fence after the load): once its
+//!   slot says it saw the new grace period, it also sees the new pointer. The
+//!   fence pair carries the ordering, so `gp` is Relaxed on both sides. The
+//!   writer's fence must stay before the `fetch_add`: after it, a reader could
+//!   see the new `gp`, publish it with its own fence first in the SeqCst order,
+//!   and still load the old pointer, which the writer frees once it sees that
+//!   slot. Loom cannot catch that misplacement: a fence is no scheduling point
+//!   in loom, so it runs together with the `fetch_add` before it, and loom
+//!   orders SeqCst fences as they run; the argument here is the check.
 //! - Two store-then-load handshakes need a SeqCst fence on each side (Dekker): a
 //!   reader coming online stores its slot then loads pointers, while a writer
 //!   stores a pointer then loads the slots (either the writer sees the reader
@@ -22,10 +32,10 @@
 //!   then loading its `waiting` flag, while a blocking writer stores `waiting`
 //!   then re-reads the slot (no lost wake-up).
 //!
-//! Fences rather than SeqCst accesses, because loom models SeqCst fences exactly
-//! but treats SeqCst accesses as AcqRel: the code loom checks is the code that
-//! runs. The quiescent-state fast path is one Acquire load (a plain load on x86
-//! and arm64) and a compare.
+//! Fences rather than SeqCst accesses, because loom models SeqCst fences (at
+//! least as strongly as C11, above) but treats SeqCst accesses as AcqRel: the
+//! code loom checks is the code that runs. The quiescent-state fast path is one
+//! Relaxed load (a plain load) and a compare.
 
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
 use std::time::{Duration, Instant};
@@ -96,7 +106,9 @@ impl ReaderSlot {
     /// Publishes `ctr`; returns whether a blocked writer must be woken.
     ///
     /// The fence orders the store before the caller's next loads: the `waiting`
-    /// flag here, and RCU-protected pointers after coming online.
+    /// flag here, and RCU-protected pointers after coming online. It is also
+    /// the acquire side for the counter the caller loaded and publishes: it
+    /// synchronizes with the writer's fence before that value's `fetch_add`.
     pub(crate) fn publish(&self, ctr: u64) -> bool {
         self.state.ctr.store(ctr, Release);
         fence(SeqCst);
@@ -131,10 +143,14 @@ pub(crate) struct GpState {
 }
 
 impl GpState {
-    /// The current grace-period counter, with Acquire: everything the writer
-    /// published before advancing it is visible after.
+    /// The current grace-period counter. Relaxed, because the load carries no
+    /// ordering of its own: a reader acts on a new value only by publishing it,
+    /// and the fence in [`ReaderSlot::publish`] after that store synchronizes
+    /// with the fence the writer ran before advancing the counter (see the
+    /// module docs). A value equal to the reader's own copy was published, fence
+    /// included, when the reader first saw it.
     pub(crate) fn counter(&self) -> u64 {
-        self.gp.load(Acquire)
+        self.gp.load(Relaxed)
     }
 
     pub(crate) fn register(&self, slot: Arc<ReaderSlot>) {
@@ -185,9 +201,11 @@ impl GpState {
     fn run_grace_period(&self) -> GracePeriod {
         let start = Instant::now();
         let readers = lock(&self.registry).clone();
-        let gp = self.gp.fetch_add(GP_STEP, Release) + GP_STEP;
-        // Pairs with the fence of a reader coming online (see the module docs).
+        // Pairs with the fence in `ReaderSlot::publish`, twice (see the module
+        // docs): before the slot loads, for a reader coming online; before the
+        // counter's advance, for a reader that publishes the new value.
         fence(SeqCst);
+        let gp = self.gp.fetch_add(GP_STEP, Relaxed) + GP_STEP;
         let mut active: Vec<&ReaderSlot> = readers
             .iter()
             .map(|s| &**s)

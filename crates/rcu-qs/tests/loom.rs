@@ -4,7 +4,8 @@
 //! old one. A value reclaimed while a reader can still see it is a data race on
 //! its canary, which loom reports.
 //!
-//! `RUSTFLAGS="--cfg loom" cargo test -p rcu-qs --test loom --release`
+//! `RUSTFLAGS="--cfg loom" cargo test -p rcu-qs --test loom --release`; the
+//! preemption bound is 3 unless `LOOM_MAX_PREEMPTIONS` sets another.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
@@ -49,7 +50,7 @@ impl Value {
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
+    builder.preemption_bound.get_or_insert(3);
     builder.check(f);
 }
 
