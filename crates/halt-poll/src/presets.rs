@@ -322,6 +322,20 @@ mod tests {
     }
 
     #[test]
+    fn kvm_keeps_a_window_that_a_halt_fills_exactly_and_grows_past_it() {
+        // kvm_vcpu_halt keeps the window when `halt_ns <= halt_poll_ns`.
+        let mut kvm = KvmGrowShrink::new();
+        windows(&mut kvm, &[blocked(0, 30 * US); 3]); // 40 µs
+        assert_eq!(windows(&mut kvm, &[polled(40 * US)]), [40 * US]);
+        assert_eq!(windows(&mut kvm, &[blocked(40 * US, 40 * US)]), [40 * US]);
+        // One nanosecond longer is a short halt the window missed: grow.
+        assert_eq!(
+            windows(&mut kvm, &[blocked(40 * US, 40 * US + 1)]),
+            [80 * US]
+        );
+    }
+
+    #[test]
     fn haltpoll_learns_only_from_blocked_halts_and_caps_at_max() {
         let mut g = GuestHaltpoll::new();
         assert_eq!(g.window(), Duration::ZERO, "starts at 0: halt");
@@ -357,6 +371,30 @@ mod tests {
     }
 
     #[test]
+    fn haltpoll_keeps_a_limit_that_a_block_fills_exactly_and_grows_past_it() {
+        // adjust_poll_limit grows only when `block_ns > poll_limit_ns`.
+        let mut g = GuestHaltpoll::new();
+        windows(&mut g, &[blocked(0, 20 * US)]); // 50 µs
+        assert_eq!(windows(&mut g, &[blocked(50 * US, 100 * US)]), [50 * US]);
+        assert_eq!(
+            windows(&mut g, &[blocked(50 * US, 100 * US + 1)]),
+            [100 * US]
+        );
+    }
+
+    #[test]
+    fn haltpoll_grows_on_a_block_of_exactly_guest_halt_poll_ns_and_shrinks_past_it() {
+        // Grow while `block_ns <= guest_halt_poll_ns`, shrink once it is greater.
+        let mut g = GuestHaltpoll::new();
+        windows(&mut g, &[blocked(0, 20 * US)]); // 50 µs
+        assert_eq!(windows(&mut g, &[blocked(50 * US, 250 * US)]), [100 * US]);
+        assert_eq!(
+            windows(&mut g, &[blocked(100 * US, 300 * US + 1)]),
+            [50 * US]
+        );
+    }
+
+    #[test]
     fn aio_starts_at_4us_doubles_to_max_and_resets() {
         let mut a = AioPoll::new();
         let w = windows(&mut a, &[blocked(0, 20 * US); 5]);
@@ -372,5 +410,24 @@ mod tests {
         };
         windows(&mut halves, &[blocked(0, 20 * US); 4]);
         assert_eq!(windows(&mut halves, &[blocked(32_000, 100 * US)]), [16_000]);
+    }
+
+    #[test]
+    fn aio_keeps_a_window_that_a_wait_fills_exactly_and_grows_past_it() {
+        // adjust_polling_time's sweet spot is `block_ns <= poll->ns`.
+        let mut a = AioPoll::new();
+        windows(&mut a, &[blocked(0, 20 * US); 2]); // 8 µs
+        assert_eq!(windows(&mut a, &[blocked(8_000, 8_000)]), [8_000]);
+        assert_eq!(windows(&mut a, &[blocked(8_000, 8_001)]), [16_000]);
+    }
+
+    #[test]
+    fn aio_neither_grows_nor_shrinks_on_a_wait_of_exactly_poll_max_ns() {
+        // Shrink needs `block_ns > poll_max_ns`, grow `block_ns < poll_max_ns`.
+        let mut a = AioPoll::new();
+        windows(&mut a, &[blocked(0, 20 * US); 3]); // 16 µs
+        assert_eq!(windows(&mut a, &[blocked(16_000, 32_768)]), [16_000]);
+        // One nanosecond longer: reset to 0 (shrink 0).
+        assert_eq!(windows(&mut a, &[blocked(16_000, 32_769)]), [0]);
     }
 }
