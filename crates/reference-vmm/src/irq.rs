@@ -41,14 +41,12 @@
 //! CPU hogs. KVM does the same with `vcpu->mode = IN_GUEST_MODE`, a full
 //! barrier, then its request check in `vcpu_enter_guest`.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use halt_poll::FutexWake;
 use lapic_timer::{Expiry, TimerSink};
-use vcpu_sched::{
-    BoostPolicy, Booster, Ctx, FifoBoost, GuestView, RunState, SchedStats, VcpuState,
-};
+use vcpu_sched::{BoostPolicy, Booster, FifoBoost, GuestView, RunState, SchedStats, Scheduler};
 use vmm_sys_util::signal::Killable;
 
 use crate::apic::Destination;
@@ -74,13 +72,62 @@ unsafe impl Killable for Pthread {
     }
 }
 
-/// One vCPU's delivery state.
+/// One vCPU's delivery state: how to reach its thread.
 struct Link {
-    irr: [AtomicU64; 4],
-    timer_due: Mutex<Option<Expiry>>,
     wake: Arc<FutexWake>,
     thread: ThreadSlot,
 }
+
+/// What waits to be injected into each vCPU: its IRR and its timer's due
+/// expiry. It is also the scheduler's guest view: a halted vCPU with either
+/// would run if woken (KVM's `vcpu_dy_runnable`).
+#[derive(Default)]
+pub struct Pending {
+    irr: Vec<[AtomicU64; 4]>,
+    timer_due: Vec<Mutex<Option<Expiry>>>,
+}
+
+impl Pending {
+    fn new(vcpus: usize) -> Self {
+        Self {
+            irr: (0..vcpus).map(|_| Default::default()).collect(),
+            timer_due: (0..vcpus).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+
+    fn timer(&self, vcpu: usize) -> std::sync::MutexGuard<'_, Option<Expiry>> {
+        self.timer_due[vcpu]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// vCPU `vcpu`'s IRR.
+    pub fn irr(&self, vcpu: usize) -> [u64; 4] {
+        let irr = &self.irr[vcpu];
+        [0, 1, 2, 3].map(|w| irr[w].load(SeqCst))
+    }
+
+    /// Whether vCPU `vcpu` has an interrupt pending or a timer due.
+    pub fn has_work(&self, vcpu: usize) -> bool {
+        self.irr(vcpu) != [0; 4] || self.timer(vcpu).is_some()
+    }
+}
+
+impl GuestView for Pending {
+    fn runnable(&self, vcpu: usize) -> bool {
+        vcpu < self.irr.len() && self.has_work(vcpu)
+    }
+
+    /// Unknown here (no guest register is read): every preempted vCPU is a
+    /// candidate.
+    fn in_kernel(&self, _: usize) -> bool {
+        true
+    }
+}
+
+/// The vCPU scheduling of a VM here: `FifoBoost` boosts, counted in
+/// [`SchedStats`], with [`Pending`] as the guest view.
+pub type VmScheduler = Scheduler<Booster<FifoBoost, Arc<SchedStats>>, Arc<Pending>>;
 
 /// Counters of what delivery did.
 #[derive(Debug, Default)]
@@ -95,64 +142,44 @@ pub struct IrqStats {
     pub dropped: AtomicU64,
 }
 
-/// Every vCPU's pending interrupts, run state and boost.
+/// Every vCPU's pending interrupts and the way to reach its thread, with
+/// the VM's scheduler (run states, boosts), told of every delivery.
 pub struct Interrupts {
     links: Vec<Link>,
-    states: Vec<VcpuState>,
-    booster: Booster<FifoBoost, Arc<SchedStats>>,
-    policy: Box<dyn BoostPolicy>,
-    last_boosted: AtomicUsize,
+    pending: Arc<Pending>,
+    sched: VmScheduler,
     /// What delivery did.
     pub stats: IrqStats,
-    /// What boosting did.
-    pub sched: Arc<SchedStats>,
 }
 
 impl Interrupts {
     /// Delivery for `vcpus` vCPUs, boosting with `policy`.
     pub fn new(vcpus: usize, policy: Box<dyn BoostPolicy>) -> Self {
-        let sched = Arc::new(SchedStats::default());
+        let pending = Arc::new(Pending::new(vcpus));
+        let stats = Arc::new(SchedStats::default());
+        let booster = Booster::with_events(vcpus, FifoBoost::default(), stats);
         Self {
             links: (0..vcpus)
                 .map(|_| Link {
-                    irr: Default::default(),
-                    timer_due: Mutex::new(None),
                     wake: Arc::new(FutexWake::new()),
                     thread: ThreadSlot(Mutex::new(None)),
                 })
                 .collect(),
-            states: (0..vcpus).map(|_| VcpuState::new()).collect(),
-            booster: Booster::with_events(vcpus, FifoBoost::default(), sched.clone()),
-            policy,
-            last_boosted: AtomicUsize::new(0),
+            sched: Scheduler::new(vcpus, policy, booster, pending.clone()),
+            pending,
             stats: IrqStats::default(),
-            sched,
         }
     }
 
-    /// vCPU `vcpu`'s run state.
-    pub fn state(&self, vcpu: usize) -> &VcpuState {
-        &self.states[vcpu]
+    /// The VM's vCPU scheduling: run states, boosts, and what they did
+    /// (`scheduler().events()`).
+    pub fn scheduler(&self) -> &VmScheduler {
+        &self.sched
     }
 
     /// vCPU `vcpu`'s halt-poll wake source.
     pub fn wake_source(&self, vcpu: usize) -> Arc<FutexWake> {
         self.links[vcpu].wake.clone()
-    }
-
-    /// What a boost policy acts on.
-    pub fn ctx(&self) -> Ctx<'_> {
-        Ctx {
-            vcpus: &self.states,
-            booster: &self.booster,
-            last_boosted: &self.last_boosted,
-            guest: self,
-        }
-    }
-
-    /// The boost policy.
-    pub fn policy(&self) -> &dyn BoostPolicy {
-        self.policy.as_ref()
     }
 
     /// Registers the calling thread as vCPU `vcpu`'s, for kicks and boosts.
@@ -164,7 +191,8 @@ impl Interrupts {
             .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(me);
-        self.booster
+        self.sched
+            .booster()
             .register(vcpu, vcpu_sched::thread::current_tid());
     }
 
@@ -175,7 +203,7 @@ impl Interrupts {
             .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
-        let _ = self.booster.ran(vcpu);
+        let _ = self.sched.booster().ran(vcpu);
     }
 
     /// Sends `vector` from vCPU `from` to `to`. Returns how many vCPUs got it.
@@ -201,46 +229,40 @@ impl Interrupts {
 
     /// Makes `vector` pending on vCPU `vcpu` and makes sure it notices.
     pub fn post(&self, vcpu: usize, vector: u8) {
-        let link = &self.links[vcpu];
-        link.irr[usize::from(vector / 64)].fetch_or(1 << (vector % 64), SeqCst);
+        self.post_local(vcpu, vector);
         self.stats.posted.fetch_add(1, SeqCst);
-        self.policy.on_delivery(&self.ctx(), vcpu);
+        self.sched.delivered(vcpu);
         self.notify(vcpu, WAKE_INTERRUPT);
     }
 
     /// The pending vectors of vCPU `vcpu`.
     pub fn pending(&self, vcpu: usize) -> [u64; 4] {
-        let irr = &self.links[vcpu].irr;
-        [0, 1, 2, 3].map(|w| irr[w].load(SeqCst))
+        self.pending.irr(vcpu)
     }
 
     /// Whether vCPU `vcpu` has anything pending (an interrupt or a timer).
     pub fn has_work(&self, vcpu: usize) -> bool {
-        self.pending(vcpu) != [0; 4] || self.timer_pending(vcpu)
+        self.pending.has_work(vcpu)
     }
 
     /// Takes `vector` off vCPU `vcpu`'s pending set (it is being injected).
     pub fn take(&self, vcpu: usize, vector: u8) {
-        self.links[vcpu].irr[usize::from(vector / 64)].fetch_and(!(1 << (vector % 64)), SeqCst);
+        self.pending.irr[vcpu][usize::from(vector / 64)].fetch_and(!(1 << (vector % 64)), SeqCst);
     }
 
     /// Sets `vector` pending on the calling vCPU itself (its own timer).
     pub fn post_local(&self, vcpu: usize, vector: u8) {
-        self.links[vcpu].irr[usize::from(vector / 64)].fetch_or(1 << (vector % 64), SeqCst);
+        self.pending.irr[vcpu][usize::from(vector / 64)].fetch_or(1 << (vector % 64), SeqCst);
     }
 
     /// Takes vCPU `vcpu`'s timer expiry, if its timer thread delivered one.
     pub fn take_timer(&self, vcpu: usize) -> Option<Expiry> {
-        self.links[vcpu]
-            .timer_due
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        self.pending.timer(vcpu).take()
     }
 
     /// Whether vCPU `vcpu`'s timer thread has delivered an expiry.
     pub fn has_timer(&self, vcpu: usize) -> bool {
-        self.timer_pending(vcpu)
+        self.pending.timer(vcpu).is_some()
     }
 
     /// Wakes every halted vCPU (to stop it).
@@ -248,14 +270,6 @@ impl Interrupts {
         for link in &self.links {
             link.wake.wake(WAKE_INTERRUPT);
         }
-    }
-
-    fn timer_pending(&self, vcpu: usize) -> bool {
-        self.links[vcpu]
-            .timer_due
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
     }
 
     /// A timer sink that delivers vCPU `vcpu`'s expiries.
@@ -268,7 +282,7 @@ impl Interrupts {
 
     fn notify(&self, vcpu: usize, source: u32) {
         let link = &self.links[vcpu];
-        match self.states[vcpu].run_state() {
+        match self.sched.state(vcpu).run_state() {
             RunState::InGuest => {
                 let thread = link.thread.0.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some(t) = *thread {
@@ -286,21 +300,6 @@ impl Interrupts {
     }
 }
 
-/// What directed yield may know of a vCPU's guest (KVM's `vcpu_dy_runnable`):
-/// a halted vCPU with an interrupt or a timer expiry pending would run if it
-/// got the CPU, so a spinning sibling's yield can go to it.
-impl GuestView for Interrupts {
-    fn runnable(&self, vcpu: usize) -> bool {
-        vcpu < self.links.len() && self.has_work(vcpu)
-    }
-
-    /// Whether it was in guest kernel mode is not visible here (only with
-    /// `yield_to_kernel_mode`, which this VMM does not ask for).
-    fn in_kernel(&self, _: usize) -> bool {
-        true
-    }
-}
-
 /// Delivers one vCPU's timer expiries: the expiry waits for the vCPU thread,
 /// which spins to the exact deadline just before it enters the guest.
 pub struct VcpuTimerSink {
@@ -310,11 +309,7 @@ pub struct VcpuTimerSink {
 
 impl TimerSink for VcpuTimerSink {
     fn expired(&self, expiry: Expiry) {
-        let link = &self.irqs.links[self.vcpu];
-        *link
-            .timer_due
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(expiry);
+        *self.irqs.pending.timer(self.vcpu) = Some(expiry);
         self.irqs.notify(self.vcpu, WAKE_TIMER);
     }
 }
@@ -343,15 +338,16 @@ mod tests {
     #[test]
     fn a_halted_vcpu_with_an_interrupt_pending_is_a_directed_yield_candidate() {
         let irqs = Interrupts::new(3, Box::new(vcpu_sched::KvmReady));
+        let sched = irqs.scheduler();
         for v in 1..3 {
-            irqs.state(v).set_run_state(RunState::Halted);
+            sched.halted(v);
         }
-        assert!(!irqs.runnable(1) && !irqs.runnable(9), "nothing pending");
+        let view = sched.guest();
+        assert!(!view.runnable(1) && !view.runnable(9), "nothing pending");
         irqs.post(2, 0x40); // marks it ready, as the seed does
-        assert!(irqs.runnable(2) && irqs.state(2).is_ready());
+        assert!(view.runnable(2) && sched.state(2).is_ready());
         let mut tried = Vec::new();
-        let ctx = irqs.ctx();
-        vcpu_sched::on_spin(0, ctx.vcpus, ctx.last_boosted, false, ctx.guest, |v| {
+        sched.ctx().on_spin(0, |v| {
             tried.push(v);
             vcpu_sched::YieldResult::Yielded
         });
@@ -362,10 +358,10 @@ mod tests {
     fn a_halted_vcpu_is_woken_and_one_in_the_vmm_is_left_alone() {
         use halt_poll::WakeSource;
         let irqs = Interrupts::new(2, Box::new(NoBoost));
-        irqs.state(1).set_run_state(RunState::Halted);
+        irqs.scheduler().halted(1);
         irqs.post(1, 0x50);
         assert_ne!(irqs.wake_source(1).take(), 0, "woken");
-        irqs.state(1).set_run_state(RunState::InVmm);
+        irqs.scheduler().woken(1);
         irqs.post(1, 0x51);
         assert_eq!(
             irqs.wake_source(1).take(),

@@ -33,6 +33,9 @@ pub mod devices;
 pub mod error;
 pub mod exit;
 pub mod guest;
+pub mod guest_abi;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod invariants;
 pub mod irq;
 pub mod kick;
 pub mod layout;

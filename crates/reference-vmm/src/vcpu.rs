@@ -22,29 +22,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use halt_poll::{
-    FutexWake, HaltOutcome, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy,
-    set_timer_slack,
+    FutexWake, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy, set_timer_slack,
 };
 use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use lapic_timer::time::rdtsc;
-use lapic_timer::{
-    Clock, DeliveryLead, GuestTime, MonotonicClock, SpinAt, TimerStats, TimerThread, TscClock,
-};
+use lapic_timer::{Clock, GuestTime, MonotonicClock, SpinAt, TimerStats, TimerThread, TscClock};
 use rcu_qs::{Domain, Reader};
 use std::time::Duration;
-use vcpu_sched::RunState;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
 use crate::apic::{Action, LocalApic, XAPIC_BASE, XAPIC_SIZE};
 use crate::devices::SharedBus;
 use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitError, Flow, Report, handle_exit};
-use crate::guest::PAUSE_PORT;
+use crate::guest::{PAUSE_PORT, YIELD_PORT};
+use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{Interrupts, WAKE_INTERRUPT, WAKE_TIMER};
 use crate::kick;
-use crate::layout::{MAILBOX_RING, irq_record, mailbox};
+use crate::layout::{irq_record, mailbox};
 use crate::mechanisms::{HaltPoll, Mechanisms};
 
 // The halt poller keeps one policy per wake source: policy `i` learns from
@@ -192,66 +189,7 @@ impl Loop {
     fn reanchor(&mut self) {
         let time = self.clock.now();
         self.apic.timer().set_guest_time(time);
-        self.lead.time = time;
-    }
-}
-
-/// Guest-side polling: a halt-poll policy whose window the guest polls its
-/// mailbox for; the guest reports each wait's outcome in the mailbox ring,
-/// and the VMM learns from them at the vCPU's next exit and publishes the
-/// next window.
-struct GuestPoll {
-    policy: Box<dyn PollPolicy + Send>,
-    mailbox: u64,
-    tsc_khz: u64,
-    /// Outcomes learned so far.
-    seen: u64,
-    /// The window last published, ticks.
-    published: Option<u64>,
-}
-
-impl GuestPoll {
-    fn new(policy: Box<dyn PollPolicy + Send>, mailbox: u64, tsc_khz: u64) -> Self {
-        Self {
-            policy,
-            mailbox,
-            tsc_khz,
-            seen: 0,
-            published: None,
-        }
-    }
-
-    fn ticks_to(&self, ticks: u64) -> Duration {
-        Duration::from_nanos(ticks.saturating_mul(1_000_000) / self.tsc_khz.max(1))
-    }
-
-    /// Learns the outcomes the guest reported since the last look (the last
-    /// ring's worth at most: a guest may write anything there) and publishes
-    /// the policy's window.
-    fn learn(&mut self, memory: &GuestMemoryMmap) {
-        let word = |offset: u64| {
-            memory
-                .read_obj::<u64>(GuestAddress(self.mailbox + offset))
-                .unwrap_or(0)
-        };
-        let count = word(16);
-        for n in count.saturating_sub(MAILBOX_RING).max(self.seen)..count {
-            let at = 32 + (n % MAILBOX_RING) * 16;
-            let (polled, waited) = (word(at), word(at + 8));
-            let (halt, polled) = (self.ticks_to(waited & !(1 << 63)), self.ticks_to(polled));
-            self.policy.learn(&if waited >> 63 == 1 {
-                HaltOutcome::woken_after_blocking(polled, halt)
-            } else {
-                HaltOutcome::woken_while_polling(halt)
-            });
-        }
-        self.seen = count;
-        let window = self.policy.plan().window.as_nanos() as u64 * self.tsc_khz / 1_000_000;
-        if self.published != Some(window) {
-            // The mailbox is in guest memory the VMM laid out: writable.
-            let _ = memory.write_obj(window, GuestAddress(self.mailbox));
-            self.published = Some(window);
-        }
+        self.lead.set_guest_time(time);
     }
 }
 
@@ -336,7 +274,7 @@ impl VcpuRunner {
             // Published before looking for work (see `crate::irq`): a post
             // from here on either is seen by `prepare_entry` or kicks, and a
             // kick sent before `KVM_RUN` makes it return at once.
-            irqs.state(self.vcpu()).entering_guest();
+            irqs.scheduler().entering_guest(self.vcpu());
             self.prepare_entry(&mut l)?;
             let flow = self.run_once(&mut l);
             match flow {
@@ -433,8 +371,8 @@ impl VcpuRunner {
             l.reader.quiescent();
             exit
         };
-        irqs.state(vcpu).left_guest();
-        irqs.policy().on_run(&irqs.ctx(), vcpu);
+        // It ran: the policy undoes what it did for it (a boost ends).
+        irqs.scheduler().left_guest(vcpu);
         if let Some(lead) = l.lead.learn(&shared.memory) {
             l.timer.set_lead(lead);
         }
@@ -481,7 +419,17 @@ impl VcpuRunner {
             VcpuExit::Hlt => self.halt(l),
             VcpuExit::IoOut(PAUSE_PORT, _) => {
                 // A pause-loop exit: this vCPU waits on others.
-                irqs.policy().on_wait(&irqs.ctx(), vcpu);
+                irqs.scheduler().waiting(vcpu);
+                Ok(Flow::Continue)
+            }
+            VcpuExit::IoOut(YIELD_PORT, data) => {
+                // The guest's "yield to vCPU n": any width, zero-extended; a
+                // vCPU that does not exist (or itself) gets nothing.
+                let target = data
+                    .iter()
+                    .rev()
+                    .fold(0usize, |n, b| n << 8 | usize::from(*b));
+                vcpu_sched::pv_yield_to(&irqs.scheduler().ctx(), vcpu, target);
                 Ok(Flow::Continue)
             }
             VcpuExit::IrqWindowOpen => Ok(Flow::Continue),
@@ -515,16 +463,17 @@ impl VcpuRunner {
             return Err(GuestFault::HaltedForever.into());
         }
         let (irqs, vcpu) = (&self.shared.irqs, self.vcpu());
-        let state = irqs.state(vcpu);
+        let sched = irqs.scheduler();
         loop {
-            state.set_run_state(RunState::Halted);
+            // Published before the look for work (see `crate::irq`).
+            sched.halted(vcpu);
             let work = l.apic.deliverable(&irqs.pending(vcpu)).is_some() || irqs.has_timer(vcpu);
             if work || self.shared.stop_requested() {
-                state.set_run_state(RunState::InVmm);
+                sched.woken(vcpu);
                 return Ok(Flow::Continue);
             }
             l.poller.halt();
-            state.set_run_state(RunState::InVmm);
+            sched.woken(vcpu);
         }
     }
 
@@ -554,88 +503,6 @@ impl VcpuRunner {
                 source,
             },
         }
-    }
-}
-
-/// How far below the shortest recent delivery latency the lead stays: the
-/// path's own jitter must not make the guest see an interrupt early.
-const LEAD_MARGIN: Duration = Duration::from_micros(5);
-
-/// The longest delivery lead: 5 µs shorter than the fastest path from
-/// delivery start (`KVM_INTERRUPT`, about 5 µs of it here, then `KVM_RUN`) to
-/// the guest's interrupt entry measured on this KVM (18 µs), so host noise in
-/// the latencies the lead learns from cannot make a guest see its interrupt
-/// early; and all a guest that lies in its interrupt record can buy.
-const MAX_LEAD: Duration = Duration::from_micros(13);
-
-/// Learns how long delivery takes, from the moment it starts (before
-/// `KVM_INTERRUPT`) to the guest's interrupt entry (which records the TSC it
-/// ran at), and lets the timer start delivery that much before the deadline
-/// (lapic-timer's `DeliveryLead`), never so early that the guest sees it
-/// before the deadline.
-struct TimerLead {
-    lead: DeliveryLead,
-    time: GuestTime,
-    record: u64,
-    /// The timer vector just fired, its deadline's guest TSC, and the guest
-    /// TSC when its delivery started.
-    fired: Option<(u8, u64, u64)>,
-    /// Injected: guest TSC at delivery start, the deadline's, the record's count before.
-    inflight: Option<(u64, u64, u64)>,
-}
-
-impl TimerLead {
-    fn new(time: GuestTime, record: u64) -> Self {
-        Self {
-            lead: DeliveryLead::new(LEAD_MARGIN),
-            time,
-            record,
-            fired: None,
-            inflight: None,
-        }
-    }
-
-    /// The lead in force.
-    fn current(&self) -> Duration {
-        self.lead.lead().min(MAX_LEAD)
-    }
-
-    fn fired(&mut self, vector: u8, due_ns: u64, start_ns: u64) {
-        let tsc = |ns| self.time.tsc_at(ns);
-        self.fired = Some((vector, tsc(due_ns), tsc(start_ns)));
-    }
-
-    fn read(&self, memory: &GuestMemoryMmap) -> Option<(u64, u64)> {
-        let tsc = memory.read_obj(GuestAddress(self.record)).ok()?;
-        let count = memory.read_obj(GuestAddress(self.record + 8)).ok()?;
-        Some((tsc, count))
-    }
-
-    fn injected(&mut self, vector: u8, memory: &GuestMemoryMmap) {
-        if let Some((_, deadline, start)) = self.fired.take_if(|(v, ..)| *v == vector) {
-            self.inflight = self.read(memory).map(|(_, count)| (start, deadline, count));
-        }
-    }
-
-    /// After an exit: if the guest took the timer interrupt, learn from it and
-    /// return the new lead.
-    fn learn(&mut self, memory: &GuestMemoryMmap) -> Option<Duration> {
-        let (started, deadline, count) = self.inflight?;
-        let (entry_tsc, now_count) = self.read(memory)?;
-        if now_count == count {
-            return None;
-        }
-        self.inflight = None;
-        let ns = |ticks: u64| {
-            Duration::from_nanos(ticks.saturating_mul(1_000_000) / self.time.tsc_khz.max(1))
-        };
-        if entry_tsc < deadline {
-            self.lead.learn_early(ns(deadline - entry_tsc));
-        } else {
-            self.lead
-                .learn_latency(ns(entry_tsc.saturating_sub(started)));
-        }
-        Some(self.current())
     }
 }
 

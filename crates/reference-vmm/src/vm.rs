@@ -127,6 +127,8 @@ pub struct VmStats {
     pub wakes: u64,
     /// Boosts of vCPU threads (vcpu-sched).
     pub boosts: u64,
+    /// The longest of them, ns.
+    pub longest_boost_ns: u64,
     /// Directed yields attempted (KVM's `directed_yield_attempted`).
     pub directed_yield_attempted: u64,
     /// Guest output bytes that never reached the output: dropped when the
@@ -155,7 +157,8 @@ impl VmStats {
 
     fn collect(shared: &VmShared) -> Self {
         use std::sync::atomic::Ordering::Relaxed;
-        let (h, i, s) = (&shared.halt_stats, &shared.irqs.stats, &shared.irqs.sched);
+        let (h, i) = (&shared.halt_stats, &shared.irqs.stats);
+        let s = shared.irqs.scheduler().events();
         Self {
             polled_ns: h.halt_poll_success_ns.load(Relaxed) + h.halt_poll_fail_ns.load(Relaxed),
             blocked_ns: h.halt_wait_ns.load(Relaxed),
@@ -165,6 +168,7 @@ impl VmStats {
             kicks: i.kicks.load(Relaxed),
             wakes: i.wakes.load(Relaxed),
             boosts: s.boosts.load(Relaxed),
+            longest_boost_ns: s.longest_boost_ns.load(Relaxed),
             directed_yield_attempted: s.directed_yield_attempted.load(Relaxed),
             output_lost: 0,
             bus_lookups: shared.bus_lookups.count.load(Relaxed),
@@ -706,6 +710,32 @@ mod tests {
         for bad in [0, 30, 33, 3074, u64::MAX] {
             assert!(check_mem_mib(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn threads_that_answered_are_joined_and_stuck_ones_left_and_named() {
+        let (release, stuck) = mpsc::channel::<()>();
+        let threads = vec![
+            thread::spawn(|| {}),
+            thread::spawn(move || stuck.recv().unwrap_or(())),
+            thread::spawn(|| panic!("a VMM bug")),
+        ];
+        while !threads[2].is_finished() {
+            thread::yield_now();
+        }
+        // vCPU 0 answered; 1 is stuck (it never will); 2 panicked silently.
+        assert!(matches!(
+            join_or_leave(threads, &[0]),
+            Err(Error::VcpuPanicked(2))
+        ));
+        let (release2, stuck2) = mpsc::channel::<()>();
+        let threads = vec![
+            thread::spawn(|| {}),
+            thread::spawn(move || stuck2.recv().unwrap_or(())),
+        ];
+        assert_eq!(join_or_leave(threads, &[0]).unwrap(), vec![1]);
+        release.send(()).unwrap();
+        release2.send(()).unwrap();
     }
 
     #[test]

@@ -24,8 +24,8 @@ use hogs::Hogs;
 use crossbeam_utils::CachePadded;
 use vcpu_sched::thread::current_tid;
 use vcpu_sched::{
-    BoostPolicy, Booster, Ctx, DirectedYield, FifoBoost, FifoOnDelivery, KvmReady, NoBoost,
-    RunState, SchedStats, VcpuState,
+    BoostPolicy, Booster, DirectedYield, FifoBoost, FifoOnDelivery, KvmReady, NoBoost, RunState,
+    SchedStats, Scheduler,
 };
 
 const ROUNDS: usize = 5;
@@ -42,19 +42,19 @@ fn policies() -> Vec<(&'static str, Arc<dyn BoostPolicy>)> {
 }
 
 struct Vm {
-    vcpus: Vec<VcpuState>,
-    pending: Vec<CachePadded<AtomicBool>>,
+    sched: Scheduler<Booster<FifoBoost, Arc<SchedStats>>, Arc<Pending>>,
+    pending: Arc<Pending>,
     acks: AtomicUsize,
     stop: AtomicBool,
-    last_boosted: AtomicUsize,
-    booster: Booster<FifoBoost, Arc<SchedStats>>,
-    policy: Arc<dyn BoostPolicy>,
 }
 
-impl vcpu_sched::GuestView for Vm {
+/// Each target's IPI, pending until it answers.
+struct Pending(Vec<CachePadded<AtomicBool>>);
+
+impl vcpu_sched::GuestView for Pending {
     /// A halted target with its IPI pending would run if woken.
     fn runnable(&self, vcpu: usize) -> bool {
-        self.pending[vcpu].load(SeqCst)
+        self.0[vcpu].load(SeqCst)
     }
     fn in_kernel(&self, _: usize) -> bool {
         true
@@ -62,59 +62,51 @@ impl vcpu_sched::GuestView for Vm {
 }
 
 impl Vm {
-    fn ctx(&self) -> Ctx<'_> {
-        Ctx {
-            vcpus: &self.vcpus,
-            booster: &self.booster,
-            last_boosted: &self.last_boosted,
-            guest: self,
-        }
-    }
-
     /// A target waits for its IPI: spin `window` (exiting to the policy every
     /// PLE window, as a guest's pause loop would), then block.
     fn wait_for_ipi(&self, me: usize, window: Duration) {
-        let state = &self.vcpus[me];
+        let state = self.sched.state(me);
         state.set_run_state(RunState::InGuest);
         let (start, mut exit) = (Instant::now(), Instant::now());
-        while !self.pending[me].load(SeqCst) && start.elapsed() < window {
+        while !self.pending.0[me].load(SeqCst) && start.elapsed() < window {
             std::hint::spin_loop();
             if exit.elapsed() >= PLE_WINDOW {
-                if !self.policy.on_idle(&self.ctx(), me) {
+                if !self.sched.idle(me) {
                     break;
                 }
                 exit = Instant::now();
             }
         }
         state.set_run_state(RunState::Halted);
-        while !self.pending[me].load(SeqCst) {
+        while !self.pending.0[me].load(SeqCst) {
             thread::park();
         }
     }
 
     /// Answers IPIs until stopped; returns the CPU time it used.
     fn target(&self, me: usize, window: Duration) -> Duration {
-        self.booster.register(me, current_tid());
+        self.sched.booster().register(me, current_tid());
         loop {
             self.wait_for_ipi(me, window);
             if self.stop.load(SeqCst) {
                 return thread_cpu();
             }
-            self.vcpus[me].entering_guest();
-            self.policy.on_run(&self.ctx(), me);
-            self.pending[me].store(false, SeqCst);
+            // It runs and answers: a boost, if any, ends.
+            self.sched.entering_guest(me);
+            self.sched.left_guest(me);
+            self.pending.0[me].store(false, SeqCst);
             self.acks.fetch_add(1, SeqCst);
         }
     }
 
     /// One smp_call_function_many: IPI everyone, spin until all acknowledge.
     fn round(&self, threads: &[Thread]) {
-        let n = self.vcpus.len();
+        let n = self.sched.vcpus();
         self.acks.store(0, SeqCst);
         for t in 1..n {
-            self.policy.on_delivery(&self.ctx(), t);
-            self.pending[t].store(true, SeqCst);
-            if self.vcpus[t].run_state() == RunState::Halted {
+            self.sched.delivered(t);
+            self.pending.0[t].store(true, SeqCst);
+            if self.sched.state(t).run_state() == RunState::Halted {
                 threads[t - 1].unpark();
             }
         }
@@ -122,7 +114,7 @@ impl Vm {
         while self.acks.load(SeqCst) < n - 1 {
             std::hint::spin_loop();
             if exit.elapsed() >= PLE_WINDOW {
-                self.policy.on_wait(&self.ctx(), 0);
+                self.sched.waiting(0);
                 exit = Instant::now();
             }
         }
@@ -148,16 +140,17 @@ fn thread_cpu() -> Duration {
 
 fn run(policy: Arc<dyn BoostPolicy>, n: usize, window: Duration, secs: f64, hogs: &Hogs) -> Run {
     let stats = Arc::new(SchedStats::default());
-    let vm = Arc::new(Vm {
-        vcpus: (0..n).map(|_| VcpuState::new()).collect(),
-        pending: (0..n)
+    let pending = Arc::new(Pending(
+        (0..n)
             .map(|_| CachePadded::new(AtomicBool::new(false)))
             .collect(),
+    ));
+    let booster = Booster::with_events(n, FifoBoost::default(), stats.clone());
+    let vm = Arc::new(Vm {
+        sched: Scheduler::new(n, policy, booster, pending.clone()),
+        pending,
         acks: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
-        last_boosted: AtomicUsize::new(0),
-        booster: Booster::with_events(n, FifoBoost::default(), stats.clone()),
-        policy,
     });
     let handles: Vec<_> = (1..n)
         .map(|t| {
@@ -166,7 +159,7 @@ fn run(policy: Arc<dyn BoostPolicy>, n: usize, window: Duration, secs: f64, hogs
         })
         .collect();
     let threads: Vec<Thread> = handles.iter().map(|h| h.thread().clone()).collect();
-    vm.booster.register(0, current_tid());
+    vm.sched.booster().register(0, current_tid());
     let hog_start = hogs.iterations();
     let sender_start = thread_cpu();
     let (start, mut rounds) = (Instant::now(), 0u64);
@@ -178,7 +171,7 @@ fn run(policy: Arc<dyn BoostPolicy>, n: usize, window: Duration, secs: f64, hogs
     let hog_iterations = hogs.iterations() - hog_start;
     vm.stop.store(true, SeqCst);
     for (t, th) in threads.iter().enumerate() {
-        vm.pending[t + 1].store(true, SeqCst);
+        vm.pending.0[t + 1].store(true, SeqCst);
         th.unpark();
     }
     let sender_cpu = thread_cpu() - sender_start;

@@ -539,6 +539,14 @@ mod tests {
         assert_eq!(calls(&b), [("boost", 100), ("restore", 100)]);
         assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
         assert_eq!(stats.boost_ns.load(Relaxed), 1_000_001);
+        assert!(b.boost(0).unwrap());
+        clock.advance(Duration::from_micros(10));
+        b.ran(0).unwrap();
+        assert_eq!(
+            stats.longest_boost_ns.load(Relaxed),
+            1_000_001,
+            "the longest of the two boosts"
+        );
     }
 
     #[test]
@@ -602,8 +610,9 @@ mod tests {
             io::ErrorKind::PermissionDenied
         );
         assert!(!b.is_boosted(0));
+        let sched = crate::Scheduler::new(1, crate::NoBoost, &*b, crate::NoGuestView);
         assert!(
-            !crate::Boost::boost(&*b, 0),
+            !sched.ctx().boost(0),
             "through a policy: refused, and counted"
         );
         assert_eq!(stats.boost_errors.load(Relaxed), 2);

@@ -28,6 +28,24 @@ impl GuestView for NoGuestView {
     }
 }
 
+impl<G: GuestView + ?Sized> GuestView for std::sync::Arc<G> {
+    fn runnable(&self, vcpu: usize) -> bool {
+        (**self).runnable(vcpu)
+    }
+    fn in_kernel(&self, vcpu: usize) -> bool {
+        (**self).in_kernel(vcpu)
+    }
+}
+
+impl<G: GuestView + ?Sized> GuestView for &G {
+    fn runnable(&self, vcpu: usize) -> bool {
+        (**self).runnable(vcpu)
+    }
+    fn in_kernel(&self, vcpu: usize) -> bool {
+        (**self).in_kernel(vcpu)
+    }
+}
+
 /// What an attempt to yield to a candidate did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum YieldResult {

@@ -30,26 +30,33 @@ pub struct NoEvents;
 
 impl SchedEvents for NoEvents {}
 
-impl<E: SchedEvents + ?Sized> SchedEvents for std::sync::Arc<E> {
-    fn boosted(&self, vcpu: usize) {
-        (**self).boosted(vcpu)
-    }
-    fn unboosted(&self, vcpu: usize, held: Duration, revoked: bool) {
-        (**self).unboosted(vcpu, held, revoked)
-    }
-    fn directed_yield(&self, successful: bool) {
-        (**self).directed_yield(successful)
-    }
-    fn boost_failed(&self, vcpu: usize, error: &std::io::Error) {
-        (**self).boost_failed(vcpu, error)
-    }
-    fn restore_failed(&self, vcpu: usize, error: &std::io::Error) {
-        (**self).restore_failed(vcpu, error)
-    }
-    fn revoker_failed(&self, error: &std::io::Error) {
-        (**self).revoker_failed(error)
-    }
+macro_rules! forward_events {
+    ($($ty:ty),*) => {$(
+        impl<E: SchedEvents + ?Sized> SchedEvents for $ty {
+            fn boosted(&self, vcpu: usize) {
+                (**self).boosted(vcpu)
+            }
+            fn unboosted(&self, vcpu: usize, held: Duration, revoked: bool) {
+                (**self).unboosted(vcpu, held, revoked)
+            }
+            fn directed_yield(&self, successful: bool) {
+                (**self).directed_yield(successful)
+            }
+            fn boost_failed(&self, vcpu: usize, error: &std::io::Error) {
+                (**self).boost_failed(vcpu, error)
+            }
+            fn restore_failed(&self, vcpu: usize, error: &std::io::Error) {
+                (**self).restore_failed(vcpu, error)
+            }
+            fn revoker_failed(&self, error: &std::io::Error) {
+                (**self).revoker_failed(error)
+            }
+        }
+    )*};
 }
+
+// Events shared with whoever reads them, or borrowed.
+forward_events!(&E, std::sync::Arc<E>);
 
 /// Counters a VMM can read at any time.
 #[derive(Debug, Default)]
@@ -58,6 +65,8 @@ pub struct SchedStats {
     pub boosts: AtomicU64,
     /// Total time threads stayed boosted, ns.
     pub boost_ns: AtomicU64,
+    /// The longest single boost, ns (from the booster's record to the restore).
+    pub longest_boost_ns: AtomicU64,
     /// Boosts taken back because the thread did not run in time.
     pub boosts_revoked: AtomicU64,
     /// KVM's `directed_yield_attempted`.
@@ -78,7 +87,9 @@ impl SchedEvents for SchedStats {
     }
 
     fn unboosted(&self, _: usize, held: Duration, revoked: bool) {
-        self.boost_ns.fetch_add(held.as_nanos() as u64, Relaxed);
+        let ns = held.as_nanos() as u64;
+        self.boost_ns.fetch_add(ns, Relaxed);
+        self.longest_boost_ns.fetch_max(ns, Relaxed);
         self.boosts_revoked.fetch_add(u64::from(revoked), Relaxed);
     }
 

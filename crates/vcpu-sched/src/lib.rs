@@ -9,16 +9,21 @@
 //! decisions need, shared between threads without locks.
 //!
 //! # Shape
+//! - [`scheduler`]: the [`Scheduler`], one per VM: the vCPUs' states, the
+//!   booster, the policy, KVM's last-boosted index and the guest view, with one
+//!   method per vCPU event (entering and leaving the guest, an interrupt
+//!   delivered, waiting, idle polling, halted and woken).
 //! - [`state`]: [`VcpuState`], one vCPU's [`RunState`] and KVM's
 //!   directed-yield flags (`ready`, `preempted`, `in_spin_loop`,
 //!   `dy_eligible`), cache-padded atomics updated by its thread around
 //!   `KVM_RUN` and by whoever delivers an interrupt.
 //! - [`directed_yield`]: [`on_spin`], candidate selection equal to
-//!   `kvm_vcpu_on_spin` (with the fix that records the index boosted).
-//! - [`policy`]: the [`BoostPolicy`] hooks (delivery, wait, idle spin, run)
-//!   and the presets [`NoBoost`], [`KvmReady`] (the seed), [`FifoOnDelivery`]
-//!   and this crate's [`DirectedYield`]; [`pv_yield_to`] for a guest's
-//!   "yield to vCPU n".
+//!   `kvm_vcpu_on_spin` (with the fix that records the index boosted), over a
+//!   [`GuestView`].
+//! - [`policy`]: the [`BoostPolicy`] hooks (delivery, wait, idle spin, run),
+//!   the [`Ctx`] a policy acts through, and the presets [`NoBoost`],
+//!   [`KvmReady`] (the seed), [`FifoOnDelivery`] and this crate's
+//!   [`DirectedYield`]; [`pv_yield_to`] for a guest's "yield to vCPU n".
 //! - [`boost`]: the [`Booster`], which boosts through a [`ThreadControl`] and
 //!   undoes every boost when the vCPU runs, and at the latest after
 //!   [`BoostBudget::max_boost`] from a revoker thread above every boost, even
@@ -33,27 +38,21 @@
 //!
 //! # Example
 //! ```
-//! use std::sync::atomic::AtomicUsize;
+//! use std::sync::Arc;
 //! use vcpu_sched::thread::current_tid;
-//! use vcpu_sched::{BoostPolicy, Booster, Ctx, DirectedYield, FifoBoost, NoGuestView, VcpuState};
+//! use vcpu_sched::{Booster, DirectedYield, FifoBoost, NoGuestView, SchedStats, Scheduler};
 //!
-//! let vcpus: Vec<VcpuState> = (0..2).map(|_| VcpuState::new()).collect();
-//! let booster = Booster::new(2, FifoBoost::default());
-//! booster.register(1, current_tid()); // each vCPU thread registers itself
-//! let last_boosted = AtomicUsize::new(0);
-//! let ctx = Ctx {
-//!     vcpus: &vcpus,
-//!     booster: &booster,
-//!     last_boosted: &last_boosted,
-//!     guest: &NoGuestView,
-//! };
-//! let policy = DirectedYield::new();
-//! policy.on_delivery(&ctx, 1); // an IPI to vCPU 1
-//! assert!(vcpus[1].is_ready());
-//! policy.on_wait(&ctx, 0); // vCPU 0 waits on it: a yield, or a boost of vCPU 1
-//! vcpus[1].entering_guest();
-//! policy.on_run(&ctx, 1); // vCPU 1 runs: a boost, if any, is undone
-//! assert!(!booster.is_boosted(1) && !vcpus[1].is_ready());
+//! let stats = Arc::new(SchedStats::default());
+//! let booster = Booster::with_events(2, FifoBoost::default(), stats);
+//! let sched = Scheduler::new(2, DirectedYield::new(), booster, NoGuestView);
+//! sched.booster().register(1, current_tid()); // each vCPU thread registers itself
+//! sched.delivered(1); // an IPI to vCPU 1
+//! assert!(sched.state(1).is_ready());
+//! sched.waiting(0); // vCPU 0 waits on it: a yield, or a boost of vCPU 1
+//! sched.entering_guest(1);
+//! sched.left_guest(1); // vCPU 1 ran: a boost, if any, is undone
+//! assert!(!sched.booster().is_boosted(1) && !sched.state(1).is_ready());
+//! println!("{} boosts", sched.events().boosts.load(std::sync::atomic::Ordering::Relaxed));
 //! ```
 
 #![deny(missing_docs)]
@@ -67,6 +66,7 @@ pub mod host_load;
 pub mod invariants;
 pub mod policy;
 pub mod probe;
+pub mod scheduler;
 pub mod state;
 mod sync;
 pub mod thread;
@@ -81,6 +81,7 @@ pub use policy::{
     pv_yield_to,
 };
 pub use probe::PreemptionProbe;
+pub use scheduler::Scheduler;
 pub use state::{RunState, VcpuState};
 pub use thread::{FifoBoost, SchedAttr, ThreadControl, Tid};
 

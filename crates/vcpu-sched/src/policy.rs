@@ -1,60 +1,165 @@
 //! Boost policies: what to do when an interrupt is delivered to a vCPU, when a
 //! vCPU waits on others, and when a vCPU runs.
 
+use std::io;
 use std::sync::atomic::AtomicUsize;
 
 use crate::directed_yield::{GuestView, YieldResult, on_spin};
 use crate::host_load::{Crowding, LoadSource, RunnableThreads};
 use crate::state::VcpuState;
 
-/// What a policy can do: the vCPUs' states and the booster.
+/// What a policy sees and can do for one event: the vCPUs' states, the
+/// booster, and directed yield over the guest view. A [`crate::Scheduler`]
+/// hands it to its policy; its parts are the scheduler's.
 pub struct Ctx<'a> {
-    /// Every vCPU's state.
-    pub vcpus: &'a [VcpuState],
-    /// Boosts vCPU threads (and undoes boosts).
-    pub booster: &'a dyn Boost,
+    vcpus: &'a [VcpuState],
+    booster: &'a dyn Boost,
     /// Where the last directed yield went (KVM's `last_boosted_vcpu`).
-    pub last_boosted: &'a AtomicUsize,
-    /// What the VMM knows of the guest (pending interrupts, guest mode).
-    pub guest: &'a dyn GuestView,
+    last_boosted: &'a AtomicUsize,
+    guest: &'a dyn GuestView,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    pub(crate) fn new(
+        vcpus: &'a [VcpuState],
+        booster: &'a dyn Boost,
+        last_boosted: &'a AtomicUsize,
+        guest: &'a dyn GuestView,
+    ) -> Self {
+        Self {
+            vcpus,
+            booster,
+            last_boosted,
+            guest,
+        }
+    }
+
+    /// Every vCPU's state.
+    pub fn vcpus(&self) -> &'a [VcpuState] {
+        self.vcpus
+    }
+
+    /// What the VMM knows of the guest (pending interrupts, guest mode).
+    pub fn guest(&self) -> &'a dyn GuestView {
+        self.guest
+    }
+
     /// Marks `target` ready (an interrupt was delivered to it); false if
     /// there is no such vCPU.
     pub fn mark_ready(&self, target: usize) -> bool {
         self.vcpus.get(target).map(VcpuState::delivered).is_some()
     }
+
+    /// Boosts `vcpu`'s thread; false if it was not (see [`Boost::boost`]).
+    /// A failed boost (no `CAP_SYS_NICE`, say) counts as refused: the policy
+    /// goes on without it, and the booster's events see the error
+    /// ([`crate::SchedEvents::boost_failed`], `SchedStats::boost_errors`).
+    /// Check at start-up with [`crate::FifoBoost::check`] to fail early instead.
+    pub fn boost(&self, vcpu: usize) -> bool {
+        self.booster.boost(vcpu).unwrap_or(false)
+    }
+
+    /// Whether `vcpu`'s thread is boosted now.
+    pub fn is_boosted(&self, vcpu: usize) -> bool {
+        self.booster.is_boosted(vcpu)
+    }
+
+    /// `vcpu` ran: undo its boost. A failed restore is the booster's events'
+    /// to report ([`crate::SchedEvents::restore_failed`]).
+    pub fn ran(&self, vcpu: usize) {
+        let _ = self.booster.ran(vcpu);
+    }
+
+    /// Gives up the calling thread's CPU.
+    pub fn yield_now(&self) {
+        self.booster.yield_now()
+    }
+
+    /// Reports a directed-yield attempt to the booster's events.
+    pub fn report_directed_yield(&self, successful: bool) {
+        self.booster.directed_yield(successful)
+    }
+
+    /// KVM's `kvm_vcpu_on_spin` for spinning vCPU `me` ([`on_spin`]), over
+    /// this VM's states, guest view and last-boosted index: offers candidates
+    /// to `yield_to` in KVM's order; returns the one it yielded to.
+    pub fn on_spin(&self, me: usize, yield_to: impl FnMut(usize) -> YieldResult) -> Option<usize> {
+        on_spin(
+            me,
+            self.vcpus,
+            self.last_boosted,
+            false,
+            self.guest,
+            yield_to,
+        )
+    }
 }
 
-/// The booster, as policies use it.
+impl std::fmt::Debug for Ctx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("vcpus", &self.vcpus.len())
+            .field("last_boosted", &self.last_boosted)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The booster, as a [`Scheduler`](crate::Scheduler) drives it:
+/// [`crate::Booster`], or one's own.
 pub trait Boost {
-    /// Boosts vCPU `vcpu`'s thread; false if it was not (already boosted, out
-    /// of budget, unregistered, or refused).
-    fn boost(&self, vcpu: usize) -> bool;
+    /// Boosts vCPU `vcpu`'s thread; `Ok(false)` if it was not (already
+    /// boosted, out of budget, unregistered).
+    ///
+    /// # Errors
+    /// The boost was refused (no `CAP_SYS_NICE`, say).
+    fn boost(&self, vcpu: usize) -> io::Result<bool>;
     /// Whether vCPU `vcpu`'s thread is boosted now.
     fn is_boosted(&self, vcpu: usize) -> bool;
     /// vCPU `vcpu` ran: undo its boost.
-    fn ran(&self, vcpu: usize);
+    ///
+    /// # Errors
+    /// The thread could not be restored.
+    fn ran(&self, vcpu: usize) -> io::Result<()>;
     /// Gives up the calling thread's CPU.
     fn yield_now(&self);
     /// Reports a directed-yield attempt.
     fn directed_yield(&self, successful: bool);
 }
 
-/// A failed boost (no `CAP_SYS_NICE`, say) counts as refused: the policy goes
-/// on without it, and the booster's events see the error
-/// ([`crate::SchedEvents::boost_failed`], `SchedStats::boost_errors`). Check
-/// at start-up with [`crate::FifoBoost::check`] to fail early instead.
+macro_rules! forward_boost {
+    ($($ty:ty),*) => {$(
+        impl<B: Boost + ?Sized> Boost for $ty {
+            fn boost(&self, vcpu: usize) -> io::Result<bool> {
+                (**self).boost(vcpu)
+            }
+            fn is_boosted(&self, vcpu: usize) -> bool {
+                (**self).is_boosted(vcpu)
+            }
+            fn ran(&self, vcpu: usize) -> io::Result<()> {
+                (**self).ran(vcpu)
+            }
+            fn yield_now(&self) {
+                (**self).yield_now()
+            }
+            fn directed_yield(&self, successful: bool) {
+                (**self).directed_yield(successful)
+            }
+        }
+    )*};
+}
+
+// A booster shared with the code that registers threads, or borrowed.
+forward_boost!(&B, std::sync::Arc<B>);
+
 impl<T: crate::ThreadControl, E: crate::SchedEvents> Boost for crate::Booster<T, E> {
-    fn boost(&self, vcpu: usize) -> bool {
-        crate::Booster::boost(self, vcpu).unwrap_or(false)
+    fn boost(&self, vcpu: usize) -> io::Result<bool> {
+        crate::Booster::boost(self, vcpu)
     }
     fn is_boosted(&self, vcpu: usize) -> bool {
         crate::Booster::is_boosted(self, vcpu)
     }
-    fn ran(&self, vcpu: usize) {
-        let _ = crate::Booster::ran(self, vcpu);
+    fn ran(&self, vcpu: usize) -> io::Result<()> {
+        crate::Booster::ran(self, vcpu)
     }
     fn yield_now(&self) {
         self.control().yield_now();
@@ -82,6 +187,28 @@ pub trait BoostPolicy: Send + Sync {
     fn on_run(&self, ctx: &Ctx, vcpu: usize);
 }
 
+macro_rules! forward_policy {
+    ($($ty:ty),*) => {$(
+        impl<P: BoostPolicy + ?Sized> BoostPolicy for $ty {
+            fn on_delivery(&self, ctx: &Ctx, target: usize) {
+                (**self).on_delivery(ctx, target)
+            }
+            fn on_wait(&self, ctx: &Ctx, me: usize) {
+                (**self).on_wait(ctx, me)
+            }
+            fn on_idle(&self, ctx: &Ctx, me: usize) -> bool {
+                (**self).on_idle(ctx, me)
+            }
+            fn on_run(&self, ctx: &Ctx, vcpu: usize) {
+                (**self).on_run(ctx, vcpu)
+            }
+        }
+    )*};
+}
+
+// A policy chosen at run time (boxed), or shared between VMs.
+forward_policy!(Box<P>, std::sync::Arc<P>);
+
 /// Do nothing: the host scheduler alone decides.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoBoost;
@@ -104,11 +231,11 @@ impl BoostPolicy for KvmReady {
     }
 
     fn on_wait(&self, ctx: &Ctx, me: usize) {
-        let got = on_spin(me, ctx.vcpus, ctx.last_boosted, false, ctx.guest, |_| {
-            ctx.booster.yield_now();
+        let got = ctx.on_spin(me, |_| {
+            ctx.yield_now();
             YieldResult::Yielded
         });
-        ctx.booster.directed_yield(got.is_some());
+        ctx.report_directed_yield(got.is_some());
     }
 
     fn on_run(&self, _: &Ctx, _: usize) {}
@@ -122,14 +249,14 @@ pub struct FifoOnDelivery;
 impl BoostPolicy for FifoOnDelivery {
     fn on_delivery(&self, ctx: &Ctx, target: usize) {
         if ctx.mark_ready(target) {
-            ctx.booster.boost(target);
+            ctx.boost(target);
         }
     }
 
     fn on_wait(&self, _: &Ctx, _: usize) {}
 
     fn on_run(&self, ctx: &Ctx, vcpu: usize) {
-        ctx.booster.ran(vcpu);
+        ctx.ran(vcpu);
     }
 }
 
@@ -189,18 +316,18 @@ impl<L: LoadSource> DirectedYield<L> {
     /// Helps a ready vCPU run: a plain yield on an uncrowded host, a boost on
     /// a crowded one. Returns whether one was helped.
     fn give_way(&self, ctx: &Ctx, me: usize) -> bool {
-        let crowded = self.crowding.crowded(ctx.vcpus);
-        let got = on_spin(me, ctx.vcpus, ctx.last_boosted, false, ctx.guest, |idx| {
+        let crowded = self.crowding.crowded(ctx.vcpus());
+        let got = ctx.on_spin(me, |idx| {
             if !crowded {
-                ctx.booster.yield_now();
+                ctx.yield_now();
                 YieldResult::Yielded
-            } else if ctx.booster.is_boosted(idx) || boost_ready(ctx, idx) {
+            } else if ctx.is_boosted(idx) || boost_ready(ctx, idx) {
                 YieldResult::Yielded
             } else {
                 YieldResult::Failed
             }
         });
-        ctx.booster.directed_yield(got.is_some());
+        ctx.report_directed_yield(got.is_some());
         if got.is_none() && !crowded {
             // No one to help directly: a sibling may still be kept off the
             // CPU by this spinner (KVM would see it preempted; userspace
@@ -209,7 +336,7 @@ impl<L: LoadSource> DirectedYield<L> {
             // EEVDF moves a yielder's deadline a whole slice back each time,
             // so a waiter that yields every pause-loop exit starves (measured:
             // sender and targets down to 3-10 % of a CPU, 0.42x the rounds).
-            ctx.booster.yield_now();
+            ctx.yield_now();
         }
         got.is_some()
     }
@@ -228,11 +355,11 @@ impl<L: LoadSource> BoostPolicy for DirectedYield<L> {
     /// its help: polling there takes from the other tenants (the halt-poll
     /// crate's contention rule, for the same reason).
     fn on_idle(&self, ctx: &Ctx, me: usize) -> bool {
-        self.give_way(ctx, me) || !self.crowding.crowded(ctx.vcpus)
+        self.give_way(ctx, me) || !self.crowding.crowded(ctx.vcpus())
     }
 
     fn on_run(&self, ctx: &Ctx, vcpu: usize) {
-        ctx.booster.ran(vcpu);
+        ctx.ran(vcpu);
     }
 }
 
@@ -241,16 +368,16 @@ impl<L: LoadSource> BoostPolicy for DirectedYield<L> {
 /// boost it no longer needs until the budget takes it back. Returns whether
 /// the boost stands.
 pub fn boost_ready(ctx: &Ctx, target: usize) -> bool {
-    let Some(state) = ctx.vcpus.get(target) else {
+    let Some(state) = ctx.vcpus().get(target) else {
         return false;
     };
-    if !ctx.booster.boost(target) {
+    if !ctx.boost(target) {
         return false;
     }
     if state.is_ready() {
         return true;
     }
-    ctx.booster.ran(target); // it ran meanwhile: undo what it may have missed
+    ctx.ran(target); // it ran meanwhile: undo what it may have missed
     false
 }
 
@@ -259,12 +386,12 @@ pub fn boost_ready(ctx: &Ctx, target: usize) -> bool {
 /// the target runs (`Boost::ran`) or by the booster's limits. Returns whether
 /// the target was boosted.
 pub fn pv_yield_to(ctx: &Ctx, me: usize, target: usize) -> bool {
-    if me == target || target >= ctx.vcpus.len() {
+    if me == target || target >= ctx.vcpus().len() {
         return false;
     }
-    let boosted = ctx.booster.boost(target);
-    ctx.booster.yield_now();
-    ctx.booster.directed_yield(boosted);
+    let boosted = ctx.boost(target);
+    ctx.yield_now();
+    ctx.report_directed_yield(boosted);
     boosted
 }
 
@@ -294,15 +421,16 @@ mod tests {
     }
 
     impl Boost for Recorder {
-        fn boost(&self, vcpu: usize) -> bool {
+        fn boost(&self, vcpu: usize) -> io::Result<bool> {
             self.calls.borrow_mut().push(format!("boost {vcpu}"));
-            self.grant
+            Ok(self.grant)
         }
         fn is_boosted(&self, _: usize) -> bool {
             false
         }
-        fn ran(&self, vcpu: usize) {
+        fn ran(&self, vcpu: usize) -> io::Result<()> {
             self.calls.borrow_mut().push(format!("ran {vcpu}"));
+            Ok(())
         }
         fn yield_now(&self) {
             self.calls.borrow_mut().push("yield".into());
@@ -331,12 +459,7 @@ mod tests {
     }
 
     fn ctx_for<'a>(vcpus: &'a [VcpuState], rec: &'a dyn Boost, last: &'a AtomicUsize) -> Ctx<'a> {
-        Ctx {
-            vcpus,
-            booster: rec,
-            last_boosted: last,
-            guest: &crate::NoGuestView,
-        }
+        Ctx::new(vcpus, rec, last, &crate::NoGuestView)
     }
 
     /// A load source with a fixed count.
@@ -407,14 +530,14 @@ mod tests {
     }
 
     impl Boost for TargetRunsDuringBoost<'_> {
-        fn boost(&self, vcpu: usize) -> bool {
+        fn boost(&self, vcpu: usize) -> io::Result<bool> {
             self.target.entering_guest();
             self.rec.boost(vcpu)
         }
         fn is_boosted(&self, _: usize) -> bool {
             false
         }
-        fn ran(&self, vcpu: usize) {
+        fn ran(&self, vcpu: usize) -> io::Result<()> {
             self.rec.ran(vcpu)
         }
         fn yield_now(&self) {}

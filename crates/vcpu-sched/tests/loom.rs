@@ -12,8 +12,8 @@ use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use loom::thread;
 
 use vcpu_sched::{
-    Boost, BoostBudget, Booster, Ctx, FakeClock, NoEvents, NoGuestView, RunState, ThreadControl,
-    Tid, VcpuState, boost_ready,
+    Boost, BoostBudget, Booster, FakeClock, NoBoost, NoEvents, NoGuestView, RunState, Scheduler,
+    ThreadControl, Tid, VcpuState, boost_ready,
 };
 
 /// A thread control that remembers whether the thread is boosted.
@@ -34,9 +34,7 @@ impl ThreadControl for Fake {
 }
 
 struct Vm {
-    vcpus: Vec<VcpuState>,
-    booster: Booster<Fake>,
-    last_boosted: std::sync::atomic::AtomicUsize,
+    sched: Scheduler<Booster<Fake>>,
 }
 
 impl Vm {
@@ -46,19 +44,12 @@ impl Vm {
         let booster = Booster::manual(2, Fake::default(), NoEvents, FakeClock::default());
         booster.register(1, 101);
         Arc::new(Self {
-            vcpus: (0..2).map(|_| VcpuState::new()).collect(),
-            booster,
-            last_boosted: Default::default(),
+            sched: Scheduler::new(2, NoBoost, booster, NoGuestView),
         })
     }
 
-    fn ctx(&self) -> Ctx<'_> {
-        Ctx {
-            vcpus: &self.vcpus,
-            booster: &self.booster,
-            last_boosted: &self.last_boosted,
-            guest: &NoGuestView,
-        }
+    fn booster(&self) -> &Booster<Fake> {
+        self.sched.booster()
     }
 }
 
@@ -68,21 +59,21 @@ impl Vm {
 fn a_boost_racing_with_the_target_running_is_never_left_behind() {
     loom::model(|| {
         let vm = Vm::new();
-        vm.vcpus[1].delivered();
+        vm.sched.state(1).delivered();
         let waiter = {
             let vm = vm.clone();
             thread::spawn(move || {
-                boost_ready(&vm.ctx(), 1);
+                boost_ready(&vm.sched.ctx(), 1);
             })
         };
-        vm.vcpus[1].entering_guest();
-        Boost::ran(&vm.booster, 1);
+        vm.sched.state(1).entering_guest();
+        Boost::ran(vm.booster(), 1);
         waiter.join().unwrap();
         assert!(
-            !vm.booster.control().boosted.load(SeqCst),
+            !vm.booster().control().boosted.load(SeqCst),
             "thread left boosted"
         );
-        assert!(!vm.booster.is_boosted(1), "boost record left behind");
+        assert!(!vm.booster().is_boosted(1), "boost record left behind");
     });
 }
 
@@ -95,14 +86,14 @@ fn racing_boosts_leave_one_record_that_running_undoes() {
         let other = {
             let vm = vm.clone();
             thread::spawn(move || {
-                let _ = vm.booster.boost(1);
+                let _ = vm.booster().boost(1);
             })
         };
-        let _ = vm.booster.boost(1);
+        let _ = vm.booster().boost(1);
         other.join().unwrap();
-        assert!(vm.booster.is_boosted(1));
-        vm.booster.ran(1).unwrap();
-        assert!(!vm.booster.control().boosted.load(SeqCst));
+        assert!(vm.booster().is_boosted(1));
+        vm.booster().ran(1).unwrap();
+        assert!(!vm.booster().control().boosted.load(SeqCst));
     });
 }
 

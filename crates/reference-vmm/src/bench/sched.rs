@@ -22,6 +22,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     let rounds = opts.rounds(ROUNDS);
     let mut rate = vec![Runs::new(); VARIANTS.len()];
     let mut hog_rate = vec![Runs::new(); VARIANTS.len()];
+    let mut longest_boost_us = vec![Runs::new(); VARIANTS.len()];
     let hogs = Hogs::start(1);
     for rep in 0..opts.reps() {
         for (i, &boost) in VARIANTS.iter().enumerate() {
@@ -40,6 +41,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             let secs = run.report.value(0, "ticks").unwrap_or(0) as f64 / ticks_per_us() / 1e6;
             rate[i].push(rounds as f64 / secs);
             hog_rate[i].push(hog_iterations as f64 / run.wall.as_secs_f64() / 1e6);
+            longest_boost_us[i].push(run.report.stats.longest_boost_ns as f64 / 1e3);
         }
     }
     drop(hogs);
@@ -53,6 +55,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             "vs none",
             "hog M iterations/s",
             "hog vs none",
+            "longest boost, µs",
         ],
     );
     for (i, b) in VARIANTS.iter().enumerate() {
@@ -62,11 +65,12 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             Cell::ratio(&rate[i].ratio_to(&rate[0])),
             Cell::num(hog_rate[i].median(), 0),
             Cell::ratio(&hog_rate[i].ratio_to(&hog_rate[0])),
+            Cell::num(longest_boost_us[i].range().1, 0),
         ]);
     }
     t.better("more rounds per second for the VM, with the hog keeping its iterations");
     t.note(format!(
-        "{rounds} rounds per run, {} runs per variant, alternating; the sender exits every {PAUSES_PER_EXIT} pause instructions while it waits (a pause-loop exit: the boost policy's on_wait); the others halt between IPIs.",
+        "{rounds} rounds per run, {} runs per variant, alternating; the sender exits every {PAUSES_PER_EXIT} pause instructions while it waits (a pause-loop exit: the boost policy's on_wait); the others halt between IPIs. Longest boost: the longest any vCPU thread stayed boosted in any run (the budget is 1000 µs; 0: no boost).",
         opts.reps()
     ));
     let own = rate[VARIANTS.len() - 1].ratio_to(&rate[0]);

@@ -113,3 +113,42 @@ reference_vmm_guest_xapic_bytes:
 12: .asciz "version_qword"
 13: .asciz "tpr_after_byte_store"
 14: .asciz "tpr_after_dword_store"
+
+// yield-spin: vCPU 0 yields to vCPU 1 params[0] times through the PV yield
+// port, params[1] pauses apart, then raises a flag; every other vCPU spins in
+// guest mode without an exit until the flag is up. The VMM boosts vCPU 1 at
+// each yield, and only its budget can take the boost back. vCPU 0 reports
+// "yields", the others "spun" (1).
+    .globl reference_vmm_guest_yield_spin
+reference_vmm_guest_yield_spin:
+    mov r8, {acks}
+    test rdi, rdi
+    jnz 5f
+    mov r14, [{params}]
+    xor ebx, ebx
+1:  cmp rbx, r14
+    jae 4f
+    inc rbx
+    mov dx, {yield_port}
+    mov eax, 1                  // to vCPU 1
+    out dx, eax
+    mov rcx, [{params} + 8]
+2:  pause
+    dec rcx
+    jnz 2b
+    jmp 1b
+4:  mov qword ptr [r8], 1
+    lea rdi, [rip + 10f]
+    mov rsi, rbx
+    call rt_report
+    call rt_done
+5:  cmp qword ptr [r8], 0       // until vCPU 0 is done: no exits
+    jne 6f
+    pause
+    jmp 5b
+6:  lea rdi, [rip + 11f]
+    mov esi, 1
+    call rt_report
+    call rt_done
+10: .asciz "yields"
+11: .asciz "spun"

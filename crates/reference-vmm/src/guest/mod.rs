@@ -42,6 +42,10 @@ pub const GATE_PORT: u16 = 0x1002;
 /// The port a spinning guest writes its vCPU index to, as a pause-loop exit:
 /// the VMM's boost policy hears that this vCPU waits on others.
 pub const PAUSE_PORT: u16 = 0x1001;
+/// A 32-bit `out` of a vCPU index here is the guest's "yield to that vCPU"
+/// (KVM's `KVM_HC_SCHED_YIELD` hypercall): the VMM boosts the target's
+/// thread and gives up the caller's CPU (`vcpu_sched::pv_yield_to`).
+pub const YIELD_PORT: u16 = 0x1003;
 /// Number of exception vectors the runtime has a stub for.
 pub const EXCEPTION_VECTORS: u8 = 32;
 /// Distance between two exception stubs in the image.
@@ -87,6 +91,7 @@ core::arch::global_asm!(
     pause_port = const PAUSE_PORT,
     post_port = const crate::devices::POST_PORT,
     gate_port = const GATE_PORT,
+    yield_port = const YIELD_PORT,
     mailboxes = const SHARED_DATA_ADDR + MAILBOX_OFFSET,
     vcpu_area_size = const VCPU_AREA_SIZE,
     mailbox_shift = const MAILBOX_SHIFT,
@@ -122,6 +127,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_serial_flood: u8;
     safe static reference_vmm_guest_periodic_timer: u8;
     safe static reference_vmm_guest_xapic_bytes: u8;
+    safe static reference_vmm_guest_yield_spin: u8;
 }
 
 /// The whole guest image: runtime and every program.
@@ -374,6 +380,13 @@ pub static PROGRAMS: &[GuestProgram] = &[
         params: &[],
         until_stopped: false,
         entry: &reference_vmm_guest_xapic_bytes,
+    },
+    GuestProgram {
+        name: "yield-spin",
+        about: "vCPU 0 yields to vCPU 1 params[0] times (the PV yield port), params[1] pauses apart; the others spin without exits until it is done",
+        params: &[count("yields"), count("pauses between yields")],
+        until_stopped: false,
+        entry: &reference_vmm_guest_yield_spin,
     },
     GuestProgram {
         name: "assert-fail",

@@ -1,0 +1,252 @@
+//! One VM's vCPU scheduling in one place: the run states, the booster, the
+//! boost policy, where the last directed yield went, and the guest view, with
+//! one method per event a VMM's vCPUs have.
+
+use std::sync::atomic::AtomicUsize;
+
+use crate::boost::Booster;
+use crate::directed_yield::{GuestView, NoGuestView};
+use crate::events::SchedEvents;
+use crate::policy::{Boost, BoostPolicy, Ctx};
+use crate::state::{RunState, VcpuState};
+use crate::thread::{FifoBoost, ThreadControl};
+
+/// A VM's vCPU scheduling: a VMM creates one per VM, shares it with every
+/// vCPU thread (it is `Sync`), and calls a method for each event:
+///
+/// | event | method | what the policy sees |
+/// |---|---|---|
+/// | a vCPU is about to enter the guest | [`entering_guest`](Self::entering_guest) | (its run state) |
+/// | it left the guest (any exit) | [`left_guest`](Self::left_guest) | [`BoostPolicy::on_run`] |
+/// | an interrupt was delivered to it | [`delivered`](Self::delivered) | [`BoostPolicy::on_delivery`] |
+/// | it waits on other vCPUs (a pause-loop exit) | [`waiting`](Self::waiting) | [`BoostPolicy::on_wait`] |
+/// | it polls with nothing to wait for | [`idle`](Self::idle) | [`BoostPolicy::on_idle`] |
+/// | it halted, or was woken | [`halted`](Self::halted), [`woken`](Self::woken) | (its run state) |
+///
+/// Indices at or past [`vcpus`](Self::vcpus) are ignored by the event
+/// methods (a guest can name a vCPU that does not exist), and
+/// [`state`](Self::state) panics on them as slice indexing does.
+pub struct Scheduler<B: Boost = Booster<FifoBoost>, G: GuestView = NoGuestView> {
+    states: Box<[VcpuState]>,
+    booster: B,
+    policy: Box<dyn BoostPolicy>,
+    last_boosted: AtomicUsize,
+    guest: G,
+}
+
+impl<B: Boost, G: GuestView> Scheduler<B, G> {
+    /// Scheduling for `vcpus` vCPUs with `policy`, boosting through
+    /// `booster`, and `guest` to tell which blocked vCPUs would run.
+    pub fn new(vcpus: usize, policy: impl BoostPolicy + 'static, booster: B, guest: G) -> Self {
+        Self {
+            states: (0..vcpus).map(|_| VcpuState::new()).collect(),
+            booster,
+            policy: Box::new(policy),
+            last_boosted: AtomicUsize::new(0),
+            guest,
+        }
+    }
+
+    /// The number of vCPUs.
+    pub fn vcpus(&self) -> usize {
+        self.states.len()
+    }
+
+    /// vCPU `vcpu`'s run state and directed-yield flags, for the handshake
+    /// of a VMM that delivers interrupts (post, then read the run state).
+    ///
+    /// # Panics
+    /// If `vcpu` is not below [`vcpus`](Self::vcpus).
+    pub fn state(&self, vcpu: usize) -> &VcpuState {
+        &self.states[vcpu]
+    }
+
+    /// The booster, to register vCPU threads with and read.
+    pub fn booster(&self) -> &B {
+        &self.booster
+    }
+
+    /// The guest view.
+    pub fn guest(&self) -> &G {
+        &self.guest
+    }
+
+    /// What the policy gets: for calling [`crate::boost_ready`] or
+    /// [`crate::pv_yield_to`] on this VM.
+    pub fn ctx(&self) -> Ctx<'_> {
+        Ctx::new(&self.states, &self.booster, &self.last_boosted, &self.guest)
+    }
+
+    /// vCPU `vcpu` is about to enter the guest: published before the VMM
+    /// looks for work to inject (see [`VcpuState::entering_guest`]).
+    pub fn entering_guest(&self, vcpu: usize) {
+        if let Some(state) = self.states.get(vcpu) {
+            state.entering_guest();
+        }
+    }
+
+    /// vCPU `vcpu` left the guest: it is in the VMM, not ready any more, and
+    /// the policy undoes what it did for it (a boost ends here).
+    pub fn left_guest(&self, vcpu: usize) {
+        if let Some(state) = self.states.get(vcpu) {
+            state.left_guest();
+            self.policy.on_run(&self.ctx(), vcpu);
+        }
+    }
+
+    /// An interrupt was just delivered to `target`.
+    pub fn delivered(&self, target: usize) {
+        if target < self.states.len() {
+            self.policy.on_delivery(&self.ctx(), target);
+        }
+    }
+
+    /// vCPU `vcpu` waits on others (a pause-loop exit).
+    pub fn waiting(&self, vcpu: usize) {
+        if vcpu < self.states.len() {
+            self.policy.on_wait(&self.ctx(), vcpu);
+        }
+    }
+
+    /// vCPU `vcpu` polls with nothing to wait for (in the guest or halt
+    /// polling in the VMM); returns whether it should keep polling.
+    pub fn idle(&self, vcpu: usize) -> bool {
+        vcpu >= self.states.len() || self.policy.on_idle(&self.ctx(), vcpu)
+    }
+
+    /// vCPU `vcpu` halted: it blocks (or polls) until woken.
+    pub fn halted(&self, vcpu: usize) {
+        self.set(vcpu, RunState::Halted);
+    }
+
+    /// vCPU `vcpu` was woken from a halt, or stopped waiting: it is in the VMM.
+    pub fn woken(&self, vcpu: usize) {
+        self.set(vcpu, RunState::InVmm);
+    }
+
+    fn set(&self, vcpu: usize, state: RunState) {
+        if let Some(s) = self.states.get(vcpu) {
+            s.set_run_state(state);
+        }
+    }
+}
+
+impl<T: ThreadControl, E: SchedEvents, G: GuestView> Scheduler<Booster<T, E>, G> {
+    /// The booster's events: what it and the policy did.
+    pub fn events(&self) -> &E {
+        self.booster.events()
+    }
+}
+
+impl<B: Boost + std::fmt::Debug, G: GuestView> std::fmt::Debug for Scheduler<B, G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("states", &self.states)
+            .field("booster", &self.booster)
+            .field("last_boosted", &self.last_boosted)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{FakeClock, FifoOnDelivery, KvmReady, SchedStats, Tid};
+    use std::io;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+
+    /// A thread control that only records whether it boosted.
+    #[derive(Debug, Default)]
+    struct Fake(AtomicBool);
+
+    impl ThreadControl for Fake {
+        fn boost(&self, _: Tid) -> io::Result<()> {
+            self.0.store(true, SeqCst);
+            Ok(())
+        }
+        fn restore(&self, _: Tid) -> io::Result<()> {
+            self.0.store(false, SeqCst);
+            Ok(())
+        }
+    }
+
+    fn booster(stats: Arc<SchedStats>) -> Booster<Fake, Arc<SchedStats>> {
+        let b = Booster::manual(3, Fake::default(), stats, FakeClock::default());
+        (0..3).for_each(|v| b.register(v, 100 + v as Tid));
+        b
+    }
+
+    #[test]
+    fn each_event_reaches_the_policy_and_the_run_state() {
+        let stats = Arc::new(SchedStats::default());
+        let sched = Scheduler::new(3, FifoOnDelivery, booster(stats.clone()), NoGuestView);
+        sched.delivered(2);
+        assert!(sched.state(2).is_ready() && sched.booster().is_boosted(2));
+        assert_eq!(sched.events().boosts.load(SeqCst), 1, "events handed back");
+        sched.entering_guest(2);
+        assert_eq!(sched.state(2).run_state(), RunState::InGuest);
+        sched.left_guest(2);
+        assert_eq!(sched.state(2).run_state(), RunState::InVmm);
+        assert!(!sched.booster().is_boosted(2), "a boost ends when it runs");
+        assert!(!sched.booster().control().0.load(SeqCst));
+        sched.halted(1);
+        assert_eq!(sched.state(1).run_state(), RunState::Halted);
+        sched.woken(1);
+        assert_eq!(sched.state(1).run_state(), RunState::InVmm);
+    }
+
+    #[test]
+    fn a_waiter_yields_to_a_vcpu_with_an_interrupt_pending() {
+        struct Pending(usize);
+        impl GuestView for Pending {
+            fn runnable(&self, vcpu: usize) -> bool {
+                vcpu == self.0
+            }
+            fn in_kernel(&self, _: usize) -> bool {
+                true
+            }
+        }
+        let stats = Arc::new(SchedStats::default());
+        let sched = Scheduler::new(3, KvmReady, booster(stats.clone()), Pending(2));
+        sched.halted(1);
+        sched.halted(2);
+        sched.delivered(1);
+        sched.delivered(2);
+        sched.waiting(0);
+        assert_eq!(
+            stats.directed_yield_successful.load(SeqCst),
+            1,
+            "vCPU 1 is halted with nothing pending; vCPU 2 runnable"
+        );
+    }
+
+    #[test]
+    fn events_can_be_borrowed_and_are_handed_back() {
+        let stats = SchedStats::default();
+        let booster = Booster::manual(1, Fake::default(), &stats, FakeClock::default());
+        booster.register(0, 100);
+        let sched = Scheduler::new(1, FifoOnDelivery, booster, NoGuestView);
+        sched.delivered(0);
+        assert_eq!(sched.events().boosts.load(SeqCst), 1);
+        drop(sched);
+        assert_eq!(stats.boosts.load(SeqCst), 1, "the caller's own counters");
+    }
+
+    #[test]
+    fn vcpus_that_do_not_exist_are_ignored() {
+        let sched = Scheduler::new(2, FifoOnDelivery, booster(Arc::default()), NoGuestView);
+        for v in [2, 7, usize::MAX] {
+            sched.delivered(v);
+            sched.waiting(v);
+            sched.entering_guest(v);
+            sched.left_guest(v);
+            sched.halted(v);
+            sched.woken(v);
+            assert!(sched.idle(v));
+        }
+        assert_eq!(sched.vcpus(), 2);
+        let quiet = Scheduler::new(1, KvmReady, booster(Arc::default()), NoGuestView);
+        assert!(format!("{quiet:?}").starts_with("Scheduler"));
+    }
+}
