@@ -67,7 +67,7 @@ fn a_boost_racing_with_the_target_running_is_never_left_behind() {
             })
         };
         vm.sched.state(1).entering_guest();
-        Boost::ran(vm.booster(), 1);
+        Boost::ran(vm.booster(), 1).unwrap();
         waiter.join().unwrap();
         assert!(
             !vm.booster().control().boosted.load(SeqCst),
