@@ -55,6 +55,7 @@ pub enum Error {
 }
 
 /// Wraps an ioctl error with its name.
+#[cfg(feature = "kvm")]
 pub(crate) fn kvm(op: &'static str) -> impl Fn(vmm_sys_util::errno::Error) -> Error {
     move |source| Error::Kvm { op, source }
 }

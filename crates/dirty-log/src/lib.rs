@@ -35,24 +35,34 @@
 pub mod bitmap;
 pub mod error;
 pub mod events;
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(all(feature = "kvm", any(test, feature = "fuzzing")))]
 pub mod invariants;
+#[cfg(feature = "kvm")]
 pub mod ioctls;
+#[cfg(feature = "kvm")]
 pub mod kvm_bitmap;
 pub mod log;
+#[cfg(feature = "kvm")]
 pub mod manual;
+#[cfg(feature = "kvm")]
 pub mod perf;
 pub mod precopy;
+#[cfg(feature = "kvm")]
 pub mod ring;
 pub mod slots;
 
 pub use bitmap::{BitmapError, DirtyBitmap, Runs};
 pub use error::Error;
 pub use events::{DirtyEvents, DirtyStats, Ioctl, NoEvents};
+#[cfg(feature = "kvm")]
 pub use kvm_bitmap::KvmBitmap;
 pub use log::{DirtyLog, DirtySet};
+#[cfg(feature = "kvm")]
 pub use manual::{KvmManualProtect, ManualConfig};
-pub use precopy::{CopyRun, copy_round, copy_round_pipelined};
+#[cfg(feature = "kvm")]
+pub use precopy::copy_round_pipelined;
+pub use precopy::{CopyRun, copy_round};
+#[cfg(feature = "kvm")]
 pub use ring::{KvmDirtyRing, RingFull, RingMode, enable_dirty_ring};
 pub use slots::{PAGE_SIZE, Slot, Slots, VmmWrites};
 

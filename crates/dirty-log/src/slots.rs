@@ -1,16 +1,15 @@
 //! The memory slots being tracked, and the VMM's own writes to them.
 
-use std::sync::Arc;
-use std::time::Instant;
-
-use kvm_bindings::{KVM_MEM_LOG_DIRTY_PAGES, kvm_userspace_memory_region};
-use kvm_ioctls::VmFd;
 use vm_memory::bitmap::{AtomicBitmap, Bitmap};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-use crate::error::{Error, kvm};
-use crate::events::{DirtyEvents, Ioctl};
+use crate::error::Error;
 use crate::log::DirtySet;
+
+#[cfg(feature = "kvm")]
+mod kvm;
+#[cfg(feature = "kvm")]
+pub(crate) use kvm::Tracked;
 
 /// The page size KVM logs dirty memory in.
 pub const PAGE_SIZE: u64 = 4096;
@@ -105,45 +104,13 @@ impl<B: VmmWrites> Slots<B> {
         self.slots.iter().position(|s| s.id == id)
     }
 
-    /// Registers every slot with KVM (`KVM_SET_USER_MEMORY_REGION`), logging off:
-    /// what a VMM does once when it creates the VM.
+    /// Merges the VMM's own writes since the last call into `into` (one
+    /// bitmap per slot, as [`DirtySet::for_slots`] makes it), and resets them:
+    /// what every backend adds to KVM's log, and all there is without one.
     ///
-    /// # Safety
-    /// KVM maps the regions' memory into the guest: the caller keeps that
-    /// memory mapped for as long as the VM can run (these slots hold a handle
-    /// to it, so keeping them alive beside the VM is enough).
-    pub unsafe fn register(&self, vm: &VmFd) -> Result<(), Error> {
-        self.set_logging(vm, false, &crate::NoEvents)
-    }
-
-    /// Re-registers every slot with logging on or off.
-    pub(crate) fn set_logging(
-        &self,
-        vm: &VmFd,
-        on: bool,
-        events: &impl DirtyEvents,
-    ) -> Result<(), Error> {
-        for s in &self.slots {
-            let region = kvm_userspace_memory_region {
-                slot: s.id,
-                flags: if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
-                guest_phys_addr: s.guest_addr,
-                memory_size: s.pages * PAGE_SIZE,
-                userspace_addr: s.host_addr,
-            };
-            let start = Instant::now();
-            // SAFETY: the mapping of a region of `self.memory`, which these
-            // slots keep alive; its registration for the VM's lifetime is the
-            // caller's, as with any memory a VMM registers (see `register`).
-            unsafe { vm.set_user_memory_region(region) }
-                .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
-            events.ioctl(Ioctl::SetMemoryRegion, start.elapsed());
-        }
-        Ok(())
-    }
-
-    /// Merges the VMM's own writes since the last call into `into`.
-    pub(crate) fn merge_vmm_writes(&self, into: &mut DirtySet) -> Result<(), Error> {
+    /// # Errors
+    /// [`Error::Bitmap`] if `into` is not shaped like these slots.
+    pub fn merge_vmm_writes(&self, into: &mut DirtySet) -> Result<(), Error> {
         if !B::TRACKS {
             return Ok(());
         }
@@ -180,58 +147,4 @@ fn slot<B: VmmWrites>(
         pages,
         host_addr: host as u64,
     })
-}
-
-/// What every backend holds: the VM, the slots, the events, and whether
-/// logging is on.
-#[derive(Debug)]
-pub(crate) struct Tracked<B: VmmWrites, E> {
-    pub vm: Arc<VmFd>,
-    pub slots: Slots<B>,
-    pub events: E,
-    pub enabled: bool,
-}
-
-impl<B: VmmWrites, E: DirtyEvents> Tracked<B, E> {
-    pub fn new(vm: Arc<VmFd>, slots: Slots<B>, events: E) -> Self {
-        Self {
-            vm,
-            slots,
-            events,
-            enabled: false,
-        }
-    }
-
-    /// Starts a harvest: logging must be on. Returns the start time.
-    pub fn start_harvest(&self) -> Result<Instant, Error> {
-        if self.enabled {
-            Ok(Instant::now())
-        } else {
-            Err(Error::Enabled(false))
-        }
-    }
-
-    /// `KVM_GET_DIRTY_LOG` of `slot`, timed.
-    pub fn get_dirty_log(&self, slot: &Slot) -> Result<Vec<u64>, Error> {
-        let size = (slot.pages * PAGE_SIZE) as usize;
-        self.timed(Ioctl::GetDirtyLog, || self.vm.get_dirty_log(slot.id, size))
-            .map_err(kvm("KVM_GET_DIRTY_LOG"))
-    }
-
-    pub fn set_logging(&mut self, on: bool) -> Result<(), Error> {
-        if self.enabled == on {
-            return Err(Error::Enabled(on));
-        }
-        self.slots.set_logging(&self.vm, on, &self.events)?;
-        self.enabled = on;
-        Ok(())
-    }
-
-    /// Runs ioctl `op`, reporting its time.
-    pub fn timed<T>(&self, op: Ioctl, f: impl FnOnce() -> T) -> T {
-        let start = Instant::now();
-        let result = f();
-        self.events.ioctl(op, start.elapsed());
-        result
-    }
 }
