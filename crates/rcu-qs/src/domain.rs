@@ -272,6 +272,15 @@ pub struct DomainBuilder {
     events: std::sync::Arc<dyn RcuEvents>,
 }
 
+impl std::fmt::Debug for DomainBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DomainBuilder")
+            .field("spin", &self.spin)
+            .field("max_pending_bytes", &self.max_pending_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for DomainBuilder {
     fn default() -> Self {
         Self {

@@ -187,6 +187,7 @@ impl QsReporter for Reader {
 }
 
 /// Keeps a reader offline while it lives; see [`Reader::offline_guard`].
+#[derive(Debug)]
 pub struct OfflineGuard<'r> {
     reader: &'r mut Reader,
     was_online: bool,
