@@ -248,20 +248,44 @@ fn main() {
         eprintln!("overcommit: {e}; the boosting policies need it");
         std::process::exit(1);
     }
-    println!(
-        "{cores} cores, {secs} s per run, median of {ROUNDS} rounds taking turns between policies\n"
+    let whole_table = args.len() <= 1;
+    let mut out = format!(
+        "{cores} cores, {secs} s per run, median of {ROUNDS} rounds taking turns between policies\n\n\
+         | vCPUs | hogs | spin window | policy | rounds/s | vs NoBoost | hog M it/s | hogs vs NoBoost | VM CPUs | boosted ms/s | boosts revoked |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n"
     );
-    println!(
-        "| vCPUs | hogs | spin window | policy | rounds/s | vs NoBoost | hog M it/s | hogs vs NoBoost | VM CPUs | boosted ms/s | boosts revoked |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    print!("{out}");
     for config in configs {
-        print_rows(config, secs);
+        let rows = rows(config, secs);
+        print!("{rows}");
+        out.push_str(&rows);
+    }
+    if whole_table {
+        write_results(&args, &out);
     }
 }
 
-/// Runs every policy in turn on one configuration and prints its rows.
-fn print_rows((n, h, window_us): Config, secs: f64) {
+/// The whole table goes to the crate's RESULTS.md, with the command and the
+/// machine, so that the numbers there are always this example's.
+fn write_results(args: &[String], table: &str) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/RESULTS.md");
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let text = format!(
+        "# vcpu-sched results\n\n\
+         Written by `cargo run --release -p vcpu-sched --example overcommit -- {}` \
+         (host threads, no KVM) on Linux {}; what it measures: the crate's README, \
+         *Benchmark*. Ratios compare policies of the same run.\n\n{table}",
+        args.join(" "),
+        kernel.trim()
+    );
+    match std::fs::write(path, text) {
+        Ok(()) => eprintln!("wrote {path}"),
+        Err(e) => eprintln!("overcommit: cannot write {path}: {e}"),
+    }
+}
+
+/// Runs every policy in turn on one configuration; returns its table rows.
+fn rows((n, h, window_us): Config, secs: f64) -> String {
     let window = Duration::from_micros(window_us);
     let hogs = Hogs::start(h);
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); policies().len()];
@@ -273,6 +297,7 @@ fn print_rows((n, h, window_us): Config, secs: f64) {
     drop(hogs);
     let base_rounds = median(&runs[0].iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
     let base_hogs = median(&runs[0].iter().map(|r| r.hog_rate).collect::<Vec<_>>());
+    let mut out = String::new();
     for ((name, _), r) in policies().into_iter().zip(&runs) {
         let rounds = median(&r.iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
         let hog = median(&r.iter().map(|r| r.hog_rate).collect::<Vec<_>>());
@@ -283,10 +308,11 @@ fn print_rows((n, h, window_us): Config, secs: f64) {
         };
         let boosted = median(&r.iter().map(|r| r.boosted_ms_per_s).collect::<Vec<_>>());
         let vm_cpus = median(&r.iter().map(|r| r.vm_cpus).collect::<Vec<_>>());
-        println!(
-            "| {n} | {h} | {window_us} µs | {name} | {rounds:.0} | {:.2}x | {hog:.0} | {hog_ratio} | {vm_cpus:.2} | {boosted:.1} | {} |",
+        out.push_str(&format!(
+            "| {n} | {h} | {window_us} µs | {name} | {rounds:.0} | {:.2}x | {hog:.0} | {hog_ratio} | {vm_cpus:.2} | {boosted:.1} | {} |\n",
             rounds / base_rounds,
             r.iter().map(|r| r.revoked).sum::<u64>()
-        );
+        ));
     }
+    out
 }
