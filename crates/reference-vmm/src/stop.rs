@@ -14,8 +14,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 /// run ends without it.
 pub const STOP_GRACE: Duration = Duration::from_millis(500);
 
-/// How long the guest's buffered output gets to reach its writer at the end
-/// of a run: an output nobody reads (a full pipe) must not hold the run.
+/// How long the guest's buffered output may go without taking a byte at the
+/// end of a run: a slow output is waited for, one nobody reads (a full pipe)
+/// must not hold the run.
 pub const OUTPUT_GRACE: Duration = Duration::from_millis(300);
 
 /// Why a run was stopped before its guest finished.

@@ -94,7 +94,7 @@ fn a_boosted_vcpu_spinning_at_cpl3_is_real_time_no_longer_than_the_budget() {
     );
     assert_eq!(report.value(1, "spun"), Some(1), "the spinner finished");
     assert!(report.stats.boosts >= 2, "{} boosts", report.stats.boosts);
-    assert!(samples > 100, "{samples} samples");
+    assert!(samples > 10, "{samples} samples: the sampler ran");
     assert!(
         longest <= budget + SLACK,
         "real-time for {longest:?}, budget {budget:?}"

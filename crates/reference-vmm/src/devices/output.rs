@@ -79,7 +79,9 @@ impl Write for BoundedOutput {
         if let Some(kind) = b.failed {
             return Err(io::Error::new(kind, "the guest's output cannot be written"));
         }
-        let room = self.capacity.saturating_sub(b.bytes.len()).min(buf.len());
+        // Once the VMM has ended the output, nothing more is kept.
+        let capacity = if b.closed { 0 } else { self.capacity };
+        let room = capacity.saturating_sub(b.bytes.len()).min(buf.len());
         b.bytes.extend_from_slice(&buf[..room]);
         drop(b);
         let lost = (buf.len() - room) as u64;
@@ -100,18 +102,21 @@ impl OutputDrain {
         self.shared.dropped.load(Ordering::Relaxed)
     }
 
-    /// Ends the output: waits up to `limit` for the writer thread to write
-    /// everything buffered, then leaves it (still blocked, if its output is)
-    /// and returns how many bytes it had not written (0: all of them were).
+    /// Ends the output: waits for the writer thread to write everything
+    /// buffered, for as long as it makes progress at least every `limit`;
+    /// then leaves it (still blocked, if its output is) and returns how many
+    /// bytes it had not written (0: all of them were). A slow output is
+    /// waited for; only one that stops taking bytes is given up on.
     pub fn finish(&self, limit: Duration) -> u64 {
-        let deadline = Instant::now() + limit;
         let mut b = self.shared.lock();
         b.closed = true;
         self.shared.changed.notify_all();
-        while !b.bytes.is_empty() || b.writing > 0 {
+        let mut deadline = Instant::now() + limit;
+        let mut unwritten = b.bytes.len() + b.writing;
+        while unwritten > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return (b.bytes.len() + b.writing) as u64;
+                return unwritten as u64;
             }
             b = self
                 .shared
@@ -119,13 +124,22 @@ impl OutputDrain {
                 .wait_timeout(b, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            let now_unwritten = b.bytes.len() + b.writing;
+            if now_unwritten < unwritten {
+                deadline = Instant::now() + limit;
+            }
+            unwritten = now_unwritten;
         }
         0
     }
 }
 
-/// The writer thread: takes what is buffered and writes it out, until the
-/// output is closed and empty or the output fails.
+/// Bytes the writer thread writes at a time: each chunk done is progress
+/// [`OutputDrain::finish`] can see.
+const CHUNK: usize = 4096;
+
+/// The writer thread: takes what is buffered and writes it out, a chunk at a
+/// time, until the output is closed and empty or the output fails.
 fn write_out(shared: &Shared, mut out: Box<dyn Write + Send>) {
     loop {
         let mut b = shared.lock();
@@ -141,18 +155,20 @@ fn write_out(shared: &Shared, mut out: Box<dyn Write + Send>) {
         let bytes = std::mem::take(&mut b.bytes);
         b.writing = bytes.len();
         drop(b);
-        let result = out.write_all(&bytes).and_then(|()| out.flush());
-        let mut b = shared.lock();
-        b.writing = 0;
-        b.failed = result.err().map(|e| e.kind());
-        let failed = b.failed.is_some();
-        if failed {
-            b.bytes.clear(); // nowhere to go
-        }
-        drop(b);
-        shared.changed.notify_all();
-        if failed {
-            return;
+        for chunk in bytes.chunks(CHUNK) {
+            let result = out.write_all(chunk).and_then(|()| out.flush());
+            let mut b = shared.lock();
+            b.writing -= chunk.len();
+            if let Err(e) = result {
+                b.failed = Some(e.kind());
+                b.writing = 0;
+                b.bytes.clear(); // nowhere to go
+                drop(b);
+                shared.changed.notify_all();
+                return;
+            }
+            drop(b);
+            shared.changed.notify_all();
         }
     }
 }
@@ -215,6 +231,29 @@ mod tests {
             0,
             "caught up once unblocked"
         );
+    }
+
+    /// An output that takes a while over each write, but keeps taking bytes.
+    struct Slow;
+
+    impl Write for Slow {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            thread::sleep(Duration::from_millis(10));
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_slow_output_that_keeps_taking_bytes_is_waited_for() {
+        let (mut out, drain) = BoundedOutput::start(Box::new(Slow), 16 * CHUNK).unwrap();
+        out.write_all(&[b'x'; 16 * CHUNK]).unwrap();
+        // Sixteen writes of 10 ms each: past the limit in all, each well
+        // within it.
+        assert_eq!(drain.finish(Duration::from_millis(100)), 0);
+        assert_eq!(drain.dropped(), 0);
     }
 
     #[test]
