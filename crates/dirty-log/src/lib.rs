@@ -15,7 +15,6 @@
 //! - [`precopy`]: rounds that always clear before they copy;
 //!   [`copy_round_pipelined`] clears on a background thread, in bounded chunks.
 //! - [`DirtyEvents`] with the no-op [`NoEvents`], and [`DirtyStats`].
-//! - [`perf`]: `dirty_log_perf_test`'s measurement, for any VM.
 //!
 //! # Example
 //! ```
@@ -45,6 +44,7 @@ pub mod log;
 #[cfg(feature = "kvm")]
 pub mod manual;
 #[cfg(feature = "kvm")]
+#[doc(hidden)]
 pub mod perf;
 pub mod precopy;
 #[cfg(feature = "kvm")]

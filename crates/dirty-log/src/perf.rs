@@ -2,6 +2,9 @@
 //! iterations of guest writes with a harvest after each, disable; time each
 //! step and the longest single ioctl. The VM and how one iteration runs are
 //! the caller's (the `perf` example's writer VM, the reference VMM's guest).
+//!
+//! Not part of the supported API (hidden from the docs): the benchmark
+//! machinery behind the `perf` example and the reference VMM's `bench dirty`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -60,6 +63,16 @@ pub enum Tracker<B: VmmWrites> {
     Log(Box<dyn DirtyLog + Send>),
     /// Harvested with [`copy_round_pipelined`].
     Pipelined(KvmManualProtect<B, Arc<DirtyStats>>),
+}
+
+/// Names the variant: a `Box<dyn DirtyLog>` has no `Debug`.
+impl<B: VmmWrites> std::fmt::Debug for Tracker<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Log(_) => "Tracker::Log",
+            Self::Pipelined(_) => "Tracker::Pipelined",
+        })
+    }
 }
 
 impl<B: VmmWrites + 'static> Tracker<B> {

@@ -10,7 +10,8 @@
 //! take turns between the policies (the machine is shared and noisy); the table
 //! gives the median of the rounds. The hogs run for the whole configuration.
 //! With TRACE_FILE, the halts of the "always poll" runs on the idle machine (the
-//! first 20 000) are recorded there for `--example simulate`.
+//! first 20 000) are recorded there for `--example simulate`. The tables also
+//! go to the crate's RESULTS.md, section "pingpong".
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -21,6 +22,11 @@ use std::time::{Duration, Instant};
 #[path = "support/hogs.rs"]
 mod hogs;
 use hogs::Hogs;
+// And its RESULTS.md writer.
+#[path = "support/results.rs"]
+mod results;
+
+use std::fmt::Write as _;
 
 use halt_poll::{
     AioPoll, Fixed, FutexWake, GuestHaltpoll, HaltEvents, HaltPoller, HaltStats, KvmGrowShrink,
@@ -39,7 +45,7 @@ fn policies() -> Vec<(&'static str, MakePolicy)> {
         ("KvmGrowShrink", || Box::new(KvmGrowShrink::new())),
         ("GuestHaltpoll", || Box::new(GuestHaltpoll::new())),
         ("AioPoll", || Box::new(AioPoll::new())),
-        ("Predictive (own)", || Box::new(Predictive::default())),
+        ("Predictive", || Box::new(Predictive::default())),
     ]
 }
 
@@ -137,6 +143,7 @@ fn main() {
         }
     };
     let record = args.next();
+    let mut out = String::new();
     let cores = thread::available_parallelism().map_or(2, |n| n.get());
     let recorder = Arc::new(TraceRecorder::new(Duration::from_micros(30), 20_000));
     for (hogs, probe) in [(0, true), (cores, false), (cores, true)] {
@@ -155,19 +162,18 @@ fn main() {
         }
         drop(hog_threads);
         let check = if probe { "on" } else { "off" };
-        println!(
-            "\n**{hogs} CPU-hog thread(s), waiting-thread check {check}**, {cores} cores, {secs} s per policy (median of {ROUNDS} rounds)\n"
+        let mut table = format!(
+            "\n**{hogs} CPU-hog thread(s), waiting-thread check {check}**, {cores} cores, {secs} s per policy (median of {ROUNDS} rounds)\n\n\
+             | policy | round trip µs | vs block only | CPU µs per round trip | vs block only | responder woken polling | hog M iterations/s |\n\
+             |---|---|---|---|---|---|---|\n"
         );
-        println!(
-            "| policy | round trip µs | vs block only | CPU µs per round trip | vs block only | responder woken polling | hog M iterations/s |"
-        );
-        println!("|---|---|---|---|---|---|---|");
         let base_rt = median(&runs[0], |r| r.round_trip.as_secs_f64());
         let base_cpu = median(&runs[0], |r| r.cpu_per_round_trip.as_secs_f64());
         for ((name, _), r) in policies().into_iter().zip(&runs) {
             let rt = median(r, |r| r.round_trip.as_secs_f64());
             let cpu = median(r, |r| r.cpu_per_round_trip.as_secs_f64());
-            println!(
+            let _ = writeln!(
+                table,
                 "| {name} | {:.2} | {:.2}x | {:.2} | {:.2}x | {:.1}% | {:.0} |",
                 rt * 1e6,
                 rt / base_rt,
@@ -177,7 +183,12 @@ fn main() {
                 median(r, |r| r.hog_rate),
             );
         }
+        print!("{table}");
+        out.push_str(&table);
     }
+    let command = results::command("cargo run --release -p halt-poll --example pingpong");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
+    results::write_section(&path, "halt-poll", "pingpong", &command, &out);
     if let Some(path) = record {
         let trace = recorder.trace("pingpong (recorded)");
         match trace.save(std::path::Path::new(&path)) {

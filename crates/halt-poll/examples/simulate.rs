@@ -1,11 +1,18 @@
 //! Prints the simulator's table: every policy on every synthetic trace (and on
-//! recorded traces given as arguments), beside the oracle.
+//! recorded traces given as arguments), beside the oracle, then `Predictive`
+//! against `KvmGrowShrink` on each trace (the goal `tests/goal.rs` checks).
+//! The output also goes to the crate's RESULTS.md, section "simulator".
 //!
 //! `cargo run --release -p halt-poll --example simulate [TRACE_FILE...]`
 
+use std::fmt::Write as _;
 use std::path::Path;
 
-use halt_poll::sim::{SimParams, Trace, oracle, simulate, table};
+// The workspace's RESULTS.md writer (test-support's), a copy of which ships with the crate.
+#[path = "support/results.rs"]
+mod results;
+
+use halt_poll::sim::{SimParams, SimResult, Trace, oracle, simulate, table};
 use halt_poll::{
     AioPoll, Fixed, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive, PredictiveConfig,
 };
@@ -24,7 +31,7 @@ fn policies() -> Vec<(&'static str, Box<dyn PollPolicy>)> {
         ),
         ("GuestHaltpoll", Box::new(GuestHaltpoll::new())),
         ("AioPoll", Box::new(AioPoll::new())),
-        ("Predictive (own)", Box::new(Predictive::default())),
+        ("Predictive", Box::new(Predictive::default())),
         (
             "Predictive, no latency slack",
             Box::new(Predictive::new(PredictiveConfig {
@@ -38,8 +45,9 @@ fn policies() -> Vec<(&'static str, Box<dyn PollPolicy>)> {
 fn main() {
     let params = SimParams::default();
     let mut traces = Trace::synthetic(20_000);
-    for arg in std::env::args().skip(1) {
-        match Trace::load(Path::new(&arg)) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    for arg in &args {
+        match Trace::load(Path::new(arg)) {
             Ok(t) => traces.push(t),
             Err(e) => {
                 eprintln!("error: cannot load trace {arg}: {e}");
@@ -47,16 +55,50 @@ fn main() {
             }
         }
     }
-    println!(
-        "Simulated with block latency {:?}, poll latency {:?}, sleep lateness {:?}, λ = {}.\n",
+    let mut out = format!(
+        "Simulated with block latency {:?}, poll latency {:?}, sleep lateness {:?}, λ = {}.\n\n",
         params.block_latency, params.poll_latency, params.sleep_lateness, params.cpu_weight
+    );
+    let mut goal = String::from(
+        "**Predictive against KvmGrowShrink**\n\n\
+         | trace | mean latency µs, Predictive | KvmGrowShrink | wasted poll CPU µs/halt, Predictive | KvmGrowShrink |\n\
+         |---|---|---|---|---|\n",
     );
     for trace in &traces {
         let mut results: Vec<_> = policies()
             .into_iter()
             .map(|(name, mut p)| simulate(name, p.as_mut(), trace, &params))
             .collect();
+        let (kvm, predictive) = (
+            by_name(&results, "KvmGrowShrink"),
+            by_name(&results, "Predictive"),
+        );
+        let _ = writeln!(
+            goal,
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            trace.name,
+            micros(predictive.mean_latency),
+            micros(kvm.mean_latency),
+            micros(predictive.wasted_cpu),
+            micros(kvm.wasted_cpu),
+        );
         results.push(oracle(trace, &params));
-        println!("{}", table(trace, &results, &params));
+        let _ = writeln!(out, "{}", table(trace, &results, &params));
     }
+    out.push_str(&goal);
+    print!("{out}");
+    let command = results::command("cargo run --release -p halt-poll --example simulate");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
+    results::write_section(&path, "halt-poll", "simulator", &command, &out);
+}
+
+fn by_name<'a>(results: &'a [SimResult], name: &str) -> &'a SimResult {
+    results
+        .iter()
+        .find(|r| r.policy == name)
+        .expect("every policy ran")
+}
+
+fn micros(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e6
 }

@@ -19,8 +19,6 @@
 //! - [`HaltPoller`]: *how*. Generic over the policy (one per event source), a
 //!   [`WakeSource`] ([`FutexWake`], [`EventFdWake`]), a [`Clock`] and
 //!   [`HaltEvents`] ([`HaltStats`] counts with KVM's stat names).
-//! - [`sim`]: a deterministic simulator that scores any policy on a trace of
-//!   wake times beside the oracle; [`TraceRecorder`] records traces from real runs.
 //! - [`kvm`] (feature `kvm`, on by default): KVM's own halt polling for VMMs
 //!   with the in-kernel irqchip: `KVM_CAP_HALT_POLL` and vCPU binary stats.
 //!
@@ -43,7 +41,7 @@
 #![deny(missing_docs)]
 
 pub mod clock;
-pub mod contention;
+mod contention;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
 #[cfg(feature = "kvm")]
@@ -52,6 +50,7 @@ pub mod policy;
 pub mod poller;
 pub mod predictive;
 pub mod presets;
+#[doc(hidden)]
 pub mod sim;
 pub mod stats;
 pub mod wake;
@@ -61,8 +60,10 @@ pub use policy::{Fixed, HaltOutcome, Never, PollPlan, PollPolicy, WokenDuring};
 pub use poller::{Halt, HaltPoller};
 pub use predictive::{Predictive, PredictiveConfig};
 pub use presets::{AioPoll, GuestHaltpoll, KvmGrowShrink};
-pub use stats::{HaltEvents, HaltStats, NoEvents, TraceRecorder};
-pub use wake::{EventFdWake, Events, FutexWake, WakeSource};
+#[doc(hidden)]
+pub use stats::TraceRecorder;
+pub use stats::{HaltEvents, HaltStats, LogHistogram, NoEvents};
+pub use wake::{EventFdWake, Events, FutexWake, MAX_SOURCES, WakeSource};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -35,8 +35,9 @@ pub struct Halt {
 /// plans, and only the sources that fired learn from it, so a slow source
 /// cannot switch polling off for a fast one (QEMU's per-handler windows).
 ///
-/// Polling is skipped while other threads wait for this thread's CPU (see
-/// [`contention`](crate::contention)), and stops early when the thread was
+/// Polling is skipped while other threads wait for this thread's CPU (its
+/// `run_delay` in `/proc/thread-self/schedstat` grows faster than a fifth of
+/// the time, checked at most once per millisecond), and stops early when the thread was
 /// preempted, seen as a gap between two clock readings in the poll loop: on a
 /// busy host the thread that polls may starve the very thread that would wake
 /// it. Either way the outcome says `preempted`, for the policies to learn from.
@@ -49,13 +50,38 @@ pub struct HaltPoller<P, W, C = MonotonicClock, E = NoEvents> {
     contention: Option<RunDelayProbe>,
 }
 
+/// Shows what the poller would do next, so that it needs nothing of its
+/// policies (a `Box<dyn PollPolicy>` has no `Debug`).
+impl<P: PollPolicy, W, C, E> std::fmt::Debug for HaltPoller<P, W, C, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HaltPoller")
+            .field("sources", &self.policies.len())
+            .field("next_plan", &self.plan())
+            .field("preempt_gap", &self.preempt_gap)
+            .field("yields_to_waiting_threads", &self.contention.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: PollPolicy, W, C, E> HaltPoller<P, W, C, E> {
+    /// The plan for the next halt: the union of every source's plan.
+    pub fn plan(&self) -> PollPlan {
+        let mut plans = self.policies.iter().map(PollPolicy::plan);
+        let first = plans.next().unwrap_or_default();
+        plans.fold(first, PollPlan::union)
+    }
+}
+
 impl<P: PollPolicy, W: WakeSource> HaltPoller<P, W> {
     /// A poller for one event source (source 0) with `policy`.
     pub fn new(source: W, policy: P) -> Self {
         Self::with_policies(source, vec![policy])
     }
 
-    /// A poller with one policy per event source, source `i` using `policies[i]`.
+    /// A poller with one policy per event source, source `i` using `policies[i]`
+    /// (a policy past [`MAX_SOURCES`](crate::MAX_SOURCES) never learns; the
+    /// events of sources without a policy wake the thread but teach nothing). Different policy
+    /// types go in boxes: `Vec<Box<dyn PollPolicy + Send>>`.
     pub fn with_policies(source: W, policies: Vec<P>) -> Self {
         Self {
             policies,
@@ -134,14 +160,11 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
         &self.source
     }
 
-    /// The plan for the next halt: the union of every source's plan.
-    pub fn plan(&self) -> PollPlan {
-        let mut plans = self.policies.iter().map(PollPolicy::plan);
-        let first = plans.next().unwrap_or_default();
-        plans.fold(first, PollPlan::union)
-    }
-
     /// Halts until a source fires; returns which ones and what happened.
+    ///
+    /// Nothing else ends a halt, so to stop a vCPU thread (shutdown, pause),
+    /// set the thread's stop flag, then wake any of its sources: the halt
+    /// returns, and the thread sees the flag before it halts again.
     pub fn halt(&mut self) -> Halt {
         let plan = self.plan();
         let start = self.clock.now();
@@ -207,7 +230,7 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
 
     fn learn(&mut self, plan: &PollPlan, outcome: &HaltOutcome, events: Events) {
         for (i, policy) in self.policies.iter_mut().enumerate() {
-            if i < 64 && events & (1 << i) != 0 {
+            if i < crate::MAX_SOURCES && events & (1 << i) != 0 {
                 policy.learn(outcome);
             }
         }

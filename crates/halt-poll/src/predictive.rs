@@ -597,7 +597,7 @@ mod tests {
         // Memoryless wakes averaging 5 ms: no window or sleep pays for itself.
         let trace = Trace::exponential(2000, 5_000 * US, 7);
         let r = simulate(
-            "own",
+            "Predictive",
             &mut Predictive::default(),
             &trace,
             &SimParams::default(),
@@ -610,12 +610,12 @@ mod tests {
     fn predictable_wakes_are_slept_through_then_polled() {
         let params = SimParams::default();
         let trace = Trace::periodic(2000, 150 * US, 1);
-        let r = simulate("own", &mut Predictive::default(), &trace, &params);
+        let r = simulate("Predictive", &mut Predictive::default(), &trace, &params);
         assert!(r.polled_percent > 95.0, "{r:?}");
         assert!(r.poll_cpu < 30 * US, "sleeps most of the 150 µs: {r:?}");
         let plan = {
             let mut p = Predictive::default();
-            simulate("own", &mut p, &trace, &params);
+            simulate("Predictive", &mut p, &trace, &params);
             p.plan()
         };
         let earliest = *trace.wakes.iter().min().unwrap();
@@ -699,7 +699,7 @@ mod tests {
                 latency_slack,
                 ..Default::default()
             });
-            let r = simulate("own", &mut p, &trace, &params);
+            let r = simulate("Predictive", &mut p, &trace, &params);
             (r, p.contexts[AFTER_SHORT].plans)
         };
         let (cheapest, plans) = run(0.0);

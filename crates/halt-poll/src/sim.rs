@@ -11,6 +11,10 @@
 //! The oracle polls exactly the halts whose wake comes before the break-even
 //! point `(L − ℓ) / λ` (λ: the weight of poll CPU against latency) and blocks at
 //! once on the others.
+//!
+//! Not part of the supported API (hidden from the docs): the machinery behind
+//! the crate's `simulate` example and goal test, which may change in any
+//! release. Copy it if a policy of your own should be scored the same way.
 
 use std::fmt::Write as _;
 use std::fs;

@@ -31,7 +31,7 @@ pub const HIST_BUCKETS: usize = 32;
 /// A log2 histogram: bucket `i` counts values in `[2^(i-1), 2^i)` ns, bucket 0
 /// counts zeros, the last bucket everything above (KVM's `KVM_STATS_LOG_HIST_UPDATE`).
 #[derive(Debug, Default)]
-pub struct LogHistogram(pub [AtomicU64; HIST_BUCKETS]);
+pub struct LogHistogram([AtomicU64; HIST_BUCKETS]);
 
 impl LogHistogram {
     /// Counts `value`.
@@ -107,7 +107,8 @@ impl HaltEvents for HaltStats {
 /// A halt woken while polling gives its wake time exactly; one woken from a
 /// block resumed `block_latency` after its wake, which is subtracted (but the
 /// wake is never put before the end of the poll window). Only the first
-/// `limit` halts are kept.
+/// `limit` halts are kept. Hidden from the docs, as the simulator is.
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct TraceRecorder {
     block_latency: Duration,

@@ -14,6 +14,12 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 /// Bit `i` set: source `i` fired.
 pub type Events = u64;
 
+/// How many sources one [`WakeSource`] can tell apart: one per bit of
+/// [`Events`]. Sources are numbered `0..MAX_SOURCES` (`usize`, as the
+/// policies of [`HaltPoller::with_policies`](crate::HaltPoller::with_policies)
+/// are indexed).
+pub const MAX_SOURCES: usize = Events::BITS as usize;
+
 /// Where a halted thread's wake-ups come from.
 pub trait WakeSource {
     /// Takes the events that fired since the last call, without blocking; 0 if
@@ -67,9 +73,10 @@ impl FutexWake {
         Self::default()
     }
 
-    /// Signals source `source` (0..=63; larger numbers are taken modulo 64).
-    pub fn wake(&self, source: u32) {
-        self.pending.fetch_or(1 << (source % 64), SeqCst);
+    /// Signals source `source`. Sources at or above [`MAX_SOURCES`] are taken
+    /// modulo [`MAX_SOURCES`], so every wake wakes the thread.
+    pub fn wake(&self, source: usize) {
+        self.pending.fetch_or(1 << (source % MAX_SOURCES), SeqCst);
         if self.sleeping.load(SeqCst) == SLEEPING && self.sleeping.swap(AWAKE, SeqCst) == SLEEPING {
             futex_wake(&self.sleeping);
         }
@@ -149,9 +156,9 @@ pub struct EventFdWake {
 }
 
 impl EventFdWake {
-    /// `count` new non-blocking eventfds (at most 64).
+    /// `count` new non-blocking eventfds (1 to [`MAX_SOURCES`]).
     pub fn new(count: usize) -> io::Result<Self> {
-        if count == 0 || count > 64 {
+        if count == 0 || count > MAX_SOURCES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "1 to 64 event sources",

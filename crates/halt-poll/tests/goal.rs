@@ -1,4 +1,4 @@
-//! The own policy's goal on the deterministic simulator: mean wake latency no
+//! The predictive policy's goal on the deterministic simulator: mean wake latency no
 //! worse than `KvmGrowShrink`'s, with at most half of its failed-poll CPU.
 //!
 //! "No worse" allows five more blocked halts than KVM in a trace's 20 000, and
@@ -13,14 +13,14 @@ use std::time::Duration;
 use halt_poll::sim::{SimParams, SimResult, Trace, simulate};
 use halt_poll::{KvmGrowShrink, Predictive, PredictiveConfig};
 
-/// Failed polls below this per halt are noise, for KVM and the own policy.
+/// Failed polls below this per halt are noise, for KVM and the predictive policy.
 const NEGLIGIBLE_WASTE: Duration = Duration::from_nanos(100);
 
 fn run(trace: &Trace, config: PredictiveConfig) -> (SimResult, SimResult) {
     let params = SimParams::default();
     let kvm = simulate("kvm", &mut KvmGrowShrink::new(), trace, &params);
-    let own = simulate("own", &mut Predictive::new(config), trace, &params);
-    (kvm, own)
+    let predictive = simulate("Predictive", &mut Predictive::new(config), trace, &params);
+    (kvm, predictive)
 }
 
 fn traces() -> Vec<Trace> {
@@ -33,20 +33,20 @@ fn traces() -> Vec<Trace> {
 #[test]
 fn the_own_policy_is_as_fast_as_kvm_with_at_most_half_its_waste() {
     for trace in traces() {
-        let (kvm, own) = run(&trace, PredictiveConfig::default());
+        let (kvm, predictive) = run(&trace, PredictiveConfig::default());
         let name = &trace.name;
         let five_halts = SimParams::default().block_latency * 5 / trace.wakes.len() as u32;
         assert!(
-            own.mean_latency <= kvm.mean_latency + five_halts,
+            predictive.mean_latency <= kvm.mean_latency + five_halts,
             "{name}: latency {:?} > KVM's {:?}",
-            own.mean_latency,
+            predictive.mean_latency,
             kvm.mean_latency
         );
         let allowed = (kvm.wasted_cpu / 2).max(NEGLIGIBLE_WASTE);
         assert!(
-            own.wasted_cpu <= allowed,
+            predictive.wasted_cpu <= allowed,
             "{name}: wasted {:?}, KVM {:?}",
-            own.wasted_cpu,
+            predictive.wasted_cpu,
             kvm.wasted_cpu
         );
     }
@@ -57,16 +57,16 @@ fn without_latency_slack_memoryless_bimodal_wakes_miss_the_cpu_goal() {
     // The negative control for the slack: with the cheapest plan only, the
     // window that catches the short wakes is paid on every long one.
     let trace = Trace::bimodal(20_000, 20, 2);
-    let (kvm, own) = run(
+    let (kvm, predictive) = run(
         &trace,
         PredictiveConfig {
             latency_slack: 0.0,
             ..Default::default()
         },
     );
-    assert!(own.mean_latency <= kvm.mean_latency);
+    assert!(predictive.mean_latency <= kvm.mean_latency);
     assert!(
-        own.wasted_cpu.as_nanos() * 2 > kvm.wasted_cpu.as_nanos(),
-        "{own:?} vs {kvm:?}"
+        predictive.wasted_cpu.as_nanos() * 2 > kvm.wasted_cpu.as_nanos(),
+        "{predictive:?} vs {kvm:?}"
     );
 }

@@ -66,11 +66,7 @@ where
 #[test]
 fn futex_wakes_are_never_lost_blocking() {
     watchdog("futex, block", || {
-        hammer(
-            Arc::new(FutexWake::new()),
-            |w, i| w.wake(i as u32),
-            || Never,
-        )
+        hammer(Arc::new(FutexWake::new()), |w, i| w.wake(i), || Never)
     });
 }
 
@@ -79,14 +75,14 @@ fn futex_wakes_are_never_lost_polling() {
     watchdog("futex, kvm", || {
         hammer(
             Arc::new(FutexWake::new()),
-            |w, i| w.wake(i as u32),
+            |w, i| w.wake(i),
             KvmGrowShrink::new,
         )
     });
     watchdog("futex, own", || {
         hammer(
             Arc::new(FutexWake::new()),
-            |w, i| w.wake(i as u32),
+            |w, i| w.wake(i),
             Predictive::default,
         )
     });

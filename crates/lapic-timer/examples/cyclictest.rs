@@ -4,27 +4,37 @@
 //! host side of what a guest would see.
 //!
 //! `cargo run --release -p lapic-timer --example cyclictest -- [SECONDS_PER_POLICY [TRACE_FILE]]
-//! [--period-us P] [--policy none|kvm|own] [--stall-every N --stall-ms M] [--json]`
+//! [--period-us P] [--policy none|kvm|percentile] [--stall-every N --stall-ms M] [--json]`
 //!
 //! With TRACE_FILE, the wake lateness of the first run without advance at 1 ms
 //! is recorded there (up to 20 000 expiries) for `--example simulate-timer`.
 //!
 //! Each policy runs SECONDS_PER_POLICY (default 1) per period in each of three
 //! rounds; the table gives the median of the rounds. Score = mean lateness +
-//! λ·mean spin per expiry (λ = 0.1, the own policy's default), the quantity the
-//! own policy minimises; the Fixed rows are the sweep it is compared with.
+//! λ·mean spin per expiry (λ = 0.1, `Percentile`'s default), the quantity
+//! `Percentile` minimises; the Fixed rows are the sweep it is compared with.
 //!
 //! `--stall-every N --stall-ms M`: the process runs on one CPU, and every N
 //! expiries a `SCHED_FIFO` thread takes that CPU for M ms, halfway through a
 //! period, as a host stall would. Each policy also runs without stalls in the
-//! same rounds, and the report gives the ratio of the p50s. `--json` prints
-//! one JSON object per policy and period instead of tables.
+//! same rounds, and the report gives the ratio of the p50s; without
+//! `--policy`, it runs none, KvmAdaptive and Percentile (not the Fixed sweep).
+//! `--json` prints one JSON object per policy and period instead of tables.
+//!
+//! The tables of a run of every policy (no `--policy`) also go to the crate's
+//! RESULTS.md, section "cyclictest" (or "cyclictest with stalls").
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+// The workspace's RESULTS.md writer (test-support's), a copy of which ships with the crate.
+#[path = "support/results.rs"]
+mod results;
+
+use std::fmt::Write as _;
 
 use lapic_timer::sim::TraceRecorder;
 use lapic_timer::{
@@ -35,7 +45,7 @@ use lapic_timer::{
 const ROUNDS: usize = 3;
 const SPIN_WEIGHT: f64 = 0.1;
 const USAGE: &str = "usage: cyclictest [SECONDS_PER_POLICY [TRACE_FILE]] [--period-us P] \
-                     [--policy none|kvm|own] [--stall-every N --stall-ms M] [--json]";
+                     [--policy none|kvm|percentile] [--stall-every N --stall-ms M] [--json]";
 
 /// Sends each expiry's delivery lateness to the measuring thread.
 struct Lateness(mpsc::Sender<i64>);
@@ -58,7 +68,7 @@ fn policies() -> Vec<(String, MakePolicy)> {
             Box::new(move || Box::new(KvmAdaptive::new(tsc_khz))),
         ),
         (
-            "Percentile (own)".into(),
+            "Percentile".into(),
             Box::new(|| Box::new(Percentile::default())),
         ),
     ];
@@ -116,8 +126,14 @@ fn parse() -> Result<Opts, String> {
             "--stall-ms" => ms = Some(value("--stall-ms")?),
             "--policy" => {
                 let name = args.next().ok_or("--policy needs a value")?;
-                let index = ["none", "kvm", "own"].iter().position(|&n| n == name);
-                o.policy = Some(index.ok_or(format!("--policy {name:?}: none, kvm or own"))?);
+                if name == "own" {
+                    return Err("--policy \"own\" is now called \"percentile\"".into());
+                }
+                let index = ["none", "kvm", "percentile"]
+                    .iter()
+                    .position(|&n| n == name);
+                o.policy =
+                    Some(index.ok_or(format!("--policy {name:?}: none, kvm or percentile"))?);
             }
             _ if arg.starts_with("--") => return Err(format!("unknown option {arg:?}")),
             _ if positional == 0 => {
@@ -324,10 +340,12 @@ fn main() {
         )
     });
     let recorder = Arc::new(TraceRecorder::new(20_000));
-    let chosen: Vec<usize> = match o.policy {
-        Some(i) => vec![i],
-        None => (0..policies().len()).collect(),
+    let chosen: Vec<usize> = match (o.policy, o.stall) {
+        (Some(i), _) => vec![i],
+        (None, Some(_)) => vec![0, 1, 2],
+        (None, None) => (0..policies().len()).collect(),
     };
+    let mut out = String::new();
     for &period in &o.periods {
         let names: Vec<String> = policies().into_iter().map(|(n, _)| n).collect();
         let mut rows: Vec<Vec<Row>> = vec![Vec::new(); names.len()];
@@ -349,8 +367,20 @@ fn main() {
         if o.json {
             print_json(&o, period, &names, &rows, &calm);
         } else {
-            print_table(&o, period, &names, &rows, &calm);
+            let table = table(&o, period, &names, &rows, &calm);
+            print!("{table}");
+            out.push_str(&table);
         }
+    }
+    if !o.json && o.policy.is_none() {
+        let section = if o.stall.is_some() {
+            "cyclictest with stalls"
+        } else {
+            "cyclictest"
+        };
+        let command = results::command("cargo run --release -p lapic-timer --example cyclictest");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
+        results::write_section(&path, "lapic-timer", section, &command, &out);
     }
     if let Some(path) = o.trace {
         let trace = recorder.trace("timerfd wake lateness, 1 ms period (recorded)");
@@ -391,24 +421,30 @@ fn print_json(o: &Opts, period: Duration, names: &[String], rows: &[Vec<Row>], c
     }
 }
 
-fn print_table(o: &Opts, period: Duration, names: &[String], rows: &[Vec<Row>], calm: &[Vec<Row>]) {
+/// The markdown table of one period.
+fn table(
+    o: &Opts,
+    period: Duration,
+    names: &[String],
+    rows: &[Vec<Row>],
+    calm: &[Vec<Row>],
+) -> String {
     let stalled = o.stall.map_or(String::new(), |s| {
         format!(", a {:?} stall every {} expiries", s.length, s.every)
     });
-    println!(
-        "\n**period {period:?}**, {} s per policy{stalled}, median of {ROUNDS} rounds (lateness in µs at delivery)\n",
+    let mut t = format!(
+        "\n**period {period:?}**, {} s per policy{stalled}, median of {ROUNDS} rounds (lateness in µs at delivery)\n\n\
+         | policy | min | p50 | p99 | max | mean | spin CPU | spin µs/expiry | score | early | p50 / no stall |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
         o.secs
     );
-    println!(
-        "| policy | min | p50 | p99 | max | mean | spin CPU | spin µs/expiry | score | early | p50 / no stall |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for ((name, r), c) in names.iter().zip(rows).zip(calm) {
         if r.is_empty() {
             continue;
         }
         let m = |f: fn(&Row) -> f64| median(r, f);
-        println!(
+        let _ = writeln!(
+            t,
             "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2}% | {:.2} | {:.2} | {} | {} |",
             m(|r| r.min),
             m(|r| r.p50),
@@ -423,17 +459,19 @@ fn print_table(o: &Opts, period: Duration, names: &[String], rows: &[Vec<Row>], 
         );
     }
     if rows.len() < 4 || rows[2].is_empty() || rows[3].is_empty() {
-        return;
+        return t;
     }
-    let own = median(&rows[2], Row::score);
+    let percentile = median(&rows[2], Row::score);
     let best_fixed = (3..names.len())
         .map(|i| (median(&rows[i], Row::score), &names[i]))
         .min_by(|a, b| a.0.total_cmp(&b.0))
         .unwrap();
-    println!(
-        "\nown score {own:.2} vs best Fixed ({}) {:.2}: {:.0}%",
+    let _ = writeln!(
+        t,
+        "\nPercentile score {percentile:.2} vs best Fixed ({}) {:.2}: {:.0}%",
         best_fixed.1,
         best_fixed.0,
-        100.0 * own / best_fixed.0
+        100.0 * percentile / best_fixed.0
     );
+    t
 }

@@ -2,8 +2,15 @@
 //! (and recorded traces given as arguments), beside the oracle.
 //!
 //! `cargo run --release -p lapic-timer --example simulate-timer [TRACE_FILE...]`
+//!
+//! The tables also go to the crate's RESULTS.md, section "simulator".
 
+use std::fmt::Write as _;
 use std::path::Path;
+
+// The workspace's RESULTS.md writer (test-support's), a copy of which ships with the crate.
+#[path = "support/results.rs"]
+mod results;
 use std::time::Duration;
 
 use lapic_timer::sim::{Trace, oracle, simulate, table};
@@ -13,6 +20,7 @@ const SPIN_WEIGHT: f64 = 0.1;
 
 fn main() {
     let mut traces = Trace::synthetic(20_000);
+    let mut out = String::new();
     for arg in std::env::args().skip(1) {
         match Trace::load(Path::new(&arg)) {
             Ok(t) => traces.push(t),
@@ -29,7 +37,7 @@ fn main() {
                 "KvmAdaptive (2.6 GHz TSC)".into(),
                 Box::new(KvmAdaptive::new(2_596_000)),
             ),
-            ("Percentile (own)".into(), Box::new(Percentile::default())),
+            ("Percentile".into(), Box::new(Percentile::default())),
         ];
         for us in [10, 20, 30, 40, 60, 80] {
             policies.push((
@@ -42,6 +50,10 @@ fn main() {
             .map(|(n, p)| simulate(n, p.as_mut(), trace))
             .collect();
         results.push(oracle(trace));
-        println!("{}", table(trace, &results, SPIN_WEIGHT));
+        let _ = writeln!(out, "{}", table(trace, &results, SPIN_WEIGHT));
     }
+    print!("{out}");
+    let command = results::command("cargo run --release -p lapic-timer --example simulate-timer");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
+    results::write_section(&path, "lapic-timer", "simulator", &command, &out);
 }

@@ -183,6 +183,17 @@ pub struct TimerThread {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Shows the advance and lead in use: the policy and sink are trait objects.
+impl std::fmt::Debug for TimerThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimerThread")
+            .field("advance", &self.advance())
+            .field("lead_ns", &self.shared.lead_ns.load(Relaxed))
+            .field("running", &self.thread.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl TimerThread {
     /// Starts the timer thread with an advance `policy`, delivering to `sink`.
     pub fn start<P, S, E>(policy: P, sink: S, events: E, spin_at: SpinAt) -> io::Result<Self>

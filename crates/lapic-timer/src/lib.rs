@@ -22,7 +22,6 @@
 //! - [`TimerThread`]: a timerfd armed `advance + lead` early, an expiry path
 //!   that spins to the target ([`SpinAt`]), a [`TimerSink`], and [`TimerEvents`]
 //!   metrics ([`TimerStats`]).
-//! - [`sim`]: a deterministic simulator of advance policies on lateness traces.
 //!
 //! # Example: the guest arms a TSC deadline; the VMM fires it on time
 //! ```
@@ -63,6 +62,7 @@ pub mod invariants;
 pub mod lead;
 pub mod model;
 pub mod registers;
+#[doc(hidden)]
 pub mod sim;
 pub mod time;
 

@@ -4,6 +4,9 @@
 //!
 //! For an advance `A` and a wake lateness `W`: the expiry is `max(W − A, 0)`
 //! late and spins `max(A − W, 0)`. Score = mean lateness + λ·mean spin.
+//!
+//! Not part of the supported API (hidden from the docs): the machinery behind
+//! the crate's examples and policy tests, which may change in any release.
 
 use std::fmt::Write as _;
 use std::fs;

@@ -53,9 +53,9 @@ use crate::apic::Destination;
 use crate::kick;
 
 /// Wake-source bit for an interrupt.
-pub const WAKE_INTERRUPT: u32 = 0;
+pub const WAKE_INTERRUPT: usize = 0;
 /// Wake-source bit for a timer expiry.
-pub const WAKE_TIMER: u32 = 1;
+pub const WAKE_TIMER: usize = 1;
 
 /// A vCPU thread, for kicks; cleared before the thread exits, so a kick never
 /// signals a thread that is gone.
@@ -280,7 +280,7 @@ impl Interrupts {
         }
     }
 
-    fn notify(&self, vcpu: usize, source: u32) {
+    fn notify(&self, vcpu: usize, source: usize) {
         let link = &self.links[vcpu];
         match self.sched.state(vcpu).run_state() {
             RunState::InGuest => {

@@ -26,6 +26,10 @@
 //! ```
 
 #![deny(missing_docs)]
+// The VMM is a program, not a published library: its types hold trait objects
+// and threads whose Debug output would say nothing, so the workspace-wide
+// Debug requirement, which is for the five published crates, does not apply.
+#![allow(missing_debug_implementations)]
 
 pub mod apic;
 pub mod bench;

@@ -188,17 +188,17 @@ struct RunArgs {
 /// nothing to act on is an error when given.
 #[derive(Debug, clap::Args)]
 struct MechanismArgs {
-    /// How a halted vCPU waits: kvm, haltpoll, aio, own, off, always [default:
-    /// own; with --irqchip kernel, KVM's own polling, and only kvm, off
-    /// (window 0) or always (window 10 ms) may be given].
+    /// How a halted vCPU waits: kvm, haltpoll, aio, predictive, off, always
+    /// [default: predictive; with --irqchip kernel, KVM's own polling, and only
+    /// kvm, off (window 0) or always (window 10 ms) may be given].
     #[arg(long)]
     halt_poll: Option<HaltPoll>,
-    /// How early a guest timer's host timer fires: none, fixed:NS, kvm, own
-    /// [default: own].
+    /// How early a guest timer's host timer fires: none, fixed:NS, kvm,
+    /// percentile [default: percentile].
     #[arg(long)]
     timer_advance: Option<TimerAdvance>,
-    /// What interrupt delivery does for the target's thread: none, ready, own
-    /// [default: own].
+    /// What interrupt delivery does for the target's thread: none, ready,
+    /// directed-yield [default: directed-yield].
     #[arg(long)]
     boost: Option<Boost>,
     /// How vCPU threads read the device bus: rcu, rwlock, arc-swap.
@@ -249,7 +249,7 @@ impl MechanismArgs {
             ("--boost", self.boost.is_some()),
             ("--guest-poll", self.guest_poll),
             (
-                "--halt-poll haltpoll|aio|own",
+                "--halt-poll haltpoll|aio|predictive",
                 self.halt_poll
                     .is_some_and(|p| p.kvm_window().is_none() && p != HaltPoll::Kvm),
             ),

@@ -15,18 +15,43 @@ use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
 
 /// A choice given on the command line that names nothing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{what} {given:?} is not one of: {choices}")]
-pub struct ChoiceError {
-    what: &'static str,
-    given: String,
-    choices: &'static str,
+pub enum ChoiceError {
+    /// Not one of the choices.
+    #[error("{what} {given:?} is not one of: {choices}")]
+    Unknown {
+        /// The option.
+        what: &'static str,
+        /// What was given.
+        given: String,
+        /// What it takes.
+        choices: &'static str,
+    },
+    /// `own`, which named this family's policy of each mechanism before the
+    /// policies went by their own names.
+    #[error("{what} \"own\" is now called {renamed:?}: use {what} {renamed}")]
+    Renamed {
+        /// The option.
+        what: &'static str,
+        /// The policy's name.
+        renamed: &'static str,
+    },
 }
 
-fn choice<T>(what: &'static str, choices: &'static str, given: &str) -> Result<T, ChoiceError> {
-    Err(ChoiceError {
-        what,
-        given: given.to_owned(),
-        choices,
+/// The error for `given`; for the mechanisms that had an `own` policy, it
+/// points `own` at that policy's name (`renamed`).
+fn choice<T>(
+    what: &'static str,
+    choices: &'static str,
+    renamed: Option<&'static str>,
+    given: &str,
+) -> Result<T, ChoiceError> {
+    Err(match renamed {
+        Some(renamed) if given == "own" => ChoiceError::Renamed { what, renamed },
+        _ => ChoiceError::Unknown {
+            what,
+            given: given.to_owned(),
+            choices,
+        },
     })
 }
 
@@ -39,9 +64,9 @@ pub enum HaltPoll {
     Haltpoll,
     /// QEMU's AioContext rule (`AioPoll`).
     Aio,
-    /// halt-poll's own `Predictive`.
+    /// halt-poll's `Predictive`: learns the distribution of wake times.
     #[default]
-    Own,
+    Predictive,
     /// Block at once (`Never`): the baseline.
     Off,
     /// Poll for up to 10 ms before blocking (`Fixed`): the other baseline.
@@ -54,7 +79,7 @@ impl HaltPoll {
         Self::Kvm,
         Self::Haltpoll,
         Self::Aio,
-        Self::Own,
+        Self::Predictive,
         Self::Off,
         Self::Always,
     ];
@@ -65,7 +90,7 @@ impl HaltPoll {
             Self::Kvm => Box::new(KvmGrowShrink::new()),
             Self::Haltpoll => Box::new(GuestHaltpoll::new()),
             Self::Aio => Box::new(AioPoll::new()),
-            Self::Own => Box::new(Predictive::default()),
+            Self::Predictive => Box::new(Predictive::default()),
             Self::Off => Box::new(Never),
             Self::Always => Box::new(FixedPoll(ALWAYS_POLL)),
         }
@@ -79,7 +104,7 @@ impl HaltPoll {
         match self {
             Self::Off => Some(Duration::ZERO),
             Self::Always => Some(ALWAYS_POLL),
-            Self::Kvm | Self::Haltpoll | Self::Aio | Self::Own => None,
+            Self::Kvm | Self::Haltpoll | Self::Aio | Self::Predictive => None,
         }
     }
 }
@@ -94,10 +119,17 @@ impl FromStr for HaltPoll {
             "kvm" => Self::Kvm,
             "haltpoll" => Self::Haltpoll,
             "aio" => Self::Aio,
-            "own" => Self::Own,
+            "predictive" => Self::Predictive,
             "off" => Self::Off,
             "always" => Self::Always,
-            _ => return choice("--halt-poll", "kvm, haltpoll, aio, own, off, always", s),
+            _ => {
+                return choice(
+                    "--halt-poll",
+                    "kvm, haltpoll, aio, predictive, off, always",
+                    Some("predictive"),
+                    s,
+                );
+            }
         })
     }
 }
@@ -108,7 +140,7 @@ impl fmt::Display for HaltPoll {
             Self::Kvm => "kvm",
             Self::Haltpoll => "haltpoll",
             Self::Aio => "aio",
-            Self::Own => "own",
+            Self::Predictive => "predictive",
             Self::Off => "off",
             Self::Always => "always",
         })
@@ -124,9 +156,9 @@ pub enum TimerAdvance {
     Fixed(Duration),
     /// KVM's adaptive `lapic_timer_advance`.
     Kvm,
-    /// lapic-timer's own `Percentile`.
+    /// lapic-timer's `Percentile`: a high quantile of recent lateness.
     #[default]
-    Own,
+    Percentile,
 }
 
 impl TimerAdvance {
@@ -136,7 +168,7 @@ impl TimerAdvance {
             Self::None => Box::new(NoAdvance),
             Self::Fixed(d) => Box::new(Fixed(d)),
             Self::Kvm => Box::new(KvmAdaptive::new(tsc_khz)),
-            Self::Own => Box::new(Percentile::default()),
+            Self::Percentile => Box::new(Percentile::default()),
         }
     }
 }
@@ -144,14 +176,14 @@ impl TimerAdvance {
 impl FromStr for TimerAdvance {
     type Err = ChoiceError;
     fn from_str(s: &str) -> Result<Self, ChoiceError> {
-        const CHOICES: &str = "none, fixed:NS (NS up to 1000000), kvm, own";
+        const CHOICES: &str = "none, fixed:NS (NS up to 1000000), kvm, percentile";
         Ok(match s {
             "none" => Self::None,
             "kvm" => Self::Kvm,
-            "own" => Self::Own,
+            "percentile" => Self::Percentile,
             _ => match s.strip_prefix("fixed:").map(str::parse::<u64>) {
                 Some(Ok(ns)) if ns <= 1_000_000 => Self::Fixed(Duration::from_nanos(ns)),
-                _ => return choice("--timer-advance", CHOICES, s),
+                _ => return choice("--timer-advance", CHOICES, Some("percentile"), s),
             },
         })
     }
@@ -163,7 +195,7 @@ impl fmt::Display for TimerAdvance {
             Self::None => f.write_str("none"),
             Self::Fixed(d) => write!(f, "fixed:{}", d.as_nanos()),
             Self::Kvm => f.write_str("kvm"),
-            Self::Own => f.write_str("own"),
+            Self::Percentile => f.write_str("percentile"),
         }
     }
 }
@@ -175,9 +207,10 @@ pub enum Boost {
     None,
     /// Mark it ready for directed yield (`KvmReady`, the seed).
     Ready,
-    /// vcpu-sched's own `DirectedYield`.
+    /// vcpu-sched's `DirectedYield`: yields or boosts by who competes for
+    /// the CPU.
     #[default]
-    Own,
+    DirectedYield,
 }
 
 impl Boost {
@@ -186,7 +219,7 @@ impl Boost {
         match self {
             Self::None => Box::new(NoBoost),
             Self::Ready => Box::new(KvmReady),
-            Self::Own => Box::new(DirectedYield::new()),
+            Self::DirectedYield => Box::new(DirectedYield::new()),
         }
     }
 }
@@ -197,8 +230,15 @@ impl FromStr for Boost {
         Ok(match s {
             "none" => Self::None,
             "ready" => Self::Ready,
-            "own" => Self::Own,
-            _ => return choice("--boost", "none, ready, own", s),
+            "directed-yield" => Self::DirectedYield,
+            _ => {
+                return choice(
+                    "--boost",
+                    "none, ready, directed-yield",
+                    Some("directed-yield"),
+                    s,
+                );
+            }
         })
     }
 }
@@ -208,7 +248,7 @@ impl fmt::Display for Boost {
         f.write_str(match self {
             Self::None => "none",
             Self::Ready => "ready",
-            Self::Own => "own",
+            Self::DirectedYield => "directed-yield",
         })
     }
 }
@@ -232,7 +272,7 @@ impl FromStr for BusAccess {
             "rcu" => Self::Rcu,
             "rwlock" => Self::RwLock,
             "arc-swap" => Self::ArcSwap,
-            _ => return choice("--bus", "rcu, rwlock, arc-swap", s),
+            _ => return choice("--bus", "rcu, rwlock, arc-swap", None, s),
         })
     }
 }
@@ -267,7 +307,7 @@ impl FromStr for Irqchip {
         Ok(match s {
             "user" => Self::User,
             "kernel" => Self::Kernel,
-            _ => return choice("--irqchip", "user, kernel", s),
+            _ => return choice("--irqchip", "user, kernel", None, s),
         })
     }
 }
@@ -353,19 +393,19 @@ mod tests {
             guest_poll,
             ..Mechanisms::default()
         };
-        use HaltPoll::{Kvm, Off, Own};
+        use HaltPoll::{Kvm, Off, Predictive};
         assert_eq!(
-            m(Own, TimerAdvance::None, false).halt_poll_per_source(),
-            [Own, Own],
+            m(Predictive, TimerAdvance::None, false).halt_poll_per_source(),
+            [Predictive, Predictive],
             "the timer learns its own wake times"
         );
         assert_eq!(
-            m(Kvm, TimerAdvance::Own, false).halt_poll_per_source(),
+            m(Kvm, TimerAdvance::Percentile, false).halt_poll_per_source(),
             [Kvm, Off],
             "an advance covers the timer's wake-up"
         );
         assert_eq!(
-            m(Own, TimerAdvance::None, true).halt_poll_per_source(),
+            m(Predictive, TimerAdvance::None, true).halt_poll_per_source(),
             [Off, Off],
             "the guest polls; the VMM blocks"
         );
@@ -380,11 +420,11 @@ mod tests {
             TimerAdvance::None,
             TimerAdvance::Fixed(Duration::from_micros(20)),
             TimerAdvance::Kvm,
-            TimerAdvance::Own,
+            TimerAdvance::Percentile,
         ] {
             assert_eq!(t.to_string().parse::<TimerAdvance>(), Ok(t));
         }
-        for b in [Boost::None, Boost::Ready, Boost::Own] {
+        for b in [Boost::None, Boost::Ready, Boost::DirectedYield] {
             assert_eq!(b.to_string().parse::<Boost>(), Ok(b));
         }
         for b in [BusAccess::Rcu, BusAccess::RwLock, BusAccess::ArcSwap] {
@@ -395,9 +435,33 @@ mod tests {
         }
         let err = "fast".parse::<HaltPoll>().unwrap_err().to_string();
         assert!(
-            err.contains("kvm, haltpoll, aio, own, off, always"),
+            err.contains("kvm, haltpoll, aio, predictive, off, always"),
             "{err}"
         );
+        for (err, renamed) in [
+            (
+                "own".parse::<HaltPoll>().unwrap_err(),
+                "--halt-poll predictive",
+            ),
+            (
+                "own".parse::<TimerAdvance>().unwrap_err(),
+                "--timer-advance percentile",
+            ),
+            (
+                "own".parse::<Boost>().unwrap_err(),
+                "--boost directed-yield",
+            ),
+        ] {
+            let err = err.to_string();
+            assert!(
+                err.contains("\"own\" is now called") && err.ends_with(renamed),
+                "{err}"
+            );
+        }
+        assert!(matches!(
+            "own".parse::<BusAccess>(),
+            Err(ChoiceError::Unknown { .. })
+        ));
         assert!("fixed:x".parse::<TimerAdvance>().is_err());
         assert!("fixed:9999999".parse::<TimerAdvance>().is_err());
         assert!("spin".parse::<BusAccess>().is_err());

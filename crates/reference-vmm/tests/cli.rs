@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 20] = [
+    let cases: [(&[&str], &str); 21] = [
         (&["run"], "--guest <GUEST>"),
         (
             &["run", "--guest", "nope"],
@@ -40,11 +40,11 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
         (&["fly"], "unrecognized subcommand 'fly'"),
         (
             &["run", "--guest", "hello", "--halt-poll", "fast"],
-            "--halt-poll \"fast\" is not one of: kvm, haltpoll, aio, own, off, always",
+            "--halt-poll \"fast\" is not one of: kvm, haltpoll, aio, predictive, off, always",
         ),
         (
             &["run", "--guest", "hello", "--timer-advance", "fixed:x"],
-            "none, fixed:NS (NS up to 1000000), kvm, own",
+            "none, fixed:NS (NS up to 1000000), kvm, percentile",
         ),
         (
             &["run", "--guest", "hello", "--irqchip", "split"],
@@ -72,7 +72,7 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
                 "--irqchip",
                 "kernel",
                 "--boost",
-                "own",
+                "directed-yield",
             ],
             "--boost has nothing to act on with --irqchip kernel",
         ),
@@ -107,9 +107,13 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
                 "--irqchip",
                 "kernel",
                 "--halt-poll",
-                "own",
+                "predictive",
             ],
-            "--halt-poll haltpoll|aio|own has nothing to act on",
+            "--halt-poll haltpoll|aio|predictive has nothing to act on",
+        ),
+        (
+            &["run", "--guest", "hello", "--boost", "own"],
+            "--boost \"own\" is now called \"directed-yield\": use --boost directed-yield",
         ),
         (
             &["bench", "halt", "--update-benchmarks-md"],

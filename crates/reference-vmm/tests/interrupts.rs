@@ -19,7 +19,7 @@ fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {
     for halt_poll in HaltPoll::ALL {
         for (boost, bus) in [
             (Boost::None, BusAccess::RwLock),
-            (Boost::Own, BusAccess::Rcu),
+            (Boost::DirectedYield, BusAccess::Rcu),
         ] {
             let m = Mechanisms {
                 halt_poll,
@@ -80,8 +80,13 @@ fn ipis_around_a_ring_all_arrive_under_every_policy() {
     const VCPUS: u32 = 4;
     const ROUNDS: u64 = 2000;
     let configs = [
-        (HaltPoll::Own, Boost::Own, BusAccess::Rcu, 0),
-        (HaltPoll::Kvm, Boost::Own, BusAccess::Rcu, 200),
+        (
+            HaltPoll::Predictive,
+            Boost::DirectedYield,
+            BusAccess::Rcu,
+            0,
+        ),
+        (HaltPoll::Kvm, Boost::DirectedYield, BusAccess::Rcu, 200),
         (HaltPoll::Off, Boost::None, BusAccess::RwLock, 0),
         (HaltPoll::Always, Boost::Ready, BusAccess::ArcSwap, 200),
     ];
@@ -105,7 +110,7 @@ fn every_message_arrives_once_with_guest_side_polling() {
         return;
     }
     const ROUNDS: u64 = 5000;
-    for halt_poll in [HaltPoll::Own, HaltPoll::Off, HaltPoll::Kvm] {
+    for halt_poll in [HaltPoll::Predictive, HaltPoll::Off, HaltPoll::Kvm] {
         let m = Mechanisms {
             halt_poll,
             guest_poll: true,

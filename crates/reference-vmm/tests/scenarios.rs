@@ -119,7 +119,7 @@ fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
     for m in [
         user(TimerAdvance::None),
         user(TimerAdvance::Kvm),
-        user(TimerAdvance::Own),
+        user(TimerAdvance::Percentile),
         kernel,
     ] {
         let variant = format!("{} / {}", m.irqchip, m.timer_advance);
@@ -158,7 +158,7 @@ fn every_overcommitted_vcpu_acknowledges_every_ipi_under_every_boost() {
         return;
     }
     const ROUNDS: u64 = 200;
-    for boost in [Boost::None, Boost::Ready, Boost::Own] {
+    for boost in [Boost::None, Boost::Ready, Boost::DirectedYield] {
         let m = Mechanisms {
             boost,
             ..Mechanisms::default()

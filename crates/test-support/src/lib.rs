@@ -1,11 +1,12 @@
 //! Scaffolding shared by the workspace's examples, benchmarks and tests, so
 //! that each crate's measurements run the same "other tenants". Not published:
 //! the reference VMM depends on it, and the published crates' examples include
-//! `hogs.rs` through a link in their `examples/support/`, so that it ships
-//! with each of them.
+//! `hogs.rs` and `results.rs` through links in their `examples/support/`, so
+//! that they ship with each of them.
 
 #![deny(missing_docs)]
 
 pub mod hogs;
+pub mod results;
 
 pub use hogs::Hogs;

@@ -37,7 +37,7 @@ fn policies() -> Vec<(&'static str, Arc<dyn BoostPolicy>)> {
         ("NoBoost", Arc::new(NoBoost)),
         ("KvmReady", Arc::new(KvmReady)),
         ("FifoOnDelivery", Arc::new(FifoOnDelivery)),
-        ("DirectedYield (own)", Arc::new(DirectedYield::default())),
+        ("DirectedYield", Arc::new(DirectedYield::default())),
     ]
 }
 

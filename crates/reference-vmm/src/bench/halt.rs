@@ -15,7 +15,7 @@ const ROUNDS: u64 = 3000;
 enum Variant {
     /// The userspace APIC, the VMM polling with this policy.
     Vmm(HaltPoll),
-    /// The userspace APIC, the guest polling its mailbox for own's window.
+    /// The userspace APIC, the guest polling its mailbox for predictive's window.
     GuestSide,
     /// KVM's LAPIC, halts and IPIs in the kernel, with KVM's halt polling.
     Kernel,
@@ -28,13 +28,13 @@ const VARIANTS: [Variant; 8] = [
     Variant::Vmm(HaltPoll::Kvm),
     Variant::Vmm(HaltPoll::Haltpoll),
     Variant::Vmm(HaltPoll::Aio),
-    Variant::Vmm(HaltPoll::Own),
+    Variant::Vmm(HaltPoll::Predictive),
     Variant::GuestSide,
     Variant::Kernel,
 ];
 const OFF: usize = 0;
 const ALWAYS: usize = 1;
-const OWN: usize = 5;
+const PREDICTIVE: usize = 5;
 const GUEST_SIDE: usize = 6;
 
 impl Variant {
@@ -43,7 +43,7 @@ impl Variant {
             Self::Vmm(HaltPoll::Off) => "off (block-only)".into(),
             Self::Vmm(HaltPoll::Always) => "always (poll 10 ms)".into(),
             Self::Vmm(p) => p.to_string(),
-            Self::GuestSide => "guest-side polling, own window".into(),
+            Self::GuestSide => "guest-side polling, predictive window".into(),
             Self::Kernel => "--irqchip kernel (KVM's halt polling)".into(),
         }
     }
@@ -118,18 +118,18 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         kvm_halt_poll_ns()
     ));
     let better = rt[OFF].zip(&rt[ALWAYS], f64::min);
-    let own_rt = rt[OWN].ratio_to(&better);
-    let own_poll = poll[OWN].ratio_to(&poll[ALWAYS]);
+    let predictive_rt = rt[PREDICTIVE].ratio_to(&better);
+    let predictive_poll = poll[PREDICTIVE].ratio_to(&poll[ALWAYS]);
     let meets = |rt: f64, poll: f64| rt <= 1.1 && poll <= 0.5;
     t.note(goal(
-        "own round trip at most 1.1x the better of block-only and always-poll, at no more than half of always-poll's polling",
+        "predictive round trip at most 1.1x the better of block-only and always-poll, at no more than half of always-poll's polling",
         &format!(
             "{} of the round trip, at {} of always-poll's polling",
-            own_rt.ratio_text(),
-            own_poll.ratio_text()
+            predictive_rt.ratio_text(),
+            predictive_poll.ratio_text()
         ),
-        meets(own_rt.median(), own_poll.median()),
-        &own_rt.0.iter().zip(&own_poll.0).map(|(&r, &p)| meets(r, p)).collect::<Vec<_>>(),
+        meets(predictive_rt.median(), predictive_poll.median()),
+        &predictive_rt.0.iter().zip(&predictive_poll.0).map(|(&r, &p)| meets(r, p)).collect::<Vec<_>>(),
     ));
     let speedup = rt[OFF].ratio_to(&rt[GUEST_SIDE]);
     t.note(goal(

@@ -134,12 +134,12 @@ mod tests {
     fn a_goal_is_judged_on_the_median_and_says_when_runs_disagree() {
         assert_eq!(
             goal(
-                "own at least 1.5x none",
+                "directed-yield at least 1.5x none",
                 "1.51x (1.42-1.61x)",
                 true,
                 &[true, false, true]
             ),
-            "Goal: own at least 1.5x none. Measured: 1.51x (1.42-1.61x): met on the median; \
+            "Goal: directed-yield at least 1.5x none. Measured: 1.51x (1.42-1.61x): met on the median; \
              2 of 3 runs met it alone, so a rerun may differ."
         );
         assert_eq!(
