@@ -5,6 +5,9 @@
 //! total get and clear time, disable, and the longest single ioctl.
 //!
 //! `cargo run --release -p dirty-log --example perf -- [--vcpus N] [--mib-per-vcpu M] [--iterations I] [--thp]`
+//!
+//! The table also goes to the crate's RESULTS.md, section "perf, 4 KiB" (or
+//! "perf, THP").
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -15,6 +18,10 @@ use dirty_log::perf::{self, Mode, RING_BYTES, Row, Tracker};
 use dirty_log::{DirtyStats, RingFull, Slots, enable_dirty_ring};
 use kvm_ioctls::VcpuFd;
 use writer_vm::{Stop, Writer, WriterVm, run};
+
+// The workspace's RESULTS.md writer (test-support's), a copy of which ships with the crate.
+#[path = "support/results.rs"]
+mod results;
 
 // The guest the KVM tests run; this example takes only its writers.
 #[allow(dead_code)]
@@ -163,22 +170,31 @@ fn main() {
             std::process::exit(2);
         }
     };
-    println!(
-        "{} vCPUs x {} MiB ({} backing), {} iterations\n",
+    let backing = if o.thp { "THP" } else { "4 KiB" };
+    let mut table = format!(
+        "{} vCPUs x {} MiB ({backing} backing), {} iterations\n\n| {} |\n|{}\n",
         o.vcpus,
         o.mib_per_vcpu,
-        if o.thp { "THP" } else { "4 KiB" },
-        o.iterations
+        o.iterations,
+        perf::COLUMNS.join(" | "),
+        "---|".repeat(perf::COLUMNS.len())
     );
-    println!("| {} |", perf::COLUMNS.join(" | "));
-    println!("|{}", "---|".repeat(perf::COLUMNS.len()));
+    print!("{table}");
     for mode in Mode::ALL {
         match measure(mode, o) {
-            Ok(r) => println!("| {} |", r.cells(mode).join(" | ")),
+            Ok(r) => {
+                let row = format!("| {} |\n", r.cells(mode).join(" | "));
+                print!("{row}");
+                table.push_str(&row);
+            }
             Err(e) => {
                 eprintln!("perf: {}: {e}", mode.name());
                 std::process::exit(1);
             }
         }
     }
+    let command = results::command("cargo run --release -p dirty-log --example perf");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
+    let section = format!("perf, {backing}");
+    results::write_section(&path, "dirty-log", &section, &command, &table);
 }

@@ -2,7 +2,9 @@
 //!
 //! `cargo bench -p rcu-qs --bench main` (add `-- --quick` for a fast pass).
 //! "2 threads": a second thread does the same operation on the same object in a
-//! loop while the first is measured.
+//! loop while the first is measured. A run of every benchmark also writes
+//! criterion's medians, as ratios and against the goals, into the crate's
+//! RESULTS.md, section "bench".
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,8 +12,17 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+// The workspace's RESULTS.md writer and criterion reader (test-support's),
+// copies of which ship with the crate.
+#[path = "support/criterion_medians.rs"]
+mod criterion_medians;
+#[path = "support/results.rs"]
+mod results;
+
+use std::fmt::Write as _;
+
 use arc_swap::ArcSwap;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use crossbeam_epoch as epoch;
 use rcu_qs::{Domain, RcuCell};
 
@@ -188,4 +199,91 @@ fn config() -> Criterion {
 }
 
 criterion_group! { name = benches; config = config(); targets = reads, reader_transitions, synchronize }
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    if criterion_medians::measures_everything() {
+        match tables() {
+            Some(t) => {
+                let command = results::command("cargo bench -p rcu-qs --bench main");
+                let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
+                results::write_section(&path, "rcu-qs", "bench", &command, &t);
+            }
+            None => {
+                eprintln!("a median is missing from criterion's output: RESULTS.md not written")
+            }
+        }
+    }
+}
+
+const READS: [&str; 5] = [
+    "RcuCell::read",
+    "ArcSwap::load",
+    "RwLock::read",
+    "Mutex::lock",
+    "crossbeam-epoch pin+load",
+];
+
+/// Criterion's medians: reads against `RcuCell::read`'s, and the reader and
+/// writer costs against their goals.
+fn tables() -> Option<String> {
+    let median = criterion_medians::median_ns;
+    let mut t = String::from(
+        "Criterion's medians.\n\n\
+         | read of a 32-byte table | 1 thread | 2 threads |\n|---|---|---|\n",
+    );
+    let base = [
+        median("read/1 thread(s)", READS[0])?,
+        median("read/2 thread(s)", READS[0])?,
+    ];
+    for id in READS {
+        let ns = [
+            median("read/1 thread(s)", id)?,
+            median("read/2 thread(s)", id)?,
+        ];
+        let _ = writeln!(
+            t,
+            "| `{id}` | {:.2} ns ({:.1}x) | {:.2} ns ({:.1}x) |",
+            ns[0],
+            ns[0] / base[0],
+            ns[1],
+            ns[1] / base[1]
+        );
+    }
+    t.push_str("\n| operation | time | goal |\n|---|---|---|\n");
+    for (group, id, goal_ns, goal) in [
+        (
+            "reader",
+            "quiescent, no grace period pending",
+            2.0,
+            "≤ 2 ns",
+        ),
+        (
+            "reader",
+            "offline + online",
+            25.0,
+            "≤ 25 ns (the seed's exit-side QS: 33-42 cycles)",
+        ),
+        ("synchronize", "4 readers, all offline", 5_000.0, "< 5 µs"),
+        (
+            "synchronize",
+            "1 reader noting a QS every 10 us",
+            30_000.0,
+            "< 30 µs (3 periods)",
+        ),
+    ] {
+        let ns = median(group, id)?;
+        let verdict = if ns <= goal_ns { "met" } else { "not met" };
+        let _ = writeln!(t, "| `{id}` | {} | {goal}: {verdict} |", time(ns));
+    }
+    Some(t)
+}
+
+fn time(ns: f64) -> String {
+    if ns < 1000.0 {
+        format!("{ns:.2} ns")
+    } else {
+        format!("{:.1} µs", ns / 1000.0)
+    }
+}

@@ -1,12 +1,17 @@
 //! Scaffolding shared by the workspace's examples, benchmarks and tests, so
 //! that each crate's measurements run the same "other tenants". Not published:
 //! the reference VMM depends on it, and the published crates' examples include
-//! `hogs.rs` and `results.rs` through links in their `examples/support/`, so
+//! `hogs.rs`, `results.rs` and `criterion_medians.rs` through links in their
+//! `examples/support/` or `benches/support/`, so
 //! that they ship with each of them.
 
 #![deny(missing_docs)]
 
+pub mod criterion_medians;
 pub mod hogs;
 pub mod results;
 
 pub use hogs::Hogs;
+
+#[cfg(test)]
+mod tests;

@@ -24,9 +24,13 @@ pub fn write_section(results_md: &Path, crate_name: &str, name: &str, command: &
 }
 
 /// The command line that ran this process: `cargo_command` (say, `cargo run
-/// --release -p halt-poll --example pingpong`) and, after `--`, the arguments.
+/// --release -p halt-poll --example pingpong`) and, after `--`, the arguments
+/// (less the `--bench` that `cargo bench` adds).
 pub fn command(cargo_command: &str) -> String {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     if args.is_empty() {
         cargo_command.to_owned()
     } else {
@@ -34,7 +38,7 @@ pub fn command(cargo_command: &str) -> String {
     }
 }
 
-fn title(crate_name: &str) -> String {
+pub(crate) fn title(crate_name: &str) -> String {
     format!(
         "# {crate_name} results\n\n\
          Each section is written by the command it names, which replaces only its \
@@ -83,7 +87,7 @@ fn today() -> String {
 }
 
 /// Howard Hinnant's `civil_from_days`: days since 1970-01-01 to a date.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -93,29 +97,4 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_section_is_replaced_in_place_and_others_are_kept() {
-        let text = title("x");
-        let one = replace_section(&text, "a", "first\n");
-        let two = replace_section(&one, "b", "second\n");
-        let again = replace_section(&two, "a", "third\n");
-        assert!(again.starts_with("# x results\n"));
-        assert!(again.contains("<!-- begin a -->\nthird\n<!-- end a -->\n"));
-        assert!(again.contains("<!-- begin b -->\nsecond\n<!-- end b -->\n"));
-        assert!(!again.contains("first"));
-        assert!(again.find("begin a") < again.find("begin b"), "order kept");
-    }
-
-    #[test]
-    fn dates_follow_the_calendar() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
-        assert_eq!(civil_from_days(20_788), (2026, 12, 1));
-    }
 }

@@ -5,7 +5,7 @@
 //! thread, above everything and on another CPU, reads each target's
 //! scheduling policy from outside (`sched_getattr`) every 20 µs.
 //!
-//! `cargo run --release -p vcpu-sched --example boost_bound [-- --json] [--seconds N]`
+//! `cargo run --release -p vcpu-sched --example boost_bound [-- --json] [--seconds N] [--runs N]`
 //!
 //! Prints `boosts`, `revoked_by_deadline`, `budget_us` (`max_boost`),
 //! `max_boost_us` (the longest time a target was seen real-time, from the
@@ -19,6 +19,13 @@
 //! that CPU too); as much CPU means the target really kept it. A stretch during which the sampler
 //! itself was off its CPU for over 1 ms cannot be measured: it is counted
 //! apart (`unwatched_stretches`, with `max_sampler_gap_us`).
+//!
+//! `--runs N` repeats the run N times (default 1). The runs' table also goes
+//! to the crate's RESULTS.md, section "boost bound".
+
+// The workspace's RESULTS.md writer (test-support's), a copy of which ships with the crate.
+#[path = "support/results.rs"]
+mod results;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -62,26 +69,35 @@ impl SchedEvents for Events {
 struct Args {
     json: bool,
     seconds: u64,
+    runs: u64,
 }
 
 fn args() -> Result<Args, String> {
     let mut args = Args {
         json: false,
         seconds: 10,
+        runs: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--json" => args.json = true,
-            "--seconds" => {
-                let n = it.next().ok_or("--seconds needs a number")?;
-                args.seconds = n.parse().ok().filter(|&s| s > 0).ok_or(format!(
-                    "--seconds {n:?}: a whole number of seconds, at least 1"
-                ))?;
+            "--seconds" | "--runs" => {
+                let n = it.next().ok_or(format!("{arg} needs a number"))?;
+                let n = n
+                    .parse()
+                    .ok()
+                    .filter(|&s| s > 0)
+                    .ok_or(format!("{arg} {n:?}: a whole number, at least 1"))?;
+                *if arg == "--runs" {
+                    &mut args.runs
+                } else {
+                    &mut args.seconds
+                } = n;
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; use [--json] [--seconds N]"
+                    "unknown argument {other:?}; use [--json] [--seconds N] [--runs N]"
                 ));
             }
         }
@@ -192,11 +208,36 @@ fn main() {
     let cpus = available_cpus().expect("sched_getaffinity");
     let (shared_cpu, sampler_cpu) = (cpus[0], *cpus.last().expect("one CPU at least"));
     pin(0, &[shared_cpu]).expect("pin the booster");
-    let fifo = FifoBoost::default();
-    if let Err(e) = fifo.check() {
+    if let Err(e) = FifoBoost::default().check() {
         eprintln!("error: this example boosts threads to SCHED_FIFO: {e}");
         std::process::exit(1);
     }
+    let budget = BoostBudget::default();
+    let mut table = format!(
+        "{} s per run, {TARGETS} targets busy-looping on the booster's CPU, max_boost {} µs; \
+         goal: seen real-time at most max_boost + 1000 µs, and no real-time sample without a record\n\n\
+         | run | boosts | revoked by deadline | longest seen real-time µs | most CPU in one boost µs | unrecorded samples | unwatched stretches | goal |\n\
+         |---|---|---|---|---|---|---|---|\n",
+        args.seconds,
+        budget.max_boost.as_micros()
+    );
+    for run in 1..=args.runs {
+        let (events, seen) = run_once(&args, budget, shared_cpu, sampler_cpu);
+        table.push_str(&report(&args, run, &events.stats, budget, &seen));
+    }
+    let command = results::command("cargo run --release -p vcpu-sched --example boost_bound");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
+    results::write_section(&path, "vcpu-sched", "boost bound", &command, &table);
+}
+
+/// One run: boosts the targets for `args.seconds` while the sampler watches.
+fn run_once(
+    args: &Args,
+    budget: BoostBudget,
+    shared_cpu: usize,
+    sampler_cpu: usize,
+) -> (Arc<Events>, Seen) {
+    let fifo = FifoBoost::default();
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel();
     let targets: Vec<_> = (0..TARGETS)
@@ -213,7 +254,6 @@ fn main() {
         .collect();
     let tids: Vec<Tid> = (0..TARGETS).map(|_| rx.recv().expect("a target")).collect();
     let events = Arc::new(Events::default());
-    let budget = BoostBudget::default();
     let booster = Booster::with_events(TARGETS, fifo, events.clone()).with_budget(budget);
     for (v, &tid) in tids.iter().enumerate() {
         booster.register(v, tid);
@@ -247,10 +287,11 @@ fn main() {
     for t in targets {
         t.join().expect("a target");
     }
-    report(&args, &events.stats, budget, &seen);
+    (events, seen)
 }
 
-fn report(args: &Args, stats: &SchedStats, budget: BoostBudget, seen: &Seen) {
+/// Prints one run's result; returns its row of the RESULTS.md table.
+fn report(args: &Args, run: u64, stats: &SchedStats, budget: BoostBudget, seen: &Seen) -> String {
     let get = |a: &AtomicU64| a.load(SeqCst);
     let budget_us = budget.max_boost.as_micros();
     let max_us = seen.max_fifo.as_micros();
@@ -287,4 +328,12 @@ fn report(args: &Args, stats: &SchedStats, budget: BoostBudget, seen: &Seen) {
             if met { "met" } else { "not met" }
         );
     }
+    format!(
+        "| {run} | {} | {} | {max_us} | {max_cpu_us} | {} | {} | {} |\n",
+        get(&stats.boosts),
+        get(&stats.boosts_revoked),
+        seen.unrecorded,
+        seen.unwatched,
+        if met { "met" } else { "not met" }
+    )
 }

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 // The workspace's CPU hogs (test-support's), a copy of which ships with the crate.
 #[path = "support/hogs.rs"]
 mod hogs;
+#[path = "support/results.rs"]
+mod results;
 use hogs::Hogs;
 
 use crossbeam_utils::CachePadded;
@@ -261,27 +263,16 @@ fn main() {
         out.push_str(&rows);
     }
     if whole_table {
-        write_results(&args, &out);
+        write_results(&out);
     }
 }
 
-/// The whole table goes to the crate's RESULTS.md, with the command and the
-/// machine, so that the numbers there are always this example's.
-fn write_results(args: &[String], table: &str) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/RESULTS.md");
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let text = format!(
-        "# vcpu-sched results\n\n\
-         Written by `cargo run --release -p vcpu-sched --example overcommit -- {}` \
-         (host threads, no KVM) on Linux {}; what it measures: the crate's README, \
-         *Benchmark*. Ratios compare policies of the same run.\n\n{table}",
-        args.join(" "),
-        kernel.trim()
-    );
-    match std::fs::write(path, text) {
-        Ok(()) => eprintln!("wrote {path}"),
-        Err(e) => eprintln!("overcommit: cannot write {path}: {e}"),
-    }
+/// The whole table goes to the crate's RESULTS.md, section "overcommit",
+/// with the command and the machine.
+fn write_results(table: &str) {
+    let command = results::command("cargo run --release -p vcpu-sched --example overcommit");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
+    results::write_section(&path, "vcpu-sched", "overcommit", &command, table);
 }
 
 /// Runs every policy in turn on one configuration; returns its table rows.

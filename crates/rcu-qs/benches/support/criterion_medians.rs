@@ -1,0 +1,1 @@
+../../../test-support/src/criterion_medians.rs

@@ -1,0 +1,63 @@
+//! Criterion's medians, read back from the files a `cargo bench` run leaves,
+//! so that a bench can write its own table into `RESULTS.md`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Whether this bench process measures every benchmark: run by `cargo bench`
+/// with no filter and not in test or list mode (`--quick` is fine). Only then
+/// are all the medians on disk this run's, not an earlier run's.
+pub fn measures_everything() -> bool {
+    std::env::args()
+        .skip(1)
+        .all(|a| a == "--bench" || a == "--quick")
+        && std::env::args().any(|a| a == "--bench")
+}
+
+/// The median of benchmark `id` of `group` in ns, from criterion's
+/// `estimates.json` of its latest run; `None` if there is none.
+pub fn median_ns(group: &str, id: &str) -> Option<f64> {
+    let path = criterion_dir()?
+        .join(filename_safe(group))
+        .join(filename_safe(id))
+        .join("new/estimates.json");
+    let json = std::fs::read_to_string(path).ok()?;
+    point_estimate(&json, "median")
+}
+
+/// Where criterion writes: `$CARGO_TARGET_DIR/criterion`, or the target
+/// directory `cargo metadata` names, as criterion finds it.
+fn criterion_dir() -> Option<PathBuf> {
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let cargo = std::env::var_os("CARGO")?;
+            let out = Command::new(cargo)
+                .args(["metadata", "--format-version", "1", "--no-deps"])
+                .output()
+                .ok()?;
+            let text = String::from_utf8(out.stdout).ok()?;
+            PathBuf::from(string_field(&text, "target_directory")?)
+        }
+    };
+    Some(target.join("criterion"))
+}
+
+/// Criterion's `make_filename_safe`, for the names used here (short ASCII).
+pub(crate) fn filename_safe(name: &str) -> String {
+    name.replace(['?', '"', '/', '\\', '*', '<', '>', ':', '|', '^'], "_")
+}
+
+/// The string value of `"field":"..."` (no escapes in it).
+pub(crate) fn string_field<'a>(json: &'a str, field: &str) -> Option<&'a str> {
+    let start = json.find(&format!("\"{field}\":\""))? + field.len() + 4;
+    Some(&json[start..start + json[start..].find('"')?])
+}
+
+/// `point_estimate` of the object `"estimate": {...}` in estimates.json.
+pub(crate) fn point_estimate(json: &str, estimate: &str) -> Option<f64> {
+    let object = &json[json.find(&format!("\"{estimate}\":"))?..];
+    let value = &object[object.find("\"point_estimate\":")? + "\"point_estimate\":".len()..];
+    let end = value.find([',', '}'])?;
+    value[..end].trim().parse().ok()
+}
