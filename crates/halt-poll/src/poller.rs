@@ -373,6 +373,11 @@ mod tests {
         assert_eq!(p.policy(0).unwrap().window(), Duration::ZERO);
         assert_eq!(p.policy(1).unwrap().window(), 10 * US, "grew to grow_start");
         assert_eq!(p.plan(), PollPlan::poll(10 * US), "the longest plan wins");
+        let shown = format!("{p:?}");
+        assert!(
+            shown.contains("sources: 2") && shown.contains("window: 10µs"),
+            "{shown}"
+        );
     }
 
     #[test]

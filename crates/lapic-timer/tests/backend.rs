@@ -89,6 +89,11 @@ fn rearming_replaces_and_disarming_cancels() {
     // A deadline in the past fires at once.
     timer.arm(1, 4).unwrap();
     assert_eq!(rx.recv_timeout(WAIT).unwrap().0.payload, 4);
+    let shown = format!("{timer:?}");
+    assert!(
+        shown.contains("advance: 0ns") && shown.contains("running: true"),
+        "{shown}"
+    );
 }
 
 #[test]

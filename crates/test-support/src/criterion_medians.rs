@@ -17,7 +17,12 @@ pub fn measures_everything() -> bool {
 /// The median of benchmark `id` of `group` in ns, from criterion's
 /// `estimates.json` of its latest run; `None` if there is none.
 pub fn median_ns(group: &str, id: &str) -> Option<f64> {
-    let path = criterion_dir()?
+    median_ns_in(&criterion_dir()?, group, id)
+}
+
+/// [`median_ns`] from the criterion directory `dir`.
+pub(crate) fn median_ns_in(dir: &std::path::Path, group: &str, id: &str) -> Option<f64> {
+    let path = dir
         .join(filename_safe(group))
         .join(filename_safe(id))
         .join("new/estimates.json");
@@ -27,7 +32,7 @@ pub fn median_ns(group: &str, id: &str) -> Option<f64> {
 
 /// Where criterion writes: `$CARGO_TARGET_DIR/criterion`, or the target
 /// directory `cargo metadata` names, as criterion finds it.
-fn criterion_dir() -> Option<PathBuf> {
+pub(crate) fn criterion_dir() -> Option<PathBuf> {
     let target = match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => PathBuf::from(dir),
         None => {

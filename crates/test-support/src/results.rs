@@ -64,7 +64,7 @@ pub fn replace_section(text: &str, name: &str, section: &str) -> String {
 }
 
 /// The kernel, the CPU model and how many CPUs are online.
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -78,7 +78,7 @@ fn machine() -> String {
 }
 
 /// Today's date (UTC), `YYYY-MM-DD`.
-fn today() -> String {
+pub(crate) fn today() -> String {
     let days = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() / 86_400) as i64;

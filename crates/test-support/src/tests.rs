@@ -5,6 +5,33 @@ mod results {
     use crate::results::*;
 
     #[test]
+    fn a_section_is_written_with_its_command_and_machine_and_rewritten_in_place() {
+        let dir = super::scratch_dir("results");
+        let path = dir.join("RESULTS.md");
+        write_section(&path, "x", "a", "cargo run -p x", "| a |\n");
+        write_section(&path, "x", "b", "cargo run -p x -- b", "| b |\n");
+        write_section(&path, "x", "a", "cargo run -p x", "| a2 |\n");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# x results\n"), "{text}");
+        assert!(text.contains("`cargo run -p x`, on Linux "), "{text}");
+        assert!(
+            text.contains(&today()) && text.contains(&machine()),
+            "{text}"
+        );
+        assert!(text.contains("| a2 |") && text.contains("| b |") && !text.contains("| a |"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_command_is_the_cargo_command_and_this_process_arguments() {
+        let c = command("cargo test -p test-support");
+        assert!(c.starts_with("cargo test -p test-support"), "{c}");
+        assert!(!c.contains("--bench"));
+        let d = today();
+        assert_eq!((d.len(), &d[4..5], &d[7..8]), (10, "-", "-"), "{d}");
+    }
+
+    #[test]
     fn a_section_is_replaced_in_place_and_others_are_kept() {
         let text = title("x");
         let one = replace_section(&text, "a", "first\n");
@@ -29,6 +56,33 @@ mod criterion_medians {
     use crate::criterion_medians::*;
 
     #[test]
+    fn medians_are_read_from_a_criterion_directory() {
+        let dir = super::scratch_dir("criterion");
+        let bench = dir.join("read_1 thread(s)/RcuCell__read/new");
+        std::fs::create_dir_all(&bench).unwrap();
+        std::fs::write(
+            bench.join("estimates.json"),
+            r#"{"median":{"point_estimate":1.5,"standard_error":0.1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            median_ns_in(&dir, "read/1 thread(s)", "RcuCell::read"),
+            Some(1.5)
+        );
+        assert_eq!(median_ns_in(&dir, "read/1 thread(s)", "Mutex::lock"), None);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn criterion_writes_under_the_target_directory_and_tests_measure_nothing() {
+        // `cargo test` runs this with CARGO set, as `cargo bench` runs a bench.
+        let dir = criterion_dir().expect("cargo metadata names the target directory");
+        assert!(dir.ends_with("criterion"), "{}", dir.display());
+        assert!(!measures_everything(), "a test run is not a bench run");
+        assert_eq!(median_ns("no such group", "no such bench"), None);
+    }
+
+    #[test]
     fn the_median_is_read_from_criterions_estimates() {
         let json = r#"{"mean":{"confidence_interval":{"confidence_level":0.95,"lower_bound":1.0,"upper_bound":3.0},"point_estimate":2.5,"standard_error":0.1},"median":{"confidence_interval":{"confidence_level":0.95,"lower_bound":0.8,"upper_bound":0.9},"point_estimate":0.87,"standard_error":0.01}}"#;
         assert_eq!(point_estimate(json, "median"), Some(0.87));
@@ -43,4 +97,12 @@ mod criterion_medians {
         let meta = r#"{"packages":[],"target_directory":"/w/target","version":1}"#;
         assert_eq!(string_field(meta, "target_directory"), Some("/w/target"));
     }
+}
+
+/// A fresh directory for one test.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("test-support-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
