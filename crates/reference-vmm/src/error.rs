@@ -29,7 +29,10 @@ pub enum Error {
     Config(#[from] ConfigError),
     /// Guest memory could not be allocated.
     #[error("cannot allocate guest memory: {0}")]
-    AllocateMemory(String),
+    AllocateMemory(#[source] vm_memory::mmap::FromRangesError),
+    /// Guest memory could not be registered with KVM.
+    #[error("cannot register guest memory with KVM: {0}")]
+    RegisterMemory(#[source] dirty_log::Error),
     /// Writing the VMM's own structures into guest memory failed.
     #[error("cannot write {what} into guest memory: {source}")]
     WriteMemory {
@@ -62,7 +65,16 @@ pub enum Error {
     },
     /// Kicking vCPUs out of `KVM_RUN` could not be set up.
     #[error("cannot set up vCPU kicks: {0}")]
-    Kick(String),
+    Kick(#[from] crate::kick::KickError),
+    /// The VMM could not go on with a vCPU: never the guest's doing.
+    #[error("vCPU {vcpu}: {source}")]
+    Vcpu {
+        /// The vCPU.
+        vcpu: u32,
+        /// What failed.
+        #[source]
+        source: crate::exit::VcpuError,
+    },
     /// A vCPU thread could not be started.
     #[error("cannot start the thread of vCPU {vcpu}: {source}")]
     SpawnThread {
@@ -77,11 +89,14 @@ pub enum Error {
     VcpuPanicked(u32),
     /// Dirty logging could not be set up.
     #[error("dirty logging: {0}")]
-    DirtyLog(String),
+    DirtyLog(#[from] dirty_log::Error),
+    /// A thread of a benchmark (not a vCPU's) panicked: a bug in the VMM.
+    #[error("the {0} thread panicked")]
+    ThreadPanicked(&'static str),
     /// KVM's halt polling (`--irqchip kernel`) could not be set or its
     /// binary statistics read.
     #[error("KVM halt polling: {0}")]
-    KvmHaltPoll(String),
+    KvmHaltPoll(#[from] halt_poll::kvm::KvmError),
     /// The run was stopped before its guest finished (its timeout, or a
     /// signal); every vCPU was kicked out and stopped.
     #[error("{reason}; stopped every vCPU. What it reported until then:\n{partial}")]
@@ -120,7 +135,7 @@ pub enum ConfigError {
     },
     /// A device could not be added to the bus.
     #[error("cannot add a device: {0}")]
-    Device(String),
+    Device(#[from] crate::devices::BusError),
     /// A guest program parameter below what the program needs.
     #[error(
         "guest program {guest} needs params[{index}] ({name}) of at least {min}, not {got} (--params)"
@@ -224,9 +239,12 @@ pub enum GuestFault {
         /// Host CPU.
         cpu: u32,
     },
-    /// Any other exit this VMM does not handle.
+    /// An exit this VMM does not handle, by its `KVM_EXIT_*` name.
     #[error("unhandled exit {0}")]
-    UnhandledExit(String),
+    UnhandledExit(&'static str),
+    /// An exit reason kvm-ioctls does not decode (`KVM_EXIT_*` number).
+    #[error("unhandled exit reason {0}")]
+    UnsupportedExit(u32),
 }
 
 fn hex_data(write: bool, data: &[u8]) -> String {

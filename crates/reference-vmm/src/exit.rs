@@ -1,17 +1,18 @@
-//! What the VMM does with each vCPU exit.
-//!
-//! A free function over the exit and the devices, as in Firecracker, so unit tests
-//! can drive it with synthetic exits. Every exit a guest can cause ends in either
-//! a [`Flow`] or an [`ExitError`]; none panics.
+//! What the VMM does with each vCPU exit: one dispatch, [`handle_exit`], over
+//! an [`ExitContext`] that the run loop implements on KVM and tests implement
+//! with fakes, so every arm runs without KVM. Every exit a guest can cause
+//! ends in either a [`Flow`] or an [`ExitError`]; none panics.
 
 use std::io;
 
+use kvm_bindings::KVM_EXIT_DIRTY_RING_FULL;
 use kvm_ioctls::VcpuExit;
 use vm_memory::GuestMemory;
 
 use crate::devices::IoBus;
 use crate::error::GuestFault;
-use crate::ucall::{self, UCALL_PORT, Ucall};
+use crate::guest_abi::{PAUSE_PORT, UCALL_PORT, YIELD_PORT};
+use crate::ucall::{self, Ucall};
 
 /// What the run loop does after an exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,9 +23,12 @@ pub enum Flow {
     Kicked,
     /// The program finished on this vCPU.
     Done,
+    /// The vCPU halted (`hlt`): wait until it has something to do, then
+    /// enter again. The run loop waits: only it may touch the vCPU.
+    Halted,
 }
 
-/// Why an exit ends the run.
+/// Why an exit ends the run: the guest's doing, or the VMM's.
 #[derive(Debug, thiserror::Error)]
 pub enum ExitError {
     /// The guest's doing.
@@ -39,6 +43,23 @@ pub enum ExitError {
         #[source]
         source: io::Error,
     },
+    /// The VMM cannot go on with the vCPU.
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+}
+
+/// A failure of the VMM's own on a vCPU's exit path: never the guest's doing.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    /// `KVM_RUN` failed other than by a kick.
+    #[error("KVM_RUN failed: {0}")]
+    Run(#[source] kvm_ioctls::Error),
+    /// A full dirty ring could not be drained.
+    #[error("cannot drain the dirty rings: {0}")]
+    DrainDirtyRing(#[source] dirty_log::Error),
+    /// KVM reported a full dirty ring on a VM without one.
+    #[error("KVM_EXIT_DIRTY_RING_FULL on a VM without a dirty ring")]
+    NoDirtyRing,
 }
 
 /// The most named values one vCPU may report in a run: a guest that reports
@@ -55,62 +76,185 @@ pub struct Report {
     pub value: u64,
 }
 
-/// Handles one exit; named values the guest reports are appended to `reports`
-/// (at most [`MAX_REPORTS`]: one more is [`GuestFault::TooManyReports`]).
-pub fn handle_exit<M: GuestMemory>(
-    exit: VcpuExit<'_>,
-    bus: &IoBus,
-    memory: &M,
-    reports: &mut Vec<Report>,
-) -> Result<Flow, ExitError> {
+/// What handling an exit needs beyond the exit itself: the vCPU's local
+/// APIC, its halt, the scheduler's hooks, the device bus, guest memory and
+/// the reports. [`Devices`] is the context of a vCPU with devices only.
+pub trait ExitContext {
+    /// The guest memory ucall frames are read from.
+    type Memory: GuestMemory;
+    /// Guest memory.
+    fn memory(&self) -> &Self::Memory;
+    /// Where the guest's named values go.
+    fn reports(&mut self) -> &mut Vec<Report>;
+    /// Runs `f` on the device bus, as the VMM shares it between vCPUs.
+    fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R;
+    /// A read of a local APIC MSR (x2APIC or TSC-deadline); `None` is a #GP.
+    fn read_msr(&mut self, index: u32) -> Option<u64>;
+    /// A write of a local APIC MSR; `false` is a #GP.
+    fn write_msr(&mut self, index: u32, value: u64) -> bool;
+    /// An MMIO read the local APIC answers (its xAPIC page); `false` if `addr`
+    /// is not the APIC's.
+    fn read_apic_mmio(&mut self, addr: u64, data: &mut [u8]) -> bool;
+    /// An MMIO write the local APIC takes; `false` if `addr` is not the APIC's.
+    fn write_apic_mmio(&mut self, addr: u64, data: &[u8]) -> bool;
+    /// The vCPU spins waiting for others (the bench guests' pause port stands
+    /// in for a pause-loop exit).
+    fn waiting(&mut self);
+    /// The guest asks to yield to vCPU `target` (`KVM_HC_SCHED_YIELD`).
+    fn yield_to(&mut self, target: usize);
+    /// A vCPU's dirty ring is full: drain the rings before it runs again.
+    fn dirty_ring_full(&mut self) -> Result<(), VcpuError>;
+}
+
+/// Handles one exit; named values the guest reports go to the context's
+/// reports (at most [`MAX_REPORTS`]: one more is [`GuestFault::TooManyReports`]).
+pub fn handle_exit(exit: VcpuExit<'_>, ctx: &mut impl ExitContext) -> Result<Flow, ExitError> {
     match exit {
-        VcpuExit::IoOut(UCALL_PORT, data) => handle_ucall(
-            ucall::decode(memory, data).map_err(GuestFault::from)?,
-            reports,
-        ),
-        VcpuExit::IoOut(port, data) => {
-            let Some((device, offset)) = bus.find(port) else {
-                return Err(GuestFault::UnknownPort {
-                    port,
-                    write: true,
-                    data: data.to_vec(),
-                }
-                .into());
-            };
-            device
-                .write(offset, data)
-                .map_err(|source| ExitError::Device { port, source })?;
+        VcpuExit::X86Rdmsr(msr) => {
+            match ctx.read_msr(msr.index) {
+                Some(value) => *msr.data = value,
+                None => *msr.error = 1, // #GP, as the architecture says
+            }
             Ok(Flow::Continue)
         }
-        VcpuExit::IoIn(port, data) => {
-            let Some((device, offset)) = bus.find(port) else {
-                return Err(GuestFault::UnknownPort {
-                    port,
-                    write: false,
-                    data: vec![0; data.len()],
-                }
-                .into());
-            };
-            device.read(offset, data);
+        VcpuExit::X86Wrmsr(msr) => {
+            if !ctx.write_msr(msr.index, msr.data) {
+                *msr.error = 1;
+            }
             Ok(Flow::Continue)
         }
-        VcpuExit::MmioRead(addr, data) => Err(GuestFault::UnknownMmio {
-            addr,
-            write: false,
-            len: data.len(),
+        VcpuExit::MmioRead(addr, data) => match ctx.read_apic_mmio(addr, data) {
+            true => Ok(Flow::Continue),
+            false => Err(GuestFault::UnknownMmio {
+                addr,
+                write: false,
+                len: data.len(),
+            }
+            .into()),
+        },
+        VcpuExit::MmioWrite(addr, data) => match ctx.write_apic_mmio(addr, data) {
+            true => Ok(Flow::Continue),
+            false => Err(GuestFault::UnknownMmio {
+                addr,
+                write: true,
+                len: data.len(),
+            }
+            .into()),
+        },
+        VcpuExit::Hlt => Ok(Flow::Halted),
+        VcpuExit::IoOut(PAUSE_PORT, _) => {
+            ctx.waiting();
+            Ok(Flow::Continue)
         }
-        .into()),
-        VcpuExit::MmioWrite(addr, data) => Err(GuestFault::UnknownMmio {
-            addr,
-            write: true,
-            len: data.len(),
+        VcpuExit::IoOut(YIELD_PORT, data) => {
+            // Any width, zero-extended.
+            ctx.yield_to(data.iter().rev().fold(0, |n, &b| n << 8 | usize::from(b)));
+            Ok(Flow::Continue)
         }
-        .into()),
+        VcpuExit::IoOut(UCALL_PORT, data) => {
+            let call = ucall::decode(ctx.memory(), data).map_err(GuestFault::from)?;
+            handle_ucall(call, ctx.reports())
+        }
+        VcpuExit::IoOut(port, data) => ctx.with_bus(|bus| port_out(bus, port, data)),
+        VcpuExit::IoIn(port, data) => ctx.with_bus(|bus| port_in(bus, port, data)),
+        VcpuExit::IrqWindowOpen => Ok(Flow::Continue),
+        VcpuExit::Unsupported(KVM_EXIT_DIRTY_RING_FULL) => {
+            ctx.dirty_ring_full()?;
+            Ok(Flow::Continue)
+        }
         VcpuExit::Intr => Ok(Flow::Kicked),
-        VcpuExit::Hlt => Err(GuestFault::HaltedForever.into()),
         VcpuExit::Shutdown => Err(GuestFault::TripleFault.into()),
         VcpuExit::FailEntry(reason, cpu) => Err(GuestFault::FailEntry { reason, cpu }.into()),
-        other => Err(GuestFault::UnhandledExit(format!("{other:?}")).into()),
+        VcpuExit::Unsupported(reason) => Err(GuestFault::UnsupportedExit(reason).into()),
+        other => Err(GuestFault::UnhandledExit(exit_name(&other)).into()),
+    }
+}
+
+fn port_out(bus: &IoBus, port: u16, data: &[u8]) -> Result<Flow, ExitError> {
+    let Some((device, offset)) = bus.find(port) else {
+        return Err(GuestFault::UnknownPort {
+            port,
+            write: true,
+            data: data.to_vec(),
+        }
+        .into());
+    };
+    device
+        .write(offset, data)
+        .map_err(|source| ExitError::Device { port, source })?;
+    Ok(Flow::Continue)
+}
+
+fn port_in(bus: &IoBus, port: u16, data: &mut [u8]) -> Result<Flow, ExitError> {
+    let Some((device, offset)) = bus.find(port) else {
+        return Err(GuestFault::UnknownPort {
+            port,
+            write: false,
+            data: vec![0; data.len()],
+        }
+        .into());
+    };
+    device.read(offset, data);
+    Ok(Flow::Continue)
+}
+
+/// The name of an exit this VMM does not handle, as KVM's `KVM_EXIT_*`.
+fn exit_name(exit: &VcpuExit<'_>) -> &'static str {
+    match exit {
+        VcpuExit::Unknown => "KVM_EXIT_UNKNOWN",
+        VcpuExit::Exception => "KVM_EXIT_EXCEPTION",
+        VcpuExit::Nmi => "KVM_EXIT_NMI",
+        VcpuExit::Hypercall(_) => "KVM_EXIT_HYPERCALL",
+        VcpuExit::Debug(_) => "KVM_EXIT_DEBUG",
+        VcpuExit::SetTpr => "KVM_EXIT_SET_TPR",
+        VcpuExit::TprAccess => "KVM_EXIT_TPR_ACCESS",
+        VcpuExit::InternalError => "KVM_EXIT_INTERNAL_ERROR",
+        VcpuExit::SystemEvent(..) => "KVM_EXIT_SYSTEM_EVENT",
+        VcpuExit::IoapicEoi(_) => "KVM_EXIT_IOAPIC_EOI",
+        VcpuExit::Hyperv => "KVM_EXIT_HYPERV",
+        _ => "another exit",
+    }
+}
+
+/// The context of a vCPU with devices only: no local APIC (its MSRs are a
+/// #GP, its page unknown MMIO), no scheduler and no dirty ring. The fuzz
+/// target drives [`handle_exit`] through it.
+pub struct Devices<'a, M> {
+    /// The device bus.
+    pub bus: &'a IoBus,
+    /// Guest memory.
+    pub memory: &'a M,
+    /// The guest's named values.
+    pub reports: &'a mut Vec<Report>,
+}
+
+impl<M: GuestMemory> ExitContext for Devices<'_, M> {
+    type Memory = M;
+    fn memory(&self) -> &M {
+        self.memory
+    }
+    fn reports(&mut self) -> &mut Vec<Report> {
+        self.reports
+    }
+    fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
+        f(self.bus)
+    }
+    fn read_msr(&mut self, _: u32) -> Option<u64> {
+        None
+    }
+    fn write_msr(&mut self, _: u32, _: u64) -> bool {
+        false
+    }
+    fn read_apic_mmio(&mut self, _: u64, _: &mut [u8]) -> bool {
+        false
+    }
+    fn write_apic_mmio(&mut self, _: u64, _: &[u8]) -> bool {
+        false
+    }
+    fn waiting(&mut self) {}
+    fn yield_to(&mut self, _: usize) {}
+    fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {
+        Err(VcpuError::NoDirtyRing)
     }
 }
 
@@ -166,6 +310,21 @@ mod tests {
         }
     }
 
+    /// The exit through a devices-only context.
+    fn devices_exit(
+        exit: VcpuExit<'_>,
+        bus: &IoBus,
+        memory: &GuestMemoryMmap,
+        reports: &mut Vec<Report>,
+    ) -> Result<Flow, ExitError> {
+        let mut ctx = Devices {
+            bus,
+            memory,
+            reports,
+        };
+        handle_exit(exit, &mut ctx)
+    }
+
     fn setup() -> (IoBus, Arc<Latch>, GuestMemoryMmap) {
         let latch = Arc::new(Latch::default());
         let mut bus = IoBus::new();
@@ -178,14 +337,14 @@ mod tests {
     fn port_io_reaches_the_device_and_unknown_ports_are_guest_faults() {
         let (bus, latch, mem) = setup();
         let mut reports = vec![];
-        let flow = handle_exit(VcpuExit::IoOut(0x3f8, b"x"), &bus, &mem, &mut reports).unwrap();
+        let flow = devices_exit(VcpuExit::IoOut(0x3f8, b"x"), &bus, &mem, &mut reports).unwrap();
         assert_eq!(flow, Flow::Continue);
         assert_eq!(*latch.0.lock().unwrap(), b"x");
         let mut data = [0u8; 2];
-        handle_exit(VcpuExit::IoIn(0x3f9, &mut data), &bus, &mem, &mut reports).unwrap();
+        devices_exit(VcpuExit::IoIn(0x3f9, &mut data), &bus, &mem, &mut reports).unwrap();
         assert_eq!(data, [0xab, 0xab]);
         let err =
-            handle_exit(VcpuExit::IoOut(0x1234, &[0x5a]), &bus, &mem, &mut reports).unwrap_err();
+            devices_exit(VcpuExit::IoOut(0x1234, &[0x5a]), &bus, &mem, &mut reports).unwrap_err();
         assert!(matches!(
             err,
             ExitError::Guest(GuestFault::UnknownPort {
@@ -195,7 +354,7 @@ mod tests {
             })
         ));
         let err =
-            handle_exit(VcpuExit::IoIn(0x60, &mut data), &bus, &mem, &mut reports).unwrap_err();
+            devices_exit(VcpuExit::IoIn(0x60, &mut data), &bus, &mem, &mut reports).unwrap_err();
         assert!(matches!(
             err,
             ExitError::Guest(GuestFault::UnknownPort {
@@ -210,7 +369,7 @@ mod tests {
     fn device_failures_are_the_vmms_not_the_guests() {
         let (bus, _, mem) = setup();
         let err =
-            handle_exit(VcpuExit::IoOut(0x3f8, &[0xff]), &bus, &mem, &mut vec![]).unwrap_err();
+            devices_exit(VcpuExit::IoOut(0x3f8, &[0xff]), &bus, &mem, &mut vec![]).unwrap_err();
         assert!(matches!(err, ExitError::Device { port: 0x3f8, .. }));
     }
 
@@ -229,7 +388,7 @@ mod tests {
         let mut reports = vec![];
         let port = 0x100u32.to_le_bytes();
         assert_eq!(
-            handle_exit(VcpuExit::IoOut(UCALL_PORT, &port), &bus, &mem, &mut reports).unwrap(),
+            devices_exit(VcpuExit::IoOut(UCALL_PORT, &port), &bus, &mem, &mut reports).unwrap(),
             Flow::Continue
         );
         assert_eq!(
@@ -248,11 +407,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            handle_exit(VcpuExit::IoOut(UCALL_PORT, &port), &bus, &mem, &mut reports).unwrap(),
+            devices_exit(VcpuExit::IoOut(UCALL_PORT, &port), &bus, &mem, &mut reports).unwrap(),
             Flow::Done
         );
         let err =
-            handle_exit(VcpuExit::IoOut(UCALL_PORT, &[1]), &bus, &mem, &mut reports).unwrap_err();
+            devices_exit(VcpuExit::IoOut(UCALL_PORT, &[1]), &bus, &mem, &mut reports).unwrap_err();
         assert!(matches!(
             err,
             ExitError::Guest(GuestFault::BadUcall(UcallError::BadWidth(1)))
@@ -271,7 +430,7 @@ mod tests {
         let port = 0x100u32.to_le_bytes();
         let mut reports = vec![];
         let mut report =
-            || handle_exit(VcpuExit::IoOut(UCALL_PORT, &port), &bus, &mem, &mut reports);
+            || devices_exit(VcpuExit::IoOut(UCALL_PORT, &port), &bus, &mem, &mut reports);
         for _ in 0..MAX_REPORTS {
             assert_eq!(report().unwrap(), Flow::Continue);
         }
@@ -287,12 +446,11 @@ mod tests {
     fn other_exits_end_the_run_with_a_named_fault() {
         let (bus, _, mem) = setup();
         let mut r = vec![];
-        let fault = |exit| match handle_exit(exit, &bus, &mem, &mut vec![]) {
+        let fault = |exit| match devices_exit(exit, &bus, &mem, &mut vec![]) {
             Err(ExitError::Guest(f)) => f,
             other => panic!("expected a guest fault, got {other:?}"),
         };
         assert_eq!(fault(VcpuExit::Shutdown), GuestFault::TripleFault);
-        assert_eq!(fault(VcpuExit::Hlt), GuestFault::HaltedForever);
         assert_eq!(
             fault(VcpuExit::FailEntry(7, 1)),
             GuestFault::FailEntry { reason: 7, cpu: 1 }
@@ -307,11 +465,158 @@ mod tests {
         );
         assert_eq!(
             fault(VcpuExit::InternalError),
-            GuestFault::UnhandledExit("InternalError".into())
+            GuestFault::UnhandledExit("KVM_EXIT_INTERNAL_ERROR")
         );
         assert_eq!(
-            handle_exit(VcpuExit::Intr, &bus, &mem, &mut r).unwrap(),
+            fault(VcpuExit::Unsupported(99)),
+            GuestFault::UnsupportedExit(99)
+        );
+        assert_eq!(
+            devices_exit(VcpuExit::Intr, &bus, &mem, &mut r).unwrap(),
             Flow::Kicked
+        );
+        assert_eq!(
+            devices_exit(VcpuExit::Hlt, &bus, &mem, &mut r).unwrap(),
+            Flow::Halted,
+            "the run loop waits out a halt"
+        );
+        assert!(matches!(
+            devices_exit(
+                VcpuExit::Unsupported(KVM_EXIT_DIRTY_RING_FULL),
+                &bus,
+                &mem,
+                &mut r
+            ),
+            Err(ExitError::Vcpu(VcpuError::NoDirtyRing))
+        ));
+    }
+
+    /// Records what each hook was asked; its APIC knows MSR 0x830 and the
+    /// page at 0xfee0_0000, and its dirty ring drains.
+    #[derive(Default)]
+    struct Fake {
+        bus: IoBus,
+        memory: Option<GuestMemoryMmap>,
+        reports: Vec<Report>,
+        calls: Vec<String>,
+    }
+
+    impl ExitContext for Fake {
+        type Memory = GuestMemoryMmap;
+        fn memory(&self) -> &GuestMemoryMmap {
+            self.memory.as_ref().unwrap()
+        }
+        fn reports(&mut self) -> &mut Vec<Report> {
+            &mut self.reports
+        }
+        fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
+            self.calls.push("bus".into());
+            f(&self.bus)
+        }
+        fn read_msr(&mut self, index: u32) -> Option<u64> {
+            self.calls.push(format!("rdmsr {index:#x}"));
+            (index == 0x830).then_some(7)
+        }
+        fn write_msr(&mut self, index: u32, value: u64) -> bool {
+            self.calls.push(format!("wrmsr {index:#x} {value}"));
+            index == 0x830
+        }
+        fn read_apic_mmio(&mut self, addr: u64, data: &mut [u8]) -> bool {
+            self.calls.push(format!("mmio read {addr:#x}"));
+            data.fill(1);
+            addr == 0xfee0_0000
+        }
+        fn write_apic_mmio(&mut self, addr: u64, _: &[u8]) -> bool {
+            self.calls.push(format!("mmio write {addr:#x}"));
+            addr == 0xfee0_0000
+        }
+        fn waiting(&mut self) {
+            self.calls.push("waiting".into());
+        }
+        fn yield_to(&mut self, target: usize) {
+            self.calls.push(format!("yield to {target}"));
+        }
+        fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {
+            self.calls.push("drain".into());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn every_arm_reaches_its_hook() {
+        use kvm_ioctls::{MsrExitReason, ReadMsrExit, WriteMsrExit};
+        let (bus, _, mem) = setup();
+        let mut f = Fake {
+            bus,
+            memory: Some(mem),
+            ..Fake::default()
+        };
+        let (mut data, mut error) = (0u64, 0u8);
+        fn read<'a>(index: u32, data: &'a mut u64, error: &'a mut u8) -> VcpuExit<'a> {
+            let reason = MsrExitReason::Filter;
+            VcpuExit::X86Rdmsr(ReadMsrExit {
+                error,
+                reason,
+                index,
+                data,
+            })
+        }
+        assert_eq!(
+            handle_exit(read(0x830, &mut data, &mut error), &mut f).unwrap(),
+            Flow::Continue
+        );
+        assert_eq!((data, error), (7, 0));
+        handle_exit(read(0x831, &mut data, &mut error), &mut f).unwrap();
+        assert_eq!(error, 1, "an MSR the APIC refuses is a #GP");
+        let mut error = 0u8;
+        fn write(index: u32, error: &mut u8) -> VcpuExit<'_> {
+            let reason = MsrExitReason::Filter;
+            VcpuExit::X86Wrmsr(WriteMsrExit {
+                error,
+                reason,
+                index,
+                data: 5,
+            })
+        }
+        handle_exit(write(0x830, &mut error), &mut f).unwrap();
+        assert_eq!(error, 0);
+        handle_exit(write(0x900, &mut error), &mut f).unwrap();
+        assert_eq!(error, 1);
+        let mut bytes = [0u8; 4];
+        handle_exit(VcpuExit::MmioRead(0xfee0_0000, &mut bytes), &mut f).unwrap();
+        assert_eq!(bytes, [1; 4]);
+        handle_exit(VcpuExit::MmioWrite(0xfee0_0000, &[0; 4]), &mut f).unwrap();
+        assert!(matches!(
+            handle_exit(VcpuExit::MmioWrite(0xfed0_0000, &[0; 4]), &mut f),
+            Err(ExitError::Guest(GuestFault::UnknownMmio {
+                write: true,
+                ..
+            }))
+        ));
+        handle_exit(VcpuExit::IoOut(PAUSE_PORT, &[0]), &mut f).unwrap();
+        handle_exit(VcpuExit::IoOut(YIELD_PORT, &[1, 2]), &mut f).unwrap();
+        handle_exit(VcpuExit::IoOut(0x3f8, b"x"), &mut f).unwrap();
+        handle_exit(VcpuExit::Unsupported(KVM_EXIT_DIRTY_RING_FULL), &mut f).unwrap();
+        assert_eq!(
+            handle_exit(VcpuExit::IrqWindowOpen, &mut f).unwrap(),
+            Flow::Continue
+        );
+        assert_eq!(handle_exit(VcpuExit::Hlt, &mut f).unwrap(), Flow::Halted);
+        assert_eq!(
+            f.calls,
+            [
+                "rdmsr 0x830",
+                "rdmsr 0x831",
+                "wrmsr 0x830 5",
+                "wrmsr 0x900 5",
+                "mmio read 0xfee00000",
+                "mmio write 0xfee00000",
+                "mmio write 0xfed00000",
+                "waiting",
+                "yield to 513",
+                "bus",
+                "drain",
+            ]
         );
     }
 }

@@ -1,11 +1,15 @@
-//! The bench guests' side of the VMM: what it learns from guest memory
-//! that the built-in programs write for it, a contract no real guest follows.
+//! The bench guests' ABI: the side channels between the built-in programs
+//! and this VMM, a contract no real guest follows. A VMM for real guests
+//! keeps none of it; each channel is used only where its switch asks.
 //!
-//! - The interrupt record: the guest runtime's interrupt entry writes the TSC
-//!   it ran at and a count (see `runtime.s`); [`TimerLead`] learns from it
-//!   how long timer delivery takes.
-//! - The guest-poll mailbox: a guest that polls before it halts reports each
-//!   wait there; [`GuestPoll`] learns from them and publishes the next window.
+//! | channel | where | the guest | the VMM | used with |
+//! |---|---|---|---|---|
+//! | ucall | `out` of a frame's address to [`UCALL_PORT`] (0x1000); frame: `cmd`, 4 args (u64s) | reports values, asserts, finishes | decodes it ([`crate::ucall`]), checking every address | always |
+//! | pause port | `out` to [`PAUSE_PORT`] (0x1001), any width | spins waiting for other vCPUs | hears a pause-loop exit: the scheduler's `waiting` | `--boost` |
+//! | gate port | `out` to [`GATE_PORT`] (0x1002) | `dirty-writer` ends a pass | holds the vCPU until the next pass | `bench dirty` |
+//! | yield port | `out` of a vCPU index to [`YIELD_PORT`] (0x1003) | asks to yield to that vCPU (`KVM_HC_SCHED_YIELD`) | `vcpu_sched::pv_yield_to` | `--boost` |
+//! | interrupt record | [`IRQ_RECORD_SIZE`](crate::layout::IRQ_RECORD_SIZE) bytes at [`irq_record`](crate::layout::irq_record)`(vcpu)`, the top of the interrupt stack | its interrupt entry writes the TSC it ran at and a count (`runtime.s`) | [`TimerLead`] learns how long timer delivery takes | a timer advance |
+//! | mailbox | 256 bytes at [`mailbox`](crate::layout::mailbox)`(vcpu)`: +0 the window in TSC ticks, +8 state, +16 count, +32 a ring of outcomes | polls for the window before it halts; writes each wait's outcome | [`GuestPoll`] learns from the outcomes and writes the next window | `--guest-poll` |
 //!
 //! Both read guest memory that the guest may fill with anything: every value
 //! is bounded before use, and nothing a guest writes can panic the VMM or
@@ -18,6 +22,18 @@ use lapic_timer::{DeliveryLead, GuestTime};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::layout::MAILBOX_RING;
+pub use crate::ucall::UCALL_PORT;
+
+/// The port a spinning guest writes its vCPU index to, as a pause-loop exit:
+/// the VMM's boost policy hears that this vCPU waits on others.
+pub const PAUSE_PORT: u16 = 0x1001;
+/// The port `dirty-writer` writes to after each pass; the VMM's iteration
+/// gate holds the vCPU there until the next pass (a device of `bench dirty`).
+pub const GATE_PORT: u16 = 0x1002;
+/// An `out` of a vCPU index here is the guest's "yield to that vCPU"
+/// (KVM's `KVM_HC_SCHED_YIELD` hypercall): the VMM boosts the target's
+/// thread and gives up the caller's CPU (`vcpu_sched::pv_yield_to`).
+pub const YIELD_PORT: u16 = 0x1003;
 
 /// Guest-side polling: a halt-poll policy whose window the guest polls its
 /// mailbox for; the guest reports each wait's outcome in the mailbox ring,

@@ -13,7 +13,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use crate::apic::{self, Action, LocalApic, XAPIC_BASE};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
 use crate::error::GuestFault;
-use crate::exit::{ExitError, MAX_REPORTS, handle_exit};
+use crate::exit::{Devices, ExitError, MAX_REPORTS, handle_exit};
 use crate::guest::SERIAL_PORT;
 use crate::guest_abi::{GuestPoll, MAX_LEAD, TimerLead};
 use crate::mechanisms::HaltPoll;
@@ -192,7 +192,8 @@ pub fn ucall(data: &[u8]) {
 
 /// The exit handler with synthetic exits: port I/O of any width to any port
 /// (the console, the POST code, ucalls, nothing), MMIO, halts and the exits
-/// that end a run, each op repeatable. Checks: nothing panics; a guest never
+/// that end a run, each op repeatable, in a vCPU with devices only. Checks:
+/// nothing panics; a guest never
 /// keeps more than [`MAX_REPORTS`] reports; an exit at a port with no device
 /// is the guest's fault; the devices here never fail.
 pub fn exits(data: &[u8]) {
@@ -216,7 +217,12 @@ pub fn exits(data: &[u8]) {
         let repeat = 1 + usize::from(op[0] >> 4) * 100;
         for _ in 0..repeat {
             let exit = synthetic_exit(op[0] >> 6, port, &mut bytes);
-            let flow = handle_exit(exit, &bus, &mem, &mut reports);
+            let mut ctx = Devices {
+                bus: &bus,
+                memory: &mem,
+                reports: &mut reports,
+            };
+            let flow = handle_exit(exit, &mut ctx);
             assert!(reports.len() <= MAX_REPORTS);
             match flow {
                 Err(ExitError::Device { port, source }) => {

@@ -31,6 +31,7 @@ use std::os::raw::c_int;
 use std::sync::OnceLock;
 
 use kvm_ioctls::VcpuFd;
+use vmm_sys_util::errno::Error as Errno;
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::signal::{self, Killable, SIGRTMIN};
 
@@ -55,15 +56,45 @@ pub fn kick_signal() -> c_int {
     SIGRTMIN()
 }
 
+/// Why a vCPU thread cannot be kicked, or a kick cannot be consumed: the
+/// host refused a signal operation, never the guest's doing.
+#[derive(Debug, thiserror::Error)]
+pub enum KickError {
+    /// The handler that keeps the kick signal from ending the process.
+    #[error("cannot install the kick signal handler: {0}")]
+    InstallHandler(#[source] Errno),
+    /// Blocking the kick signal outside `KVM_RUN`. (vmm-sys-util's signal
+    /// errors are not `std::error::Error`s, so they are shown, not chained.)
+    #[error("cannot block signal {signal}: {cause}")]
+    Block {
+        /// The kick signal.
+        signal: c_int,
+        /// Why.
+        cause: signal::Error,
+    },
+    /// Reading the thread's signal mask.
+    #[error("cannot read the signal mask: {0}")]
+    ReadMask(#[source] std::io::Error),
+    /// `KVM_SET_SIGNAL_MASK`.
+    #[error("KVM_SET_SIGNAL_MASK failed: {0}")]
+    SetRunMask(#[source] std::io::Error),
+    /// Consuming a kick after `KVM_RUN` returned `EINTR`.
+    #[error("cannot consume the kick signal: {0}")]
+    Acknowledge(signal::Error),
+    /// Signalling a vCPU thread.
+    #[error("cannot signal a vCPU thread: {0}")]
+    Signal(#[source] Errno),
+}
+
 /// Prepares the calling thread, which runs `vcpu`, to be kicked.
 ///
 /// Call it on the vCPU's own thread before its first `KVM_RUN`.
-pub fn prepare_vcpu_thread(vcpu: &VcpuFd) -> Result<(), String> {
+pub fn prepare_vcpu_thread(vcpu: &VcpuFd) -> Result<(), KickError> {
     install_handler()?;
     let sig = kick_signal();
     match signal::block_signal(sig) {
         Ok(()) | Err(signal::Error::SignalAlreadyBlocked(_)) => {}
-        Err(e) => return Err(format!("cannot block signal {sig}: {e}")),
+        Err(cause) => return Err(KickError::Block { signal: sig, cause }),
     }
     let mut mask = current_blocked_signals()?;
     // SAFETY: `mask` is a valid, initialized sigset and `sig` a valid signal.
@@ -72,49 +103,40 @@ pub fn prepare_vcpu_thread(vcpu: &VcpuFd) -> Result<(), String> {
 }
 
 /// Consumes a pending kick after `KVM_RUN` returned `EINTR`.
-pub fn acknowledge() -> Result<(), String> {
-    signal::clear_signal(kick_signal()).map_err(|e| format!("cannot consume the kick signal: {e}"))
+pub fn acknowledge() -> Result<(), KickError> {
+    signal::clear_signal(kick_signal()).map_err(KickError::Acknowledge)
 }
 
 /// Kicks the vCPU thread `thread` out of `KVM_RUN` (or keeps it from entering).
 ///
 /// Set the request the kick is for before calling this.
-pub fn kick(thread: &impl Killable) -> Result<(), String> {
-    thread
-        .kill(kick_signal())
-        .map_err(|e| format!("cannot signal a vCPU thread: {e}"))
+pub fn kick(thread: &impl Killable) -> Result<(), KickError> {
+    thread.kill(kick_signal()).map_err(KickError::Signal)
 }
 
 /// The handler never runs on a prepared vCPU thread (the signal is blocked outside
 /// `KVM_RUN`); it only replaces the default action, which would end the process.
 extern "C" fn ignore_kick(_: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
-fn install_handler() -> Result<(), String> {
-    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
-    INSTALLED
-        .get_or_init(|| {
-            signal::register_signal_handler(kick_signal(), ignore_kick)
-                .map_err(|e| format!("cannot install the kick signal handler: {e}"))
-        })
-        .clone()
+fn install_handler() -> Result<(), KickError> {
+    static INSTALLED: OnceLock<Result<(), Errno>> = OnceLock::new();
+    (*INSTALLED.get_or_init(|| signal::register_signal_handler(kick_signal(), ignore_kick)))
+        .map_err(KickError::InstallHandler)
 }
 
-fn current_blocked_signals() -> Result<libc::sigset_t, String> {
+fn current_blocked_signals() -> Result<libc::sigset_t, KickError> {
     // SAFETY: sigset_t is plain data; pthread_sigmask fills it below.
     let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: a null new set only reads the current mask into `mask`.
     let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask) };
     match ret {
         0 => Ok(mask),
-        e => Err(format!(
-            "cannot read the signal mask: {}",
-            std::io::Error::from_raw_os_error(e)
-        )),
+        e => Err(KickError::ReadMask(std::io::Error::from_raw_os_error(e))),
     }
 }
 
 /// `KVM_SET_SIGNAL_MASK`: the signals blocked while `vcpu` is in `KVM_RUN`.
-fn set_run_signal_mask(vcpu: &VcpuFd, mask: &libc::sigset_t) -> Result<(), String> {
+fn set_run_signal_mask(vcpu: &VcpuFd, mask: &libc::sigset_t) -> Result<(), KickError> {
     // glibc's sigset_t starts with the kernel's 64-bit signal set.
     // SAFETY: sigset_t is at least KERNEL_SIGSET_BYTES long and plain data.
     let bytes: [u8; KERNEL_SIGSET_BYTES] =
@@ -129,9 +151,6 @@ fn set_run_signal_mask(vcpu: &VcpuFd, mask: &libc::sigset_t) -> Result<(), Strin
     if ret == 0 {
         Ok(())
     } else {
-        Err(format!(
-            "KVM_SET_SIGNAL_MASK failed: {}",
-            std::io::Error::last_os_error()
-        ))
+        Err(KickError::SetRunMask(std::io::Error::last_os_error()))
     }
 }

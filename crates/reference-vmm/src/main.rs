@@ -4,6 +4,7 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -191,7 +192,7 @@ struct MechanismArgs {
     /// How a halted vCPU waits: kvm, haltpoll, aio, predictive, off, always
     /// [default: predictive; with --irqchip kernel, KVM's own polling, and only
     /// kvm, off (window 0) or always (window 10 ms) may be given].
-    #[arg(long)]
+    #[arg(long, value_parser = <HaltPoll as FromStr>::from_str)]
     halt_poll: Option<HaltPoll>,
     /// How early a guest timer's host timer fires: none, fixed:NS, kvm,
     /// percentile [default: percentile].
@@ -199,10 +200,10 @@ struct MechanismArgs {
     timer_advance: Option<TimerAdvance>,
     /// What interrupt delivery does for the target's thread: none, ready,
     /// directed-yield [default: directed-yield].
-    #[arg(long)]
+    #[arg(long, value_parser = <Boost as FromStr>::from_str)]
     boost: Option<Boost>,
     /// How vCPU threads read the device bus: rcu, rwlock, arc-swap.
-    #[arg(long, default_value = "rcu")]
+    #[arg(long, default_value = "rcu", value_parser = <BusAccess as FromStr>::from_str)]
     bus: BusAccess,
     /// Keep vCPU threads RCU-online in the guest (they note a quiescent state
     /// at each exit instead of being offline while in the guest).
@@ -216,7 +217,7 @@ struct MechanismArgs {
     /// paths) or kernel (KVM's in-kernel LAPIC, timer and halt polling: the
     /// baseline; --timer-advance, --boost and --guest-poll have nothing to act
     /// on there).
-    #[arg(long, default_value = "user")]
+    #[arg(long, default_value = "user", value_parser = <Irqchip as FromStr>::from_str)]
     irqchip: Irqchip,
 }
 

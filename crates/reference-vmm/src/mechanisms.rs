@@ -7,6 +7,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use clap::ValueEnum;
+
 use halt_poll::{
     AioPoll, Fixed as FixedPoll, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive,
 };
@@ -24,7 +26,7 @@ pub enum ChoiceError {
         /// What was given.
         given: String,
         /// What it takes.
-        choices: &'static str,
+        choices: String,
     },
     /// `own`, which named this family's policy of each mechanism before the
     /// policies went by their own names.
@@ -41,7 +43,7 @@ pub enum ChoiceError {
 /// points `own` at that policy's name (`renamed`).
 fn choice<T>(
     what: &'static str,
-    choices: &'static str,
+    choices: &str,
     renamed: Option<&'static str>,
     given: &str,
 ) -> Result<T, ChoiceError> {
@@ -50,13 +52,50 @@ fn choice<T>(
         _ => ChoiceError::Unknown {
             what,
             given: given.to_owned(),
-            choices,
+            choices: choices.to_owned(),
         },
     })
 }
 
+/// The command-line names of a switch's values, comma-separated.
+fn names<T: ValueEnum>() -> String {
+    let names: Vec<String> = T::value_variants()
+        .iter()
+        .filter_map(|v| Some(v.to_possible_value()?.get_name().to_owned()))
+        .collect();
+    names.join(", ")
+}
+
+/// `FromStr` and `Display` by a switch's `ValueEnum` names, with its option
+/// in errors (and, for `own`, the name that replaced it).
+macro_rules! switch {
+    ($t:ty, $what:literal, $renamed:expr) => {
+        impl FromStr for $t {
+            type Err = ChoiceError;
+            fn from_str(s: &str) -> Result<Self, ChoiceError> {
+                <$t as ValueEnum>::from_str(s, false)
+                    .or_else(|_| choice($what, &names::<$t>(), $renamed, s))
+            }
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.to_possible_value() {
+                    Some(v) => f.write_str(v.get_name()),
+                    None => Ok(()),
+                }
+            }
+        }
+    };
+}
+
+switch!(HaltPoll, "--halt-poll", Some("predictive"));
+switch!(Boost, "--boost", Some("directed-yield"));
+switch!(BusAccess, "--bus", None);
+switch!(Irqchip, "--irqchip", None);
+
 /// How a halted vCPU waits (`halt-poll`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum HaltPoll {
     /// KVM's grow/shrink window (`KvmGrowShrink`).
     Kvm,
@@ -112,41 +151,6 @@ impl HaltPoll {
 /// How long `always` polls before it blocks.
 const ALWAYS_POLL: Duration = Duration::from_millis(10);
 
-impl FromStr for HaltPoll {
-    type Err = ChoiceError;
-    fn from_str(s: &str) -> Result<Self, ChoiceError> {
-        Ok(match s {
-            "kvm" => Self::Kvm,
-            "haltpoll" => Self::Haltpoll,
-            "aio" => Self::Aio,
-            "predictive" => Self::Predictive,
-            "off" => Self::Off,
-            "always" => Self::Always,
-            _ => {
-                return choice(
-                    "--halt-poll",
-                    "kvm, haltpoll, aio, predictive, off, always",
-                    Some("predictive"),
-                    s,
-                );
-            }
-        })
-    }
-}
-
-impl fmt::Display for HaltPoll {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Kvm => "kvm",
-            Self::Haltpoll => "haltpoll",
-            Self::Aio => "aio",
-            Self::Predictive => "predictive",
-            Self::Off => "off",
-            Self::Always => "always",
-        })
-    }
-}
-
 /// How early the host timer of a guest timer fires (`lapic-timer`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TimerAdvance {
@@ -201,7 +205,7 @@ impl fmt::Display for TimerAdvance {
 }
 
 /// What delivering an interrupt does for its target's thread (`vcpu-sched`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Boost {
     /// Nothing: the baseline.
     None,
@@ -224,71 +228,21 @@ impl Boost {
     }
 }
 
-impl FromStr for Boost {
-    type Err = ChoiceError;
-    fn from_str(s: &str) -> Result<Self, ChoiceError> {
-        Ok(match s {
-            "none" => Self::None,
-            "ready" => Self::Ready,
-            "directed-yield" => Self::DirectedYield,
-            _ => {
-                return choice(
-                    "--boost",
-                    "none, ready, directed-yield",
-                    Some("directed-yield"),
-                    s,
-                );
-            }
-        })
-    }
-}
-
-impl fmt::Display for Boost {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::None => "none",
-            Self::Ready => "ready",
-            Self::DirectedYield => "directed-yield",
-        })
-    }
-}
-
 /// How vCPU threads read the device bus on an exit (`rcu-qs`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum BusAccess {
     /// Through an `RcuCell`; the vCPU thread is offline around `KVM_RUN`.
     #[default]
     Rcu,
     /// Through a `RwLock`: the baseline.
+    #[value(name = "rwlock")]
     RwLock,
     /// Through an `ArcSwap`.
     ArcSwap,
 }
 
-impl FromStr for BusAccess {
-    type Err = ChoiceError;
-    fn from_str(s: &str) -> Result<Self, ChoiceError> {
-        Ok(match s {
-            "rcu" => Self::Rcu,
-            "rwlock" => Self::RwLock,
-            "arc-swap" => Self::ArcSwap,
-            _ => return choice("--bus", "rcu, rwlock, arc-swap", None, s),
-        })
-    }
-}
-
-impl fmt::Display for BusAccess {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Rcu => "rcu",
-            Self::RwLock => "rwlock",
-            Self::ArcSwap => "arc-swap",
-        })
-    }
-}
-
 /// Where the local APICs live (`--irqchip`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Irqchip {
     /// In this VMM: x2APIC and TSC-deadline MSRs exit to userspace, and the
     /// five crates are on the interrupt, halt and timer paths.
@@ -299,26 +253,6 @@ pub enum Irqchip {
     /// baseline the family is measured against. `--halt-poll`,
     /// `--timer-advance`, `--boost` and `--guest-poll` then have nothing to act on.
     Kernel,
-}
-
-impl FromStr for Irqchip {
-    type Err = ChoiceError;
-    fn from_str(s: &str) -> Result<Self, ChoiceError> {
-        Ok(match s {
-            "user" => Self::User,
-            "kernel" => Self::Kernel,
-            _ => return choice("--irqchip", "user, kernel", None, s),
-        })
-    }
-}
-
-impl fmt::Display for Irqchip {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::User => "user",
-            Self::Kernel => "kernel",
-        })
-    }
 }
 
 /// Every mechanism's choice.

@@ -25,7 +25,7 @@ use halt_poll::{
     FutexWake, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy, set_timer_slack,
 };
 use kvm_bindings::kvm_interrupt;
-use kvm_ioctls::{VcpuExit, VcpuFd};
+use kvm_ioctls::VcpuFd;
 use lapic_timer::time::rdtsc;
 use lapic_timer::{Clock, GuestTime, MonotonicClock, SpinAt, TimerStats, TimerThread, TscClock};
 use rcu_qs::{Domain, Reader};
@@ -34,10 +34,9 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
 use crate::apic::{Action, LocalApic, XAPIC_BASE, XAPIC_SIZE};
-use crate::devices::SharedBus;
+use crate::devices::{IoBus, SharedBus};
 use crate::error::{Error, GuestFault, RegisterDump};
-use crate::exit::{ExitError, Flow, Report, handle_exit};
-use crate::guest::{PAUSE_PORT, YIELD_PORT};
+use crate::exit::{ExitContext, ExitError, Flow, Report, VcpuError, handle_exit};
 use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{Interrupts, WAKE_INTERRUPT, WAKE_TIMER};
 use crate::kick;
@@ -258,7 +257,7 @@ impl VcpuRunner {
     /// Runs the vCPU on the calling thread until its program finishes, it is
     /// stopped, or something goes wrong.
     pub fn run(mut self) -> Result<VcpuSummary, Error> {
-        kick::prepare_vcpu_thread(&self.fd).map_err(Error::Kick)?;
+        kick::prepare_vcpu_thread(&self.fd)?;
         // A hybrid halt-poll sleep must end when planned, not up to the default
         // 50 µs of timer slack later. Without it the sleeps only end late.
         let _ = set_timer_slack(Duration::from_nanos(1));
@@ -278,8 +277,9 @@ impl VcpuRunner {
             self.prepare_entry(&mut l)?;
             let flow = self.run_once(&mut l);
             match flow {
-                Ok(Flow::Continue) => {}
-                Ok(Flow::Kicked) => kick::acknowledge().map_err(Error::Kick)?,
+                // `run_once` waits out a halt itself.
+                Ok(Flow::Continue | Flow::Halted) => {}
+                Ok(Flow::Kicked) => kick::acknowledge()?,
                 Ok(Flow::Done) => return Ok(self.summary(true)),
                 Err(e) => return Err(self.exit_error(e)),
             }
@@ -382,77 +382,19 @@ impl VcpuRunner {
         let exit = match exit {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR => return Ok(Flow::Kicked),
-            Err(source) => {
-                return Err(GuestFault::UnhandledExit(format!("KVM_RUN: {source}")).into());
-            }
+            Err(source) => return Err(VcpuError::Run(source).into()),
         };
         self.exits += 1;
-        let now = MonotonicClock.now_ns();
-        match exit {
-            VcpuExit::X86Rdmsr(msr) => {
-                match l.apic.read(msr.index, &irqs.pending(vcpu), now) {
-                    Ok(value) => *msr.data = value,
-                    Err(_) => *msr.error = 1, // #GP, as the architecture says
-                }
-                Ok(Flow::Continue)
-            }
-            VcpuExit::X86Wrmsr(msr) => {
-                l.reanchor();
-                match l.apic.write(msr.index, msr.data, now) {
-                    Ok(action) => apply(irqs, vcpu, l, action),
-                    Err(_) => *msr.error = 1,
-                }
-                Ok(Flow::Continue)
-            }
-            VcpuExit::MmioRead(addr, data) if in_xapic_page(addr) => {
-                let pending = irqs.pending(vcpu);
-                l.apic
-                    .mmio_read_bytes(addr - XAPIC_BASE, data, &pending, now);
-                Ok(Flow::Continue)
-            }
-            VcpuExit::MmioWrite(addr, data) if in_xapic_page(addr) => {
-                l.reanchor();
-                let action = l.apic.mmio_write_bytes(addr - XAPIC_BASE, data, now);
-                apply(irqs, vcpu, l, action);
-                Ok(Flow::Continue)
-            }
-            VcpuExit::Hlt => self.halt(l),
-            VcpuExit::IoOut(PAUSE_PORT, _) => {
-                // A pause-loop exit: this vCPU waits on others.
-                irqs.scheduler().waiting(vcpu);
-                Ok(Flow::Continue)
-            }
-            VcpuExit::IoOut(YIELD_PORT, data) => {
-                // The guest's "yield to vCPU n": any width, zero-extended; a
-                // vCPU that does not exist (or itself) gets nothing.
-                let target = data
-                    .iter()
-                    .rev()
-                    .fold(0usize, |n, b| n << 8 | usize::from(*b));
-                vcpu_sched::pv_yield_to(&irqs.scheduler().ctx(), vcpu, target);
-                Ok(Flow::Continue)
-            }
-            VcpuExit::IrqWindowOpen => Ok(Flow::Continue),
-            VcpuExit::Unsupported(kvm_bindings::KVM_EXIT_DIRTY_RING_FULL) => {
-                match &shared.ring_full {
-                    Some(rings) => rings.drain().map(|()| Flow::Continue).map_err(|e| {
-                        GuestFault::UnhandledExit(format!("dirty ring full: {e}")).into()
-                    }),
-                    None => Err(
-                        GuestFault::UnhandledExit("dirty ring full without a ring".into()).into(),
-                    ),
-                }
-            }
-            other => {
-                let start = lapic_timer::time::rdtsc();
-                let flow = shared.bus.with(&l.reader, |bus| {
-                    handle_exit(other, bus, &shared.memory, &mut self.reports)
-                });
-                shared
-                    .bus_lookups
-                    .record(lapic_timer::time::rdtsc().wrapping_sub(start));
-                flow
-            }
+        let mut ctx = VcpuExits {
+            shared: &shared,
+            vcpu,
+            l: &mut *l,
+            reports: &mut self.reports,
+            now: MonotonicClock.now_ns(),
+        };
+        match handle_exit(exit, &mut ctx)? {
+            Flow::Halted => self.halt(l),
+            flow => Ok(flow),
         }
     }
 
@@ -502,6 +444,10 @@ impl VcpuRunner {
                 port,
                 source,
             },
+            ExitError::Vcpu(source) => Error::Vcpu {
+                vcpu: self.index,
+                source,
+            },
         }
     }
 }
@@ -520,6 +466,88 @@ fn apply(irqs: &Interrupts, vcpu: usize, l: &mut Loop, action: Action) {
         }
         Action::TimerChanged => rearm(l),
         Action::Eoi | Action::None => {}
+    }
+}
+
+/// The run loop's side of [`handle_exit`]: one vCPU's local APIC, timer,
+/// scheduler hooks and RCU reader, at the time of one exit.
+struct VcpuExits<'a> {
+    shared: &'a VmShared,
+    vcpu: usize,
+    l: &'a mut Loop,
+    reports: &'a mut Vec<Report>,
+    now: u64,
+}
+
+impl ExitContext for VcpuExits<'_> {
+    type Memory = GuestMemoryMmap;
+
+    fn memory(&self) -> &GuestMemoryMmap {
+        &self.shared.memory
+    }
+
+    fn reports(&mut self) -> &mut Vec<Report> {
+        self.reports
+    }
+
+    /// Times the lookup and the device's handling, for `bench rcu`.
+    fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
+        let start = rdtsc();
+        let result = self.shared.bus.with(&self.l.reader, f);
+        self.shared.bus_lookups.record(rdtsc().wrapping_sub(start));
+        result
+    }
+
+    fn read_msr(&mut self, index: u32) -> Option<u64> {
+        let pending = self.shared.irqs.pending(self.vcpu);
+        self.l.apic.read(index, &pending, self.now).ok()
+    }
+
+    fn write_msr(&mut self, index: u32, value: u64) -> bool {
+        self.l.reanchor();
+        let action = self.l.apic.write(index, value, self.now);
+        action
+            .map(|a| apply(&self.shared.irqs, self.vcpu, self.l, a))
+            .is_ok()
+    }
+
+    fn read_apic_mmio(&mut self, addr: u64, data: &mut [u8]) -> bool {
+        if !in_xapic_page(addr) {
+            return false;
+        }
+        let pending = self.shared.irqs.pending(self.vcpu);
+        (self.l.apic).mmio_read_bytes(addr - XAPIC_BASE, data, &pending, self.now);
+        true
+    }
+
+    fn write_apic_mmio(&mut self, addr: u64, data: &[u8]) -> bool {
+        if !in_xapic_page(addr) {
+            return false;
+        }
+        self.l.reanchor();
+        let action = self
+            .l
+            .apic
+            .mmio_write_bytes(addr - XAPIC_BASE, data, self.now);
+        apply(&self.shared.irqs, self.vcpu, self.l, action);
+        true
+    }
+
+    fn waiting(&mut self) {
+        self.shared.irqs.scheduler().waiting(self.vcpu);
+    }
+
+    fn yield_to(&mut self, target: usize) {
+        vcpu_sched::pv_yield_to(&self.shared.irqs.scheduler().ctx(), self.vcpu, target);
+    }
+
+    fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {
+        let rings = self
+            .shared
+            .ring_full
+            .as_ref()
+            .ok_or(VcpuError::NoDirtyRing)?;
+        rings.drain().map_err(VcpuError::DrainDirtyRing)
     }
 }
 

@@ -253,10 +253,10 @@ impl Vm {
         let mem_size = check_mem_mib(config.mem_mib)? << 20;
         let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
         if let Some(bytes) = config.dirty_ring {
-            dirty_log::enable_dirty_ring(&vm, bytes).map_err(|e| Error::DirtyLog(e.to_string()))?;
+            dirty_log::enable_dirty_ring(&vm, bytes)?;
         }
         let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
-            .map_err(|e| Error::AllocateMemory(e.to_string()))?;
+            .map_err(Error::AllocateMemory)?;
         register_memory(&vm, &memory)?;
         match config.mechanisms.irqchip {
             Irqchip::User => route_apic_msrs_to_userspace(&vm)?,
@@ -264,8 +264,7 @@ impl Vm {
                 vm.create_irq_chip()
                     .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
                 if let Some(window) = config.mechanisms.halt_poll.kvm_window() {
-                    halt_poll::kvm::set_vm_halt_poll(&vm, window)
-                        .map_err(|e| Error::KvmHaltPoll(e.to_string()))?;
+                    halt_poll::kvm::set_vm_halt_poll(&vm, window)?;
                 }
             }
         }
@@ -371,7 +370,7 @@ impl Vm {
         for (base, len, device) in self.devices {
             io_bus
                 .insert(base, len, device)
-                .map_err(|e| Error::Config(ConfigError::Device(e.to_string())))?;
+                .map_err(|e| Error::Config(e.into()))?;
         }
         let domain = self.domain;
         let bus = SharedBus::new(self.mechanisms.bus, io_bus, &domain);
@@ -414,8 +413,7 @@ impl Vm {
         let mut stats = VmStats::collect(&shared);
         stats.output_lost = drain.dropped() + unwritten;
         for vcpu in &kvm_halts {
-            let kvm = halt_poll::kvm::KvmHaltStats::read(vcpu)
-                .map_err(|e| Error::KvmHaltPoll(e.to_string()))?;
+            let kvm = halt_poll::kvm::KvmHaltStats::read(vcpu)?;
             stats.add_kvm_halts(&kvm);
         }
         let report = RunReport {
@@ -442,10 +440,7 @@ impl Vm {
         }
         self.vcpus
             .iter()
-            .map(|fd| {
-                halt_poll::kvm::BinaryStats::for_vcpu(fd)
-                    .map_err(|e| Error::KvmHaltPoll(e.to_string()))
-            })
+            .map(|fd| Ok(halt_poll::kvm::BinaryStats::for_vcpu(fd)?))
             .collect()
     }
 }
@@ -553,10 +548,10 @@ fn kvm_err(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> Error {
 }
 
 fn register_memory(vm: &VmFd, memory: &GuestMemoryMmap) -> Result<(), Error> {
-    let slots = dirty_log::Slots::new(memory).map_err(|e| Error::AllocateMemory(e.to_string()))?;
+    let slots = dirty_log::Slots::new(memory).map_err(Error::RegisterMemory)?;
     // SAFETY: `memory` stays mapped as long as the VM can run: the Vm and
     // then the vCPU threads' shared state hold it.
-    unsafe { slots.register(vm) }.map_err(|e| Error::AllocateMemory(e.to_string()))
+    unsafe { slots.register(vm) }.map_err(Error::RegisterMemory)
 }
 
 /// Writes the GDT, page tables, guest image, and each vCPU's TSS and IDT.

@@ -144,11 +144,9 @@ fn measure(mode: Mode, mib: u64, iterations: usize) -> Result<perf::Row, Error> 
     let gate = Arc::new(Gate::default());
     vm.add_device(GATE_PORT, 1, gate.clone());
     let stats = Arc::new(DirtyStats::default());
-    let dirty = |e: dirty_log::Error| Error::DirtyLog(e.to_string());
-    let slots = Slots::new(&vm.memory()).map_err(dirty)?;
+    let slots = Slots::new(&vm.memory())?;
     let vcpus: Vec<_> = vm.vcpu_fds().iter().collect();
-    let (mut tracker, ring) =
-        Tracker::new(mode, vm.vm_fd(), slots, stats.clone(), &vcpus).map_err(dirty)?;
+    let (mut tracker, ring) = Tracker::new(mode, vm.vm_fd(), slots, stats.clone(), &vcpus)?;
     if let Some(ring) = ring {
         vm.set_ring_full(ring);
     }
@@ -175,9 +173,9 @@ fn measure(mode: Mode, mib: u64, iterations: usize) -> Result<perf::Row, Error> 
     gate.close(); // a controller still waiting gives up: the run is over
     let row = controller
         .join()
-        .map_err(|_| Error::DirtyLog("the controller panicked".into()));
+        .map_err(|_| Error::ThreadPanicked("dirty-log controller"));
     run?; // the run's own error explains a controller's first
-    row?.map_err(dirty)
+    Ok(row??)
 }
 
 #[cfg(test)]

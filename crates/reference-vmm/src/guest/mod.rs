@@ -36,16 +36,7 @@ pub const SYS_HALT: u32 = 3;
 pub const SYS_WRMSR: u32 = 4;
 /// `ud2` service number: read MSR `edi` into `rax`.
 pub const SYS_RDMSR: u32 = 5;
-/// The port `dirty-writer` writes to after each pass; the VMM's iteration
-/// gate holds the vCPU there until the next pass (a device of `bench dirty`).
-pub const GATE_PORT: u16 = 0x1002;
-/// The port a spinning guest writes its vCPU index to, as a pause-loop exit:
-/// the VMM's boost policy hears that this vCPU waits on others.
-pub const PAUSE_PORT: u16 = 0x1001;
-/// A 32-bit `out` of a vCPU index here is the guest's "yield to that vCPU"
-/// (KVM's `KVM_HC_SCHED_YIELD` hypercall): the VMM boosts the target's
-/// thread and gives up the caller's CPU (`vcpu_sched::pv_yield_to`).
-pub const YIELD_PORT: u16 = 0x1003;
+pub use crate::guest_abi::{GATE_PORT, PAUSE_PORT, YIELD_PORT};
 /// Number of exception vectors the runtime has a stub for.
 pub const EXCEPTION_VECTORS: u8 = 32;
 /// Distance between two exception stubs in the image.
