@@ -41,6 +41,7 @@ pub mod guest_abi;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
 pub mod irq;
+pub mod irqchip;
 pub mod kick;
 pub mod layout;
 pub mod mechanisms;

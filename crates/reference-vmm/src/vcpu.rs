@@ -1,16 +1,15 @@
-//! A vCPU thread's run loop, where the five mechanisms meet on the exit path.
+//! A vCPU thread's run loop, where the five mechanisms meet on the exit path,
+//! generic over where the local APIC lives ([`IrqChip`]).
 //!
 //! ```text
 //! loop {
 //!     stop requested?  -> finish                  (set by the VMM before a kick)
-//!     run state = in guest                       (vcpu-sched; before any look for work)
-//!     timer expired?   -> spin to the deadline, fire the LVT timer (lapic-timer)
-//!     inject the highest deliverable interrupt, or ask for an interrupt window
+//!     chip: entering guest                       (vcpu-sched run state; before any look for work)
+//!     chip: prepare entry                        (fire a due timer, spinning to its deadline; inject)
 //!     offline; exit = KVM_RUN; online            (rcu-qs: the guest is a quiescent state)
-//!     run state = in the VMM; boost policy: ran
-//!     x2APIC / TSC-deadline MSR  -> the local APIC (IPIs to the others, timer re-armed)
-//!     HLT                        -> wait through the halt poller until work arrives (halt-poll)
-//!     port I/O                   -> the device bus, read through RCU (or a lock, as chosen)
+//!     chip: left guest                           (boost policy: ran; learn the delivery lead)
+//!     handle_exit: APIC MSR/MMIO -> chip; HLT -> chip waits (halt-poll);
+//!                  pause, yield -> chip (vcpu-sched); port I/O -> the bus, through RCU
 //!     kick (EINTR)               -> acknowledge, look again
 //! }
 //! ```
@@ -20,38 +19,22 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use halt_poll::{
-    FutexWake, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy, set_timer_slack,
-};
-use kvm_bindings::kvm_interrupt;
-use kvm_ioctls::VcpuFd;
-use lapic_timer::time::rdtsc;
-use lapic_timer::{Clock, GuestTime, MonotonicClock, SpinAt, TimerStats, TimerThread, TscClock};
-use rcu_qs::{Domain, Reader};
 use std::time::Duration;
-use vm_memory::GuestMemoryMmap;
-use vmm_sys_util::ioctl::ioctl_with_ref;
 
-use crate::apic::{Action, LocalApic, XAPIC_BASE, XAPIC_SIZE};
+use halt_poll::{HaltStats, set_timer_slack};
+use kvm_ioctls::VcpuFd;
+use lapic_timer::TimerStats;
+use lapic_timer::time::rdtsc;
+use rcu_qs::{Domain, Reader};
+use vm_memory::GuestMemoryMmap;
+
 use crate::devices::{IoBus, SharedBus};
 use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitContext, ExitError, Flow, Report, VcpuError, handle_exit};
-use crate::guest_abi::{GuestPoll, TimerLead};
-use crate::irq::{Interrupts, WAKE_INTERRUPT, WAKE_TIMER};
+use crate::irq::Interrupts;
+use crate::irqchip::IrqChip;
 use crate::kick;
-use crate::layout::{irq_record, mailbox};
-use crate::mechanisms::{HaltPoll, Mechanisms};
-
-// The halt poller keeps one policy per wake source: policy `i` learns from
-// the halts that source `i` (bit `i` of the events) ended.
-const _: () = assert!(WAKE_INTERRUPT == 0 && WAKE_TIMER == 1);
-
-/// The vCPU ioctl this needs that kvm-ioctls does not wrap.
-mod ioctls {
-    use kvm_bindings::{KVMIO, kvm_interrupt};
-    vmm_sys_util::ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_interrupt);
-}
+use crate::mechanisms::Mechanisms;
 
 /// What every vCPU thread of a VM shares.
 pub struct VmShared {
@@ -110,7 +93,8 @@ impl VmShared {
         self.stop.store(true, Ordering::SeqCst);
     }
 
-    fn stop_requested(&self) -> bool {
+    /// Whether the VMM asked the vCPUs to stop.
+    pub fn stop_requested(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
 }
@@ -154,81 +138,6 @@ pub struct VcpuRunner {
     reports: Vec<Report>,
 }
 
-/// The per-thread pieces of the loop.
-struct Loop {
-    clock: GuestClock,
-    guest_poll: Option<GuestPoll>,
-    apic: LocalApic,
-    timer: TimerThread,
-    lead: TimerLead,
-    poller: HaltPoller<Box<dyn PollPolicy + Send>, Arc<FutexWake>, MonotonicPoll, Arc<HaltStats>>,
-    reader: Reader,
-}
-
-impl Loop {
-    /// Whether the LVT timer's delivery is due already (its deadline is
-    /// within the lead of now): a deadline the guest wrote in the past, or
-    /// one that came due while the vCPU ran. The vCPU thread fires it itself
-    /// at entry, as KVM fires a past TSC deadline at once instead of arming
-    /// an hrtimer, rather than through a timer-thread wake-up and a kick.
-    /// (Deadlines just ahead still go through the timer thread, whose wake-ups
-    /// the advance learns from.)
-    /// The clock is read only when a deadline is armed: this runs before
-    /// every entry.
-    fn due_now(&mut self) -> bool {
-        let lead = self.lead.current().as_nanos() as u64;
-        self.apic
-            .timer()
-            .next_expiry_ns()
-            .is_some_and(|at| at <= MonotonicClock.now_ns().saturating_add(lead))
-    }
-
-    /// Refreshes the guest-time mapping of the timer and the lead from a
-    /// fresh (TSC, clock) pair, before a deadline is armed or checked.
-    fn reanchor(&mut self) {
-        let time = self.clock.now();
-        self.apic.timer().set_guest_time(time);
-        self.lead.set_guest_time(time);
-    }
-}
-
-/// The guest's TSC against the host's `CLOCK_MONOTONIC`: the frequency KVM
-/// gives the guest (`KVM_GET_TSC_KHZ`) and the offset between guest and
-/// host TSC, read once; [`GuestClock::now`] pairs a fresh TSC reading with the
-/// clock, so conversions never drift far from an anchor.
-struct GuestClock {
-    tsc_khz: u64,
-    offset: i64,
-}
-
-impl GuestClock {
-    fn new(fd: &VcpuFd) -> Self {
-        const IA32_TSC: u32 = 0x10;
-        let tsc_khz = fd
-            .get_tsc_khz()
-            .map(u64::from)
-            .unwrap_or_else(|_| TscClock::shared().tsc_khz());
-        let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
-            index: IA32_TSC,
-            ..Default::default()
-        }])
-        .expect("one entry fits");
-        let offset = match fd.get_msrs(&mut msrs) {
-            Ok(1) => msrs.as_slice()[0].data.wrapping_sub(rdtsc()) as i64,
-            _ => 0,
-        };
-        Self { tsc_khz, offset }
-    }
-
-    fn now(&self) -> GuestTime {
-        GuestTime {
-            tsc_khz: self.tsc_khz,
-            ns: MonotonicClock.now_ns(),
-            tsc_at_ns: rdtsc().wrapping_add_signed(self.offset),
-        }
-    }
-}
-
 /// Unregisters the vCPU thread from kicks however the loop ends.
 struct Registered<'a>(&'a Interrupts, usize);
 
@@ -250,22 +159,19 @@ impl VcpuRunner {
         }
     }
 
-    fn vcpu(&self) -> usize {
-        self.index as usize
-    }
-
-    /// Runs the vCPU on the calling thread until its program finishes, it is
-    /// stopped, or something goes wrong.
-    pub fn run(mut self) -> Result<VcpuSummary, Error> {
+    /// Runs the vCPU on the calling thread, its local APIC in `C`, until its
+    /// program finishes, it is stopped, or something goes wrong.
+    pub fn run<C: IrqChip>(mut self) -> Result<VcpuSummary, Error> {
         kick::prepare_vcpu_thread(&self.fd)?;
         // A hybrid halt-poll sleep must end when planned, not up to the default
         // 50 µs of timer slack later. Without it the sleeps only end late.
         let _ = set_timer_slack(Duration::from_nanos(1));
         let shared = self.shared.clone();
-        let irqs = &shared.irqs;
-        irqs.register_thread(self.vcpu());
-        let _registered = Registered(irqs, self.vcpu());
-        let mut l = self.start_loop()?;
+        let vcpu = self.index as usize;
+        shared.irqs.register_thread(vcpu);
+        let _registered = Registered(&shared.irqs, vcpu);
+        let mut chip = C::start(&self.fd, self.index, &shared)?;
+        let mut reader = shared.domain.register_reader();
         loop {
             if shared.stop_requested() {
                 return Ok(self.summary(false));
@@ -273,11 +179,9 @@ impl VcpuRunner {
             // Published before looking for work (see `crate::irq`): a post
             // from here on either is seen by `prepare_entry` or kicks, and a
             // kick sent before `KVM_RUN` makes it return at once.
-            irqs.scheduler().entering_guest(self.vcpu());
-            self.prepare_entry(&mut l)?;
-            let flow = self.run_once(&mut l);
-            match flow {
-                // `run_once` waits out a halt itself.
+            chip.entering_guest();
+            chip.prepare_entry(&mut self.fd)?;
+            match self.run_once(&mut chip, &mut reader) {
                 Ok(Flow::Continue | Flow::Halted) => {}
                 Ok(Flow::Kicked) => kick::acknowledge()?,
                 Ok(Flow::Done) => return Ok(self.summary(true)),
@@ -286,99 +190,24 @@ impl VcpuRunner {
         }
     }
 
-    fn start_loop(&self) -> Result<Loop, Error> {
-        let clock = GuestClock::new(&self.fd);
-        let time = clock.now();
-        let m = self.shared.mechanisms;
-        let sink = self.shared.irqs.timer_sink(self.vcpu());
-        let timer = TimerThread::start(
-            m.timer_advance.policy(clock.tsc_khz),
-            sink,
-            self.shared.timer_stats.clone(),
-            SpinAt::Receiver,
-        )
-        .map_err(|source| Error::SpawnThread {
-            vcpu: self.index,
-            source,
-        })?;
-        let policies = m.halt_poll_per_source().map(HaltPoll::policy).into();
-        let poller = HaltPoller::with_policies(self.shared.irqs.wake_source(self.vcpu()), policies)
-            .with_events(self.shared.halt_stats.clone());
-        Ok(Loop {
-            apic: LocalApic::new(self.index, time)
-                .with_min_timer_period_ns(self.shared.min_timer_period_ns),
-            timer,
-            lead: TimerLead::new(time, irq_record(self.index)),
-            guest_poll: m
-                .guest_poll
-                .then(|| GuestPoll::new(m.halt_poll.policy(), mailbox(self.index), clock.tsc_khz)),
-            clock,
-            poller,
-            reader: self.shared.domain.register_reader(),
-        })
-    }
-
-    /// Before entry: fire a due timer (spinning to its exact deadline first),
-    /// then inject the highest deliverable interrupt or ask for a window.
-    fn prepare_entry(&mut self, l: &mut Loop) -> Result<(), Error> {
-        let irqs = &self.shared.irqs;
-        let vcpu = self.vcpu();
-        if let Some(expiry) = irqs.take_timer(vcpu) {
-            l.timer.receive(&expiry);
-            fire_timer(irqs, vcpu, l);
-        } else if l.due_now() {
-            fire_timer(irqs, vcpu, l);
-        }
-        let pending = irqs.pending(vcpu);
-        let deliverable = l.apic.deliverable(&pending);
-        let run = self.fd.get_kvm_run();
-        let can_inject = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
-        run.request_interrupt_window = u8::from(deliverable.is_some() && !can_inject);
-        if let (Some(vector), true) = (deliverable, can_inject) {
-            let arg = kvm_interrupt {
-                irq: u32::from(vector),
-            };
-            // SAFETY: a vCPU fd and a kvm_interrupt that lives for the call,
-            // which only reads it; the result is checked.
-            let ret = unsafe { ioctl_with_ref(&self.fd, ioctls::KVM_INTERRUPT(), &arg) };
-            if ret != 0 {
-                return Err(Error::Kvm {
-                    op: "KVM_INTERRUPT",
-                    source: vmm_sys_util::errno::Error::last(),
-                });
-            }
-            irqs.take(vcpu, vector);
-            l.apic.start_service(vector);
-            l.lead.injected(vector, &self.shared.memory);
-            // More pending: come back as soon as the guest can take one.
-            self.fd.get_kvm_run().request_interrupt_window = u8::from(irqs.pending(vcpu) != [0; 4]);
-        }
-        Ok(())
-    }
-
-    /// One `KVM_RUN`, offline for RCU and with the run state published, and
-    /// the handling of its exit.
-    fn run_once(&mut self, l: &mut Loop) -> Result<Flow, ExitError> {
+    /// One `KVM_RUN`, offline for RCU, and the handling of its exit.
+    fn run_once<C: IrqChip>(
+        &mut self,
+        chip: &mut C,
+        reader: &mut Reader,
+    ) -> Result<Flow, ExitError> {
         let shared = self.shared.clone();
-        let (irqs, vcpu) = (&shared.irqs, self.vcpu());
         let exit = if shared.mechanisms.extended_qs {
-            l.reader.offline();
+            reader.offline();
             let exit = self.fd.run();
-            l.reader.online();
+            reader.online();
             exit
         } else {
             let exit = self.fd.run();
-            l.reader.quiescent();
+            reader.quiescent();
             exit
         };
-        // It ran: the policy undoes what it did for it (a boost ends).
-        irqs.scheduler().left_guest(vcpu);
-        if let Some(lead) = l.lead.learn(&shared.memory) {
-            l.timer.set_lead(lead);
-        }
-        if let Some(poll) = &mut l.guest_poll {
-            poll.learn(&shared.memory);
-        }
+        chip.left_guest();
         let exit = match exit {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR => return Ok(Flow::Kicked),
@@ -387,35 +216,19 @@ impl VcpuRunner {
         self.exits += 1;
         let mut ctx = VcpuExits {
             shared: &shared,
-            vcpu,
-            l: &mut *l,
+            chip: &mut *chip,
+            reader,
             reports: &mut self.reports,
-            now: MonotonicClock.now_ns(),
         };
         match handle_exit(exit, &mut ctx)? {
-            Flow::Halted => self.halt(l),
-            flow => Ok(flow),
-        }
-    }
-
-    /// `KVM_EXIT_HLT`: wait, polling or blocked as the halt-poll policy says,
-    /// until an interrupt can be delivered, the timer fires, or a stop.
-    fn halt(&mut self, l: &mut Loop) -> Result<Flow, ExitError> {
-        if self.fd.get_kvm_run().if_flag == 0 {
-            return Err(GuestFault::HaltedForever.into());
-        }
-        let (irqs, vcpu) = (&self.shared.irqs, self.vcpu());
-        let sched = irqs.scheduler();
-        loop {
-            // Published before the look for work (see `crate::irq`).
-            sched.halted(vcpu);
-            let work = l.apic.deliverable(&irqs.pending(vcpu)).is_some() || irqs.has_timer(vcpu);
-            if work || self.shared.stop_requested() {
-                sched.woken(vcpu);
-                return Ok(Flow::Continue);
+            Flow::Halted if self.fd.get_kvm_run().if_flag == 0 => {
+                Err(GuestFault::HaltedForever.into())
             }
-            l.poller.halt();
-            sched.woken(vcpu);
+            Flow::Halted => {
+                chip.halt();
+                Ok(Flow::Continue)
+            }
+            flow => Ok(flow),
         }
     }
 
@@ -452,34 +265,16 @@ impl VcpuRunner {
     }
 }
 
-/// Does what an APIC register write asks beyond the register: send an IPI,
-/// or re-arm the timer.
-fn apply(irqs: &Interrupts, vcpu: usize, l: &mut Loop, action: Action) {
-    match action {
-        Action::Ipi { vector, to } => {
-            irqs.ipi(vcpu, vector, to);
-        }
-        // Due already: the next entry fires it (`due_now`), so the timer
-        // thread must not fire it again.
-        Action::TimerChanged if l.due_now() => {
-            let _ = l.timer.disarm();
-        }
-        Action::TimerChanged => rearm(l),
-        Action::Eoi | Action::None => {}
-    }
-}
-
-/// The run loop's side of [`handle_exit`]: one vCPU's local APIC, timer,
-/// scheduler hooks and RCU reader, at the time of one exit.
-struct VcpuExits<'a> {
+/// The run loop's side of [`handle_exit`]: the vCPU's interrupt controller,
+/// its RCU reader for the bus, and the VM's memory, reports and dirty rings.
+struct VcpuExits<'a, C> {
     shared: &'a VmShared,
-    vcpu: usize,
-    l: &'a mut Loop,
+    chip: &'a mut C,
+    reader: &'a Reader,
     reports: &'a mut Vec<Report>,
-    now: u64,
 }
 
-impl ExitContext for VcpuExits<'_> {
+impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
     type Memory = GuestMemoryMmap;
 
     fn memory(&self) -> &GuestMemoryMmap {
@@ -493,52 +288,33 @@ impl ExitContext for VcpuExits<'_> {
     /// Times the lookup and the device's handling, for `bench rcu`.
     fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
         let start = rdtsc();
-        let result = self.shared.bus.with(&self.l.reader, f);
+        let result = self.shared.bus.with(self.reader, f);
         self.shared.bus_lookups.record(rdtsc().wrapping_sub(start));
         result
     }
 
     fn read_msr(&mut self, index: u32) -> Option<u64> {
-        let pending = self.shared.irqs.pending(self.vcpu);
-        self.l.apic.read(index, &pending, self.now).ok()
+        self.chip.read_msr(index)
     }
 
     fn write_msr(&mut self, index: u32, value: u64) -> bool {
-        self.l.reanchor();
-        let action = self.l.apic.write(index, value, self.now);
-        action
-            .map(|a| apply(&self.shared.irqs, self.vcpu, self.l, a))
-            .is_ok()
+        self.chip.write_msr(index, value)
     }
 
     fn read_apic_mmio(&mut self, addr: u64, data: &mut [u8]) -> bool {
-        if !in_xapic_page(addr) {
-            return false;
-        }
-        let pending = self.shared.irqs.pending(self.vcpu);
-        (self.l.apic).mmio_read_bytes(addr - XAPIC_BASE, data, &pending, self.now);
-        true
+        self.chip.read_apic_mmio(addr, data)
     }
 
     fn write_apic_mmio(&mut self, addr: u64, data: &[u8]) -> bool {
-        if !in_xapic_page(addr) {
-            return false;
-        }
-        self.l.reanchor();
-        let action = self
-            .l
-            .apic
-            .mmio_write_bytes(addr - XAPIC_BASE, data, self.now);
-        apply(&self.shared.irqs, self.vcpu, self.l, action);
-        true
+        self.chip.write_apic_mmio(addr, data)
     }
 
     fn waiting(&mut self) {
-        self.shared.irqs.scheduler().waiting(self.vcpu);
+        self.chip.waiting();
     }
 
     fn yield_to(&mut self, target: usize) {
-        vcpu_sched::pv_yield_to(&self.shared.irqs.scheduler().ctx(), self.vcpu, target);
+        self.chip.yield_to(target);
     }
 
     fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {
@@ -549,35 +325,4 @@ impl ExitContext for VcpuExits<'_> {
             .ok_or(VcpuError::NoDirtyRing)?;
         rings.drain().map_err(VcpuError::DrainDirtyRing)
     }
-}
-
-/// Whether an MMIO access is to the xAPIC page: the local APIC answers it
-/// whatever its size (see [`LocalApic::mmio_read_bytes`]).
-fn in_xapic_page(addr: u64) -> bool {
-    (XAPIC_BASE..XAPIC_BASE + XAPIC_SIZE).contains(&addr)
-}
-
-/// Fires the LVT timer if it is due `lead` from now (delivery starts that
-/// early, and the guest's entry runs that much later), and re-arms it.
-fn fire_timer(irqs: &Interrupts, vcpu: usize, l: &mut Loop) {
-    l.reanchor();
-    let start = MonotonicClock.now_ns();
-    let now = start + l.lead.current().as_nanos() as u64;
-    if let Some(fired) = l.apic.timer().expire(now).filter(|f| f.deliver) {
-        irqs.post_local(vcpu, fired.vector);
-        l.lead.fired(fired.vector, fired.due_ns, start);
-    }
-    rearm(l);
-}
-
-/// Arms the host timer for the LVT timer's next expiry, or disarms it.
-fn rearm(l: &mut Loop) {
-    // A timerfd that cannot be set is out of the guest's reach and of ours: the
-    // timer then fires at the next exit instead (prepare_entry checks).
-    // A masked timer delivers nothing, so it needs no host timer: its expiries
-    // are spent at the next entry (`due_now`) or when it is unmasked.
-    let _ = match l.apic.timer().next_delivery_ns() {
-        Some(at) => l.timer.arm(at, 0),
-        None => l.timer.disarm(),
-    };
 }

@@ -19,6 +19,7 @@ use crate::error::{ConfigError, Error};
 use crate::exit::Report;
 use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
 use crate::irq::Interrupts;
+use crate::irqchip::{KernelIrqChip, UserIrqChip};
 use crate::kick;
 use crate::layout::*;
 use crate::mechanisms::{Irqchip, Mechanisms};
@@ -388,9 +389,16 @@ impl Vm {
         for (i, fd) in (0..count).zip(self.vcpus) {
             let runner = VcpuRunner::new(i, fd, shared.clone());
             let tx = tx.clone();
+            let irqchip = self.mechanisms.irqchip;
             let spawned = thread::Builder::new()
                 .name(format!("vcpu{i}"))
-                .spawn(move || tx.send((i, runner.run())).unwrap_or(()));
+                .spawn(move || {
+                    let summary = match irqchip {
+                        Irqchip::User => runner.run::<UserIrqChip>(),
+                        Irqchip::Kernel => runner.run::<KernelIrqChip>(),
+                    };
+                    tx.send((i, summary)).unwrap_or(())
+                });
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(source) => {
