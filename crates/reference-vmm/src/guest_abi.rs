@@ -1,14 +1,15 @@
 //! The bench guests' ABI: the side channels between the built-in programs
-//! and this VMM, a contract no real guest follows. A VMM for real guests
-//! keeps none of it; each channel is used only where its switch asks.
+//! and this VMM, a contract no real guest follows: a VMM for real guests
+//! keeps none of it. Apart from ucalls, all of it is the side of this VMM's
+//! own local APIC (`--irqchip user`); with KVM's, only ucalls reach the VMM.
 //!
 //! | channel | where | the guest | the VMM | used with |
 //! |---|---|---|---|---|
 //! | ucall | `out` of a frame's address to [`UCALL_PORT`] (0x1000); frame: `cmd`, 4 args (u64s) | reports values, asserts, finishes | decodes it ([`crate::ucall`]), checking every address | always |
-//! | pause port | `out` to [`PAUSE_PORT`] (0x1001), any width | spins waiting for other vCPUs | hears a pause-loop exit: the scheduler's `waiting` | `--boost` |
+//! | pause port | `out` to [`PAUSE_PORT`] (0x1001), any width | spins waiting for other vCPUs | hears a pause-loop exit: the scheduler's `waiting` | the `--boost` policy acts on it |
 //! | gate port | `out` to [`GATE_PORT`] (0x1002) | `dirty-writer` ends a pass | holds the vCPU until the next pass | `bench dirty` |
-//! | yield port | `out` of a vCPU index to [`YIELD_PORT`] (0x1003) | asks to yield to that vCPU (`KVM_HC_SCHED_YIELD`) | `vcpu_sched::pv_yield_to` | `--boost` |
-//! | interrupt record | [`IRQ_RECORD_SIZE`](crate::layout::IRQ_RECORD_SIZE) bytes at [`irq_record`](crate::layout::irq_record)`(vcpu)`, the top of the interrupt stack | its interrupt entry writes the TSC it ran at and a count (`runtime.s`) | [`TimerLead`] learns how long timer delivery takes | a timer advance |
+//! | yield port | `out` of a vCPU index to [`YIELD_PORT`] (0x1003) | asks to yield to that vCPU (`KVM_HC_SCHED_YIELD`) | `vcpu_sched::pv_yield_to` | the `--boost` policy acts on it |
+//! | interrupt record | [`IRQ_RECORD_SIZE`](crate::layout::IRQ_RECORD_SIZE) bytes at [`irq_record`](crate::layout::irq_record)`(vcpu)`, the top of the interrupt stack | its interrupt entry writes the TSC it ran at and a count (`runtime.s`) | [`TimerLead`] learns how long timer delivery takes | always: the delivery lead |
 //! | mailbox | 256 bytes at [`mailbox`](crate::layout::mailbox)`(vcpu)`: +0 the window in TSC ticks, +8 state, +16 count, +32 a ring of outcomes | polls for the window before it halts; writes each wait's outcome | [`GuestPoll`] learns from the outcomes and writes the next window | `--guest-poll` |
 //!
 //! Both read guest memory that the guest may fill with anything: every value

@@ -45,6 +45,7 @@ pub mod irqchip;
 pub mod kick;
 pub mod layout;
 pub mod mechanisms;
+pub mod shared;
 pub mod stop;
 pub mod ucall;
 pub mod vcpu;

@@ -18,103 +18,21 @@
 //! work, is [`crate::irq`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use halt_poll::{HaltStats, set_timer_slack};
+use halt_poll::set_timer_slack;
 use kvm_ioctls::VcpuFd;
-use lapic_timer::TimerStats;
 use lapic_timer::time::rdtsc;
-use rcu_qs::{Domain, Reader};
+use rcu_qs::Reader;
 use vm_memory::GuestMemoryMmap;
 
-use crate::devices::{IoBus, SharedBus};
+use crate::devices::IoBus;
 use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitContext, ExitError, Flow, Report, VcpuError, handle_exit};
 use crate::irq::Interrupts;
 use crate::irqchip::IrqChip;
 use crate::kick;
-use crate::mechanisms::Mechanisms;
-
-/// What every vCPU thread of a VM shares.
-pub struct VmShared {
-    /// Guest memory.
-    pub memory: GuestMemoryMmap,
-    /// Port-I/O devices, as the vCPU threads read them.
-    pub bus: SharedBus,
-    /// The RCU domain whose readers are the vCPU threads.
-    pub domain: Arc<Domain>,
-    /// Pending interrupts, run states and boosts.
-    pub irqs: Arc<Interrupts>,
-    /// The mechanisms chosen.
-    pub mechanisms: Mechanisms,
-    /// What the halt pollers did.
-    pub halt_stats: Arc<HaltStats>,
-    /// What the LAPIC timer threads did (wake-ups, spins, deliveries).
-    pub timer_stats: Arc<TimerStats>,
-    /// Device-bus lookups on exits, and their cost.
-    pub bus_lookups: BusLookups,
-    /// Drains the dirty rings when one is full (with a dirty ring only).
-    pub ring_full: Option<dirty_log::RingFull>,
-    /// The floor on a periodic LAPIC timer's period, ns (KVM's
-    /// `min_timer_period_us`).
-    pub min_timer_period_ns: u64,
-    /// Set before kicking the vCPUs to make them stop.
-    stop: AtomicBool,
-}
-
-impl VmShared {
-    /// State for a VM.
-    pub fn new(
-        memory: GuestMemoryMmap,
-        bus: SharedBus,
-        domain: Arc<Domain>,
-        irqs: Arc<Interrupts>,
-        mechanisms: Mechanisms,
-    ) -> Self {
-        Self {
-            memory,
-            bus,
-            domain,
-            irqs,
-            mechanisms,
-            halt_stats: Arc::default(),
-            timer_stats: Arc::default(),
-            bus_lookups: BusLookups::default(),
-            ring_full: None,
-            min_timer_period_ns: lapic_timer::KVM_MIN_TIMER_PERIOD_NS,
-            stop: AtomicBool::new(false),
-        }
-    }
-
-    /// Asks every vCPU to stop; kick them afterwards.
-    pub fn request_stop(&self) {
-        // SeqCst, and before the kick: a vCPU that consumes the kick sees the flag.
-        self.stop.store(true, Ordering::SeqCst);
-    }
-
-    /// Whether the VMM asked the vCPUs to stop.
-    pub fn stop_requested(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
-    }
-}
-
-/// Counts device-bus lookups on exits and the TSC ticks they took
-/// (including the device's handling).
-#[derive(Debug, Default)]
-pub struct BusLookups {
-    /// Lookups.
-    pub count: std::sync::atomic::AtomicU64,
-    /// TSC ticks in them.
-    pub ticks: std::sync::atomic::AtomicU64,
-}
-
-impl BusLookups {
-    fn record(&self, ticks: u64) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.ticks.fetch_add(ticks, Ordering::Relaxed);
-    }
-}
+use crate::shared::VmShared;
 
 /// How a vCPU's run ended, and what its guest program reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,6 +54,8 @@ pub struct VcpuRunner {
     shared: Arc<VmShared>,
     exits: u64,
     reports: Vec<Report>,
+    /// Bus lookups and their TSC ticks, added to the VM's when the run ends.
+    lookups: (u64, u64),
 }
 
 /// Unregisters the vCPU thread from kicks however the loop ends.
@@ -156,6 +76,7 @@ impl VcpuRunner {
             shared,
             exits: 0,
             reports: Vec::new(),
+            lookups: (0, 0),
         }
     }
 
@@ -219,6 +140,7 @@ impl VcpuRunner {
             chip: &mut *chip,
             reader,
             reports: &mut self.reports,
+            lookups: &mut self.lookups,
         };
         match handle_exit(exit, &mut ctx)? {
             Flow::Halted if self.fd.get_kvm_run().if_flag == 0 => {
@@ -233,6 +155,7 @@ impl VcpuRunner {
     }
 
     fn summary(self, finished: bool) -> VcpuSummary {
+        self.add_lookups();
         VcpuSummary {
             index: self.index,
             finished,
@@ -241,7 +164,13 @@ impl VcpuRunner {
         }
     }
 
+    fn add_lookups(&self) {
+        let (count, ticks) = self.lookups;
+        self.shared.bus_lookups.add(count, ticks);
+    }
+
     fn exit_error(&self, e: ExitError) -> Error {
+        self.add_lookups();
         match e {
             ExitError::Guest(fault) => Error::Guest {
                 vcpu: self.index,
@@ -272,6 +201,8 @@ struct VcpuExits<'a, C> {
     chip: &'a mut C,
     reader: &'a Reader,
     reports: &'a mut Vec<Report>,
+    /// Bus lookups and their TSC ticks (see [`crate::shared::BusLookups`]).
+    lookups: &'a mut (u64, u64),
 }
 
 impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
@@ -289,7 +220,8 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
     fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
         let start = rdtsc();
         let result = self.shared.bus.with(self.reader, f);
-        self.shared.bus_lookups.record(rdtsc().wrapping_sub(start));
+        self.lookups.0 += 1;
+        self.lookups.1 += rdtsc().wrapping_sub(start);
         result
     }
 

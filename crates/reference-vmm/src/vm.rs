@@ -23,8 +23,9 @@ use crate::irqchip::{KernelIrqChip, UserIrqChip};
 use crate::kick;
 use crate::layout::*;
 use crate::mechanisms::{Irqchip, Mechanisms};
+use crate::shared::VmShared;
 use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
-use crate::vcpu::{VcpuRunner, VcpuSummary, VmShared};
+use crate::vcpu::{VcpuRunner, VcpuSummary};
 use crate::x86::boot::{
     VcpuBootInfo, advertise_apic_features, entry_regs, long_mode_sregs, set_apic_id,
 };

@@ -10,7 +10,7 @@ use kvm_ioctls::VcpuFd;
 
 use super::IrqChip;
 use crate::error::Error;
-use crate::vcpu::VmShared;
+use crate::shared::VmShared;
 
 /// A vCPU on KVM's LAPIC: no timer thread, no poller, no scheduler hooks.
 /// The APIC exits never reach this VMM; if one did, it would be a #GP.

@@ -12,7 +12,7 @@ pub use user::UserIrqChip;
 use kvm_ioctls::VcpuFd;
 
 use crate::error::Error;
-use crate::vcpu::VmShared;
+use crate::shared::VmShared;
 
 /// One vCPU's interrupt controller. The run loop calls it in this order:
 /// [`entering_guest`](IrqChip::entering_guest), [`prepare_entry`](IrqChip::prepare_entry),

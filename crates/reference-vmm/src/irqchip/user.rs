@@ -19,7 +19,7 @@ use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{WAKE_INTERRUPT, WAKE_TIMER};
 use crate::layout::{irq_record, mailbox};
 use crate::mechanisms::HaltPoll;
-use crate::vcpu::VmShared;
+use crate::shared::VmShared;
 
 // The halt poller keeps one policy per wake source: policy `i` learns from
 // the halts that source `i` (bit `i` of the events) ended.
