@@ -76,18 +76,8 @@ pub struct Report {
     pub value: u64,
 }
 
-/// What handling an exit needs beyond the exit itself: the vCPU's local
-/// APIC, its halt, the scheduler's hooks, the device bus, guest memory and
-/// the reports. [`Devices`] is the context of a vCPU with devices only.
-pub trait ExitContext {
-    /// The guest memory ucall frames are read from.
-    type Memory: GuestMemory;
-    /// Guest memory.
-    fn memory(&self) -> &Self::Memory;
-    /// Where the guest's named values go.
-    fn reports(&mut self) -> &mut Vec<Report>;
-    /// Runs `f` on the device bus, as the VMM shares it between vCPUs.
-    fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R;
+/// The exits a vCPU's local APIC and its scheduler hooks take.
+pub trait ApicExits {
     /// A read of a local APIC MSR (x2APIC or TSC-deadline); `None` is a #GP.
     fn read_msr(&mut self, index: u32) -> Option<u64>;
     /// A write of a local APIC MSR; `false` is a #GP.
@@ -102,6 +92,47 @@ pub trait ExitContext {
     fn waiting(&mut self);
     /// The guest asks to yield to vCPU `target` (`KVM_HC_SCHED_YIELD`).
     fn yield_to(&mut self, target: usize);
+}
+
+/// No local APIC in this VMM (a vCPU with devices only, or KVM's in-kernel
+/// LAPIC): its MSRs are a #GP, its page is unknown MMIO, and waits and
+/// yields do nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoApic;
+
+impl ApicExits for NoApic {
+    fn read_msr(&mut self, _: u32) -> Option<u64> {
+        None
+    }
+    fn write_msr(&mut self, _: u32, _: u64) -> bool {
+        false
+    }
+    fn read_apic_mmio(&mut self, _: u64, _: &mut [u8]) -> bool {
+        false
+    }
+    fn write_apic_mmio(&mut self, _: u64, _: &[u8]) -> bool {
+        false
+    }
+    fn waiting(&mut self) {}
+    fn yield_to(&mut self, _: usize) {}
+}
+
+/// What handling an exit needs beyond the exit itself: the vCPU's local
+/// APIC, the device bus, guest memory, the reports and the dirty rings.
+/// [`Devices`] is the context of a vCPU with devices only.
+pub trait ExitContext {
+    /// The guest memory ucall frames are read from.
+    type Memory: GuestMemory;
+    /// The vCPU's local APIC.
+    type Apic: ApicExits;
+    /// Guest memory.
+    fn memory(&self) -> &Self::Memory;
+    /// Where the guest's named values go.
+    fn reports(&mut self) -> &mut Vec<Report>;
+    /// Runs `f` on the device bus, as the VMM shares it between vCPUs.
+    fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R;
+    /// The vCPU's local APIC.
+    fn apic(&mut self) -> &mut Self::Apic;
     /// A vCPU's dirty ring is full: drain the rings before it runs again.
     fn dirty_ring_full(&mut self) -> Result<(), VcpuError>;
 }
@@ -111,19 +142,19 @@ pub trait ExitContext {
 pub fn handle_exit(exit: VcpuExit<'_>, ctx: &mut impl ExitContext) -> Result<Flow, ExitError> {
     match exit {
         VcpuExit::X86Rdmsr(msr) => {
-            match ctx.read_msr(msr.index) {
+            match ctx.apic().read_msr(msr.index) {
                 Some(value) => *msr.data = value,
                 None => *msr.error = 1, // #GP, as the architecture says
             }
             Ok(Flow::Continue)
         }
         VcpuExit::X86Wrmsr(msr) => {
-            if !ctx.write_msr(msr.index, msr.data) {
+            if !ctx.apic().write_msr(msr.index, msr.data) {
                 *msr.error = 1;
             }
             Ok(Flow::Continue)
         }
-        VcpuExit::MmioRead(addr, data) => match ctx.read_apic_mmio(addr, data) {
+        VcpuExit::MmioRead(addr, data) => match ctx.apic().read_apic_mmio(addr, data) {
             true => Ok(Flow::Continue),
             false => Err(GuestFault::UnknownMmio {
                 addr,
@@ -132,7 +163,7 @@ pub fn handle_exit(exit: VcpuExit<'_>, ctx: &mut impl ExitContext) -> Result<Flo
             }
             .into()),
         },
-        VcpuExit::MmioWrite(addr, data) => match ctx.write_apic_mmio(addr, data) {
+        VcpuExit::MmioWrite(addr, data) => match ctx.apic().write_apic_mmio(addr, data) {
             true => Ok(Flow::Continue),
             false => Err(GuestFault::UnknownMmio {
                 addr,
@@ -143,12 +174,13 @@ pub fn handle_exit(exit: VcpuExit<'_>, ctx: &mut impl ExitContext) -> Result<Flo
         },
         VcpuExit::Hlt => Ok(Flow::Halted),
         VcpuExit::IoOut(PAUSE_PORT, _) => {
-            ctx.waiting();
+            ctx.apic().waiting();
             Ok(Flow::Continue)
         }
         VcpuExit::IoOut(YIELD_PORT, data) => {
             // Any width, zero-extended.
-            ctx.yield_to(data.iter().rev().fold(0, |n, &b| n << 8 | usize::from(b)));
+            let target = data.iter().rev().fold(0, |n, &b| n << 8 | usize::from(b));
+            ctx.apic().yield_to(target);
             Ok(Flow::Continue)
         }
         VcpuExit::IoOut(UCALL_PORT, data) => {
@@ -216,9 +248,8 @@ fn exit_name(exit: &VcpuExit<'_>) -> &'static str {
     }
 }
 
-/// The context of a vCPU with devices only: no local APIC (its MSRs are a
-/// #GP, its page unknown MMIO), no scheduler and no dirty ring. The fuzz
-/// target drives [`handle_exit`] through it.
+/// The context of a vCPU with devices only ([`NoApic`], no dirty ring).
+/// The fuzz target drives [`handle_exit`] through it.
 pub struct Devices<'a, M> {
     /// The device bus.
     pub bus: &'a IoBus,
@@ -226,10 +257,13 @@ pub struct Devices<'a, M> {
     pub memory: &'a M,
     /// The guest's named values.
     pub reports: &'a mut Vec<Report>,
+    /// No local APIC.
+    pub apic: NoApic,
 }
 
 impl<M: GuestMemory> ExitContext for Devices<'_, M> {
     type Memory = M;
+    type Apic = NoApic;
     fn memory(&self) -> &M {
         self.memory
     }
@@ -239,20 +273,9 @@ impl<M: GuestMemory> ExitContext for Devices<'_, M> {
     fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
         f(self.bus)
     }
-    fn read_msr(&mut self, _: u32) -> Option<u64> {
-        None
+    fn apic(&mut self) -> &mut NoApic {
+        &mut self.apic
     }
-    fn write_msr(&mut self, _: u32, _: u64) -> bool {
-        false
-    }
-    fn read_apic_mmio(&mut self, _: u64, _: &mut [u8]) -> bool {
-        false
-    }
-    fn write_apic_mmio(&mut self, _: u64, _: &[u8]) -> bool {
-        false
-    }
-    fn waiting(&mut self) {}
-    fn yield_to(&mut self, _: usize) {}
     fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {
         Err(VcpuError::NoDirtyRing)
     }
@@ -321,6 +344,7 @@ mod tests {
             bus,
             memory,
             reports,
+            apic: NoApic,
         };
         handle_exit(exit, &mut ctx)
     }
@@ -503,6 +527,7 @@ mod tests {
 
     impl ExitContext for Fake {
         type Memory = GuestMemoryMmap;
+        type Apic = Self;
         fn memory(&self) -> &GuestMemoryMmap {
             self.memory.as_ref().unwrap()
         }
@@ -513,6 +538,16 @@ mod tests {
             self.calls.push("bus".into());
             f(&self.bus)
         }
+        fn apic(&mut self) -> &mut Self {
+            self
+        }
+        fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {
+            self.calls.push("drain".into());
+            Ok(())
+        }
+    }
+
+    impl ApicExits for Fake {
         fn read_msr(&mut self, index: u32) -> Option<u64> {
             self.calls.push(format!("rdmsr {index:#x}"));
             (index == 0x830).then_some(7)
@@ -535,10 +570,6 @@ mod tests {
         }
         fn yield_to(&mut self, target: usize) {
             self.calls.push(format!("yield to {target}"));
-        }
-        fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {
-            self.calls.push("drain".into());
-            Ok(())
         }
     }
 

@@ -13,7 +13,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use crate::apic::{self, Action, LocalApic, XAPIC_BASE};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
 use crate::error::GuestFault;
-use crate::exit::{Devices, ExitError, MAX_REPORTS, handle_exit};
+use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
 use crate::guest::SERIAL_PORT;
 use crate::guest_abi::{GuestPoll, MAX_LEAD, TimerLead};
 use crate::mechanisms::HaltPoll;
@@ -221,6 +221,7 @@ pub fn exits(data: &[u8]) {
                 bus: &bus,
                 memory: &mem,
                 reports: &mut reports,
+                apic: NoApic,
             };
             let flow = handle_exit(exit, &mut ctx);
             assert!(reports.len() <= MAX_REPORTS);

@@ -207,6 +207,7 @@ struct VcpuExits<'a, C> {
 
 impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
     type Memory = GuestMemoryMmap;
+    type Apic = C;
 
     fn memory(&self) -> &GuestMemoryMmap {
         &self.shared.memory
@@ -225,28 +226,8 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
         result
     }
 
-    fn read_msr(&mut self, index: u32) -> Option<u64> {
-        self.chip.read_msr(index)
-    }
-
-    fn write_msr(&mut self, index: u32, value: u64) -> bool {
-        self.chip.write_msr(index, value)
-    }
-
-    fn read_apic_mmio(&mut self, addr: u64, data: &mut [u8]) -> bool {
-        self.chip.read_apic_mmio(addr, data)
-    }
-
-    fn write_apic_mmio(&mut self, addr: u64, data: &[u8]) -> bool {
-        self.chip.write_apic_mmio(addr, data)
-    }
-
-    fn waiting(&mut self) {
-        self.chip.waiting();
-    }
-
-    fn yield_to(&mut self, target: usize) {
-        self.chip.yield_to(target);
+    fn apic(&mut self) -> &mut C {
+        self.chip
     }
 
     fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {

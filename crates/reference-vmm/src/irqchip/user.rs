@@ -15,6 +15,7 @@ use vmm_sys_util::ioctl::ioctl_with_ref;
 use super::IrqChip;
 use crate::apic::{Action, LocalApic, XAPIC_BASE, XAPIC_SIZE};
 use crate::error::Error;
+use crate::exit::ApicExits;
 use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{WAKE_INTERRUPT, WAKE_TIMER};
 use crate::layout::{irq_record, mailbox};
@@ -144,7 +145,9 @@ impl IrqChip for UserIrqChip {
             sched.woken(vcpu);
         }
     }
+}
 
+impl ApicExits for UserIrqChip {
     fn read_msr(&mut self, index: u32) -> Option<u64> {
         let pending = self.shared.irqs.pending(self.vcpu);
         self.apic
