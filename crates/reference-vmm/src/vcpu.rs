@@ -95,6 +95,7 @@ impl VcpuRunner {
         let mut reader = shared.domain.register_reader();
         loop {
             if shared.stop_requested() {
+                chip.finish()?;
                 return Ok(self.summary(false));
             }
             // Published before looking for work (see `crate::irq`): a post
@@ -105,7 +106,10 @@ impl VcpuRunner {
             match self.run_once(&mut chip, &mut reader) {
                 Ok(Flow::Continue | Flow::Halted) => {}
                 Ok(Flow::Kicked) => kick::acknowledge()?,
-                Ok(Flow::Done) => return Ok(self.summary(true)),
+                Ok(Flow::Done) => {
+                    chip.finish()?;
+                    return Ok(self.summary(true));
+                }
                 Err(e) => return Err(self.exit_error(e)),
             }
         }
@@ -207,7 +211,7 @@ struct VcpuExits<'a, C> {
 
 impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
     type Memory = GuestMemoryMmap;
-    type Apic = C;
+    type Apic = C::Apic;
 
     fn memory(&self) -> &GuestMemoryMmap {
         &self.shared.memory
@@ -226,8 +230,8 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
         result
     }
 
-    fn apic(&mut self) -> &mut C {
-        self.chip
+    fn apic(&mut self) -> &mut C::Apic {
+        self.chip.apic()
     }
 
     fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {

@@ -19,7 +19,7 @@ use crate::error::{ConfigError, Error};
 use crate::exit::Report;
 use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
 use crate::irq::Interrupts;
-use crate::irqchip::{KernelIrqChip, UserIrqChip};
+use crate::irqchip::{self, KernelIrqChip, UserIrqChip};
 use crate::kick;
 use crate::layout::*;
 use crate::mechanisms::{Irqchip, Mechanisms};
@@ -148,15 +148,6 @@ pub struct VmStats {
 }
 
 impl VmStats {
-    /// Adds what KVM's own halt polling did (`--irqchip kernel`, where the
-    /// kernel handles every halt).
-    fn add_kvm_halts(&mut self, kvm: &halt_poll::kvm::KvmHaltStats) {
-        self.polled_ns += kvm.halt_poll_success_ns + kvm.halt_poll_fail_ns;
-        self.blocked_ns += kvm.halt_wait_ns;
-        self.successful_polls += kvm.halt_successful_poll;
-        self.attempted_polls += kvm.halt_attempted_poll;
-    }
-
     fn collect(shared: &VmShared) -> Self {
         use std::sync::atomic::Ordering::Relaxed;
         let (h, i) = (&shared.halt_stats, &shared.irqs.stats);
@@ -265,9 +256,7 @@ impl Vm {
             Irqchip::Kernel => {
                 vm.create_irq_chip()
                     .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
-                if let Some(window) = config.mechanisms.halt_poll.kvm_window() {
-                    halt_poll::kvm::set_vm_halt_poll(&vm, window)?;
-                }
+                irqchip::set_window(&vm, config.mechanisms.halt_poll.kvm_window())?;
             }
         }
         write_boot_structures(&memory, vcpus, mem_size)?;
@@ -351,7 +340,6 @@ impl Vm {
         program.check(&self.params, self.timeout)?;
         let count = self.vcpus.len() as u32;
         let entry = IMAGE_ADDR + program.entry_offset();
-        let kvm_halts = self.kvm_halt_stats()?;
         for (i, fd) in (0..count).zip(&self.vcpus) {
             let regs = entry_regs(entry, user_stack_top(i), i, count, vcpu_data(i));
             fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
@@ -421,10 +409,6 @@ impl Vm {
         vcpus.sort_by_key(|s| s.index);
         let mut stats = VmStats::collect(&shared);
         stats.output_lost = drain.dropped() + unwritten;
-        for vcpu in &kvm_halts {
-            let kvm = halt_poll::kvm::KvmHaltStats::read(vcpu)?;
-            stats.add_kvm_halts(&kvm);
-        }
         let report = RunReport {
             guest: program.name,
             vcpus,
@@ -439,18 +423,6 @@ impl Vm {
             }),
             Ending::Failed(e) => Err(e),
         }
-    }
-
-    /// With KVM's irqchip, each vCPU's binary statistics, opened before the
-    /// vCPUs move to their threads: KVM's halt polling is counted there.
-    fn kvm_halt_stats(&self) -> Result<Vec<halt_poll::kvm::BinaryStats>, Error> {
-        if self.mechanisms.irqchip != Irqchip::Kernel {
-            return Ok(Vec::new());
-        }
-        self.vcpus
-            .iter()
-            .map(|fd| Ok(halt_poll::kvm::BinaryStats::for_vcpu(fd)?))
-            .collect()
     }
 }
 

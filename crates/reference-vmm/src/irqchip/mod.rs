@@ -6,7 +6,7 @@
 mod kernel;
 mod user;
 
-pub use kernel::KernelIrqChip;
+pub use kernel::{KernelIrqChip, set_window};
 pub use user::UserIrqChip;
 
 use std::sync::Arc;
@@ -20,10 +20,15 @@ use crate::shared::VmShared;
 /// One vCPU's interrupt controller: its local APIC's exits ([`ApicExits`])
 /// and the loop's hooks around `KVM_RUN`. The run loop calls
 /// [`entering_guest`](IrqChip::entering_guest), [`prepare_entry`](IrqChip::prepare_entry),
-/// `KVM_RUN`, [`left_guest`](IrqChip::left_guest), then the exit's hook.
-pub trait IrqChip: ApicExits + Sized {
+/// `KVM_RUN`, [`left_guest`](IrqChip::left_guest), then the exit's hook, and
+/// [`finish`](IrqChip::finish) when the vCPU is done.
+pub trait IrqChip: Sized {
+    /// Where the vCPU's APIC exits go.
+    type Apic: ApicExits;
     /// Sets up the vCPU's side on its own thread, before its first entry.
     fn start(fd: &VcpuFd, index: u32, shared: &Arc<VmShared>) -> Result<Self, Error>;
+    /// The vCPU's local APIC, for its exits.
+    fn apic(&mut self) -> &mut Self::Apic;
     /// Publishes that the vCPU is about to enter the guest, before any look
     /// for work (see [`crate::irq`]).
     fn entering_guest(&mut self);
@@ -35,4 +40,7 @@ pub trait IrqChip: ApicExits + Sized {
     /// `hlt` with interrupts enabled: waits until the vCPU has work or the
     /// VMM asks it to stop.
     fn halt(&mut self);
+    /// The vCPU's run ended: adds what the chip measured to the VM's
+    /// statistics.
+    fn finish(&mut self) -> Result<(), Error>;
 }

@@ -46,6 +46,8 @@ pub struct UserIrqChip {
 }
 
 impl IrqChip for UserIrqChip {
+    type Apic = Self;
+
     fn start(fd: &VcpuFd, index: u32, shared: &Arc<VmShared>) -> Result<Self, Error> {
         let vcpu = index as usize;
         let clock = GuestClock::new(fd);
@@ -76,6 +78,10 @@ impl IrqChip for UserIrqChip {
             shared: shared.clone(),
             vcpu,
         })
+    }
+
+    fn apic(&mut self) -> &mut Self {
+        self
     }
 
     fn entering_guest(&mut self) {
@@ -144,6 +150,12 @@ impl IrqChip for UserIrqChip {
             self.poller.halt();
             sched.woken(vcpu);
         }
+    }
+
+    /// Nothing to add: the poller and the timer thread count into the VM's
+    /// statistics as they go.
+    fn finish(&mut self) -> Result<(), Error> {
+        Ok(())
     }
 }
 
