@@ -113,16 +113,6 @@ pub enum HaltPoll {
 }
 
 impl HaltPoll {
-    /// Every choice, in command-line order.
-    pub const ALL: [HaltPoll; 6] = [
-        Self::Kvm,
-        Self::Haltpoll,
-        Self::Aio,
-        Self::Predictive,
-        Self::Off,
-        Self::Always,
-    ];
-
     /// The policy.
     pub fn policy(self) -> Box<dyn PollPolicy + Send> {
         match self {
@@ -347,7 +337,7 @@ mod tests {
 
     #[test]
     fn choices_round_trip_and_bad_ones_list_the_good_ones() {
-        for h in HaltPoll::ALL {
+        for &h in HaltPoll::value_variants() {
             assert_eq!(h.to_string().parse::<HaltPoll>(), Ok(h));
         }
         for t in [

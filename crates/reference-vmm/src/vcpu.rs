@@ -121,8 +121,7 @@ impl VcpuRunner {
         chip: &mut C,
         reader: &mut Reader,
     ) -> Result<Flow, ExitError> {
-        let shared = self.shared.clone();
-        let exit = if shared.mechanisms.extended_qs {
+        let exit = if self.shared.mechanisms.extended_qs {
             reader.offline();
             let exit = self.fd.run();
             reader.online();
@@ -140,7 +139,7 @@ impl VcpuRunner {
         };
         self.exits += 1;
         let mut ctx = VcpuExits {
-            shared: &shared,
+            shared: &self.shared,
             chip: &mut *chip,
             reader,
             reports: &mut self.reports,

@@ -6,6 +6,7 @@
 mod common;
 mod program;
 
+use clap::ValueEnum;
 use common::kvm_available;
 use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Irqchip, Mechanisms};
 use reference_vmm::{Error, GuestFault};
@@ -16,7 +17,7 @@ fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {
         return;
     }
     const ROUNDS: u64 = 2000;
-    for halt_poll in HaltPoll::ALL {
+    for &halt_poll in HaltPoll::value_variants() {
         for (boost, bus) in [
             (Boost::None, BusAccess::RwLock),
             (Boost::DirectedYield, BusAccess::Rcu),

@@ -89,14 +89,16 @@ impl IrqChip for UserIrqChip {
     }
 
     fn prepare_entry(&mut self, fd: &mut VcpuFd) -> Result<(), Error> {
-        let shared = self.shared.clone();
-        let (irqs, vcpu) = (&shared.irqs, self.vcpu);
-        if let Some(expiry) = irqs.take_timer(vcpu) {
+        let vcpu = self.vcpu;
+        if let Some(expiry) = self.shared.irqs.take_timer(vcpu) {
             self.timer.receive(&expiry);
             self.fire_timer();
         } else if self.due_now() {
             self.fire_timer();
         }
+        // Borrowed beside the fields below, not cloned: this runs before
+        // every entry, and an `Arc` clone is an atomic every vCPU writes.
+        let (shared, irqs) = (&self.shared, &self.shared.irqs);
         let deliverable = self.apic.deliverable(&irqs.pending(vcpu));
         let run = fd.get_kvm_run();
         let can_inject = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
