@@ -12,6 +12,13 @@ use crate::wake::{Events, WakeSource};
 /// Polls between two clock readings.
 const SPINS_PER_CHECK: u32 = 16;
 
+/// How often a poll offers its CPU to threads waiting for it (`sched_yield`),
+/// the userspace counterpart of the kernel's `single_task_running()` check in
+/// its poll loop: on a busy core the thread that would end the halt (another
+/// vCPU, a timer thread) may be queued behind the poller, and a poll that kept
+/// the CPU would delay the very wake-up it waits for.
+pub const YIELD_EVERY: Duration = Duration::from_micros(5);
+
 /// Default gap between two clock readings in the poll loop that means the
 /// thread was preempted. The loop reads the clock every few hundred ns; on this
 /// project's (nested, virtualized) machines an idle host still shows gaps of up
@@ -41,6 +48,8 @@ pub struct Halt {
 /// preempted, seen as a gap between two clock readings in the poll loop: on a
 /// busy host the thread that polls may starve the very thread that would wake
 /// it. Either way the outcome says `preempted`, for the policies to learn from.
+/// While it polls it also offers its CPU every [`YIELD_EVERY`], so a waker
+/// queued on it runs at once.
 pub struct HaltPoller<P, W, C = MonotonicClock, E = NoEvents> {
     policies: Vec<P>,
     source: W,
@@ -138,7 +147,8 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
     }
 
     /// The same poller with or without the check for threads waiting for this
-    /// CPU (on by default).
+    /// CPU and the yield to them while polling (on by default; off on a fake
+    /// clock).
     pub fn yield_to_waiting_threads(mut self, check: bool) -> Self {
         self.contention = check.then(RunDelayProbe::new);
         self
@@ -207,8 +217,13 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
     /// the thread was preempted.
     fn poll(&self, window: Duration) -> (Events, Duration, bool) {
         let start = self.clock.now();
-        let mut last = start;
+        let (mut last, mut last_yield) = (start, start);
         loop {
+            if self.contention.is_some() && last.saturating_sub(last_yield) >= YIELD_EVERY {
+                // SAFETY: sched_yield has no preconditions; it cannot fail on Linux.
+                unsafe { libc::sched_yield() };
+                last_yield = last;
+            }
             for _ in 0..SPINS_PER_CHECK {
                 let events = self.source.take();
                 if events != 0 {

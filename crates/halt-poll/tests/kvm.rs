@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::thread;
 use std::time::Duration;
 
-use halt_poll::kvm::{BinaryStats, KvmHaltStats, StatKind, set_vm_halt_poll};
+use halt_poll::kvm::{BinaryStats, KvmHaltStats, StatKind, WindowTuner, set_vm_halt_poll};
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
@@ -99,8 +99,12 @@ fn halting_vm(kvm: &Kvm) -> (VmFd, kvm_ioctls::VcpuFd, GuestMemory) {
 }
 
 /// Runs the vCPU on a thread and wakes it from its halt `kicks` times, every
-/// `interval`; returns its halt statistics.
-fn halt_and_kick(vcpu: kvm_ioctls::VcpuFd, kicks: u32, interval: Duration) -> KvmHaltStats {
+/// `interval`; returns it and its halt statistics.
+fn halt_and_kick(
+    vcpu: kvm_ioctls::VcpuFd,
+    kicks: u32,
+    interval: Duration,
+) -> (kvm_ioctls::VcpuFd, KvmHaltStats) {
     register_signal_handler(SIGRTMIN(), on_kick).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let runner = {
@@ -131,7 +135,8 @@ fn halt_and_kick(vcpu: kvm_ioctls::VcpuFd, kicks: u32, interval: Duration) -> Kv
         thread::sleep(Duration::from_millis(1));
     }
     let vcpu = runner.join().unwrap();
-    KvmHaltStats::read(&BinaryStats::for_vcpu(&vcpu).unwrap()).unwrap()
+    let stats = KvmHaltStats::read(&BinaryStats::for_vcpu(&vcpu).unwrap()).unwrap();
+    (vcpu, stats)
 }
 
 #[test]
@@ -177,7 +182,7 @@ fn short_halts_make_kvm_poll_and_its_stats_add_up() {
     // Halts of ~50 µs: shorter than the 200 µs maximum, so KVM grows its window
     // and polls. (Whether a poll catches the wake-up depends on the host: KVM
     // stops polling as soon as another task is runnable on the CPU.)
-    let s = halt_and_kick(vcpu, 300, Duration::from_micros(50));
+    let (_, s) = halt_and_kick(vcpu, 300, Duration::from_micros(50));
     assert!(s.halt_attempted_poll > 0, "{s:?}");
     assert_eq!(
         s.halt_poll_success_hist.iter().sum::<u64>(),
@@ -197,7 +202,7 @@ fn a_zero_window_switches_in_kernel_polling_off() {
     let Some(kvm) = kvm() else { return };
     let (vm, vcpu, _mem) = halting_vm(&kvm);
     set_vm_halt_poll(&vm, Duration::ZERO).unwrap();
-    let s = halt_and_kick(vcpu, 400, Duration::from_micros(30));
+    let (_, s) = halt_and_kick(vcpu, 400, Duration::from_micros(30));
     assert_eq!(
         (s.halt_attempted_poll, s.halt_successful_poll),
         (0, 0),
@@ -214,4 +219,25 @@ fn a_window_that_does_not_fit_32_bits_is_an_error() {
     let err = set_vm_halt_poll(&vm, Duration::from_secs(5)).unwrap_err();
     assert!(err.to_string().contains("does not fit"), "{err}");
     set_vm_halt_poll(&vm, Duration::from_micros(100)).unwrap();
+}
+
+#[test]
+fn the_tuner_reads_long_halts_and_switches_kvm_polling_off() {
+    let Some(kvm) = kvm() else { return };
+    let (vm, vcpu, _mem) = halting_vm(&kvm);
+    let stats = [BinaryStats::for_vcpu(&vcpu).unwrap()];
+    let mut tuner = WindowTuner::default();
+    assert_eq!(tuner.tune(&vm, &stats).unwrap(), None, "no halt yet");
+    // Halts of 2 ms and more (longer still on a busy host): polling never pays.
+    let (vcpu, _) = halt_and_kick(vcpu, 40, Duration::from_millis(2));
+    assert_eq!(tuner.tune(&vm, &stats).unwrap(), Some(Duration::ZERO));
+    // The window is set on the VM: short halts now never poll.
+    let before = KvmHaltStats::read(&stats[0]).unwrap();
+    let (_, after) = halt_and_kick(vcpu, 200, Duration::from_micros(30));
+    assert_eq!(
+        after.halt_attempted_poll, before.halt_attempted_poll,
+        "{after:?}"
+    );
+    let blocks = |s: &KvmHaltStats| s.halt_wait_hist.iter().sum::<u64>();
+    assert!(blocks(&after) > blocks(&before), "it halted: {after:?}");
 }

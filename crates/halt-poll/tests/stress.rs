@@ -1,4 +1,5 @@
-//! Concurrent wakers hammer one halted thread; every wake-up must end a halt.
+//! Concurrent wakers hammer one halted thread; every wake-up must end a halt,
+//! and a waker sharing the poller's CPU is not held back by its poll.
 //! A lost wake-up leaves both sides waiting forever, which the watchdog turns
 //! into a failure.
 
@@ -99,4 +100,76 @@ fn eventfd_wakes_are_never_lost() {
             KvmGrowShrink::new,
         )
     });
+}
+
+/// Pins the calling thread to CPU `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (it is 0 here).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: a valid set of the right size for the calling thread (pid 0).
+    let ret = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(ret, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// Sleeps 1.8 ms, then polls for up to 500 ms.
+struct SleepThenPoll;
+
+impl PollPolicy for SleepThenPoll {
+    fn plan(&self) -> halt_poll::PollPlan {
+        halt_poll::PollPlan {
+            sleep: Duration::from_micros(1800),
+            window: Duration::from_millis(500),
+        }
+    }
+    fn window(&self) -> Duration {
+        self.plan().window
+    }
+    fn learn(&mut self, _: &halt_poll::HaltOutcome) {}
+}
+
+#[test]
+fn a_poll_lets_a_waker_queued_on_its_cpu_run() {
+    // The waker and the poller share one CPU. The waker sleeps 2 ms, then
+    // wakes the poller, which has slept 1.8 ms and polls with a 500 ms window
+    // (a hybrid plan). The median halt must end with the waker's sleep, not
+    // with the window: the poll must not hold the CPU its waker is queued on.
+    // The waker waits for each wake-up to be taken, so none merge.
+    const ROUNDS: usize = 20;
+    let wake = Arc::new(FutexWake::new());
+    let taken = Arc::new(AtomicU64::new(0));
+    let waker = {
+        let (wake, taken) = (wake.clone(), taken.clone());
+        thread::spawn(move || {
+            pin_to(0);
+            for n in 1..=ROUNDS as u64 {
+                thread::sleep(Duration::from_millis(2));
+                wake.wake(0);
+                while taken.load(SeqCst) < n {
+                    thread::yield_now();
+                }
+            }
+        })
+    };
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        pin_to(0);
+        let mut poller = HaltPoller::new(wake, SleepThenPoll);
+        let halts: Vec<Duration> = (0..ROUNDS)
+            .map(|_| {
+                let halt = poller.halt().outcome.halt;
+                taken.fetch_add(1, SeqCst);
+                halt
+            })
+            .collect();
+        tx.send(halts).unwrap();
+    });
+    let mut halts = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("every wake-up ends a halt");
+    waker.join().unwrap();
+    halts.sort();
+    // 100 ms: far below the window, with room for a host busy beside it.
+    assert!(halts[ROUNDS / 2] < Duration::from_millis(100), "{halts:?}");
 }

@@ -1,7 +1,8 @@
 //! KVM's own halt polling, for VMMs that keep the in-kernel irqchip: set the
 //! per-VM window (`KVM_CAP_HALT_POLL`) and read a vCPU's binary statistics
 //! (`KVM_GET_STATS_FD`), whose halt counters and histograms show what in-kernel
-//! polling does. Enabled by the `kvm` feature.
+//! polling does; [`WindowTuner`] sets the window from them. Enabled by the
+//! `kvm` feature.
 
 use std::fs::File;
 use std::io;
@@ -15,6 +16,9 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{VcpuFd, VmFd};
 use vmm_sys_util::ioctl::ioctl;
+
+pub mod tuner;
+pub use tuner::{TunerConfig, WindowTuner};
 
 /// The stats-fd ioctl, which kvm-ioctls does not wrap.
 mod ioctls {
@@ -238,7 +242,8 @@ pub struct KvmHaltStats {
     pub halt_poll_fail_ns: u64,
     /// Time blocked, ns.
     pub halt_wait_ns: u64,
-    /// Log2 histogram of successful poll times.
+    /// Log2 histogram of successful poll times (the histograms are empty
+    /// where the kernel has none).
     pub halt_poll_success_hist: Vec<u64>,
     /// Log2 histogram of failed poll times.
     pub halt_poll_fail_hist: Vec<u64>,
@@ -257,10 +262,19 @@ impl KvmHaltStats {
             halt_poll_success_ns: stats.read_one("halt_poll_success_ns")?,
             halt_poll_fail_ns: stats.read_one("halt_poll_fail_ns")?,
             halt_wait_ns: stats.read_one("halt_wait_ns")?,
-            halt_poll_success_hist: stats.read("halt_poll_success_hist")?,
-            halt_poll_fail_hist: stats.read("halt_poll_fail_hist")?,
-            halt_wait_hist: stats.read("halt_wait_hist")?,
+            halt_poll_success_hist: read_hist(stats, "halt_poll_success_hist")?,
+            halt_poll_fail_hist: read_hist(stats, "halt_poll_fail_hist")?,
+            halt_wait_hist: read_hist(stats, "halt_wait_hist")?,
         })
+    }
+}
+
+/// A histogram, or none where this kernel has none (they came in Linux 5.15,
+/// a release after binary stats).
+fn read_hist(stats: &BinaryStats, name: &str) -> Result<Vec<u64>, KvmError> {
+    match stats.read(name) {
+        Err(KvmError::NoSuchStat(_)) => Ok(Vec::new()),
+        other => other,
     }
 }
 
@@ -339,6 +353,30 @@ mod tests {
         assert_eq!(stats.read_one("halt_wait_ns").unwrap(), 77);
         assert_eq!(stats.read("halt_wait_hist").unwrap(), [1, 2, 3]);
         assert!(matches!(stats.read("nope"), Err(KvmError::NoSuchStat(_))));
+    }
+
+    #[test]
+    fn halt_stats_without_histograms_read_as_empty_ones() {
+        let names = [
+            "halt_successful_poll",
+            "halt_attempted_poll",
+            "halt_poll_invalid",
+            "halt_wakeup",
+            "halt_poll_success_ns",
+            "halt_poll_fail_ns",
+            "halt_wait_ns",
+        ];
+        let descs: Vec<_> = (0u32..).zip(names).map(|(i, n)| (n, 0, 1, 8 * i)).collect();
+        let stats = BinaryStats::parse(fake_stats(32, &descs, &[1, 2, 3, 4, 5, 6, 7])).unwrap();
+        let halt = KvmHaltStats::read(&stats).unwrap();
+        assert_eq!((halt.halt_successful_poll, halt.halt_wait_ns), (1, 7));
+        assert!(halt.halt_wait_hist.is_empty() && halt.halt_poll_success_hist.is_empty());
+        // A missing counter is still an error.
+        let stats = BinaryStats::parse(fake_stats(32, &descs[1..], &[2, 3, 4, 5, 6, 7])).unwrap();
+        assert!(matches!(
+            KvmHaltStats::read(&stats),
+            Err(KvmError::NoSuchStat(_))
+        ));
     }
 
     #[test]
