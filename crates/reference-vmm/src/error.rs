@@ -84,13 +84,24 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A thread that is not a vCPU's (the output drain, the halt-poll tuner)
+    /// could not be started.
+    #[error("cannot start the {thread} thread: {source}")]
+    SpawnHelper {
+        /// Which.
+        thread: &'static str,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// A vCPU thread panicked: a bug in the VMM, never the guest's doing.
     #[error("the thread of vCPU {0} panicked")]
     VcpuPanicked(u32),
     /// Dirty logging could not be set up.
     #[error("dirty logging: {0}")]
     DirtyLog(#[from] dirty_log::Error),
-    /// A thread of a benchmark (not a vCPU's) panicked: a bug in the VMM.
+    /// A thread that is not a vCPU's (a benchmark's, the halt-poll tuner)
+    /// panicked: a bug in the VMM.
     #[error("the {0} thread panicked")]
     ThreadPanicked(&'static str),
     /// KVM's halt polling (`--irqchip kernel`) could not be set or its
@@ -158,6 +169,11 @@ pub enum ConfigError {
         /// The program.
         guest: &'static str,
     },
+    /// `--halt-poll tuned` on this VMM's APIC, where KVM does not halt.
+    #[error(
+        "--halt-poll tuned sets KVM's in-kernel halt-polling window: it needs --irqchip kernel"
+    )]
+    TunedNeedsKernelIrqchip,
     /// No built-in guest program has this name.
     #[error("no guest program is called {name:?}; the built-in ones are: {known}")]
     UnknownGuest {

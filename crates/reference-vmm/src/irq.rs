@@ -47,35 +47,19 @@ use std::sync::{Arc, Mutex, PoisonError};
 use halt_poll::FutexWake;
 use lapic_timer::{Expiry, TimerSink};
 use vcpu_sched::{BoostPolicy, Booster, FifoBoost, GuestView, RunState, SchedStats, Scheduler};
-use vmm_sys_util::signal::Killable;
 
 use crate::apic::Destination;
-use crate::kick;
+use crate::kick::KickTarget;
 
 /// Wake-source bit for an interrupt.
 pub const WAKE_INTERRUPT: usize = 0;
 /// Wake-source bit for a timer expiry.
 pub const WAKE_TIMER: usize = 1;
 
-/// A vCPU thread, for kicks; cleared before the thread exits, so a kick never
-/// signals a thread that is gone.
-struct ThreadSlot(Mutex<Option<libc::pthread_t>>);
-
-/// A registered vCPU thread's handle.
-struct Pthread(libc::pthread_t);
-
-// SAFETY: the handle is only used while the slot's lock is held, and the vCPU
-// thread clears the slot (under the lock) before it exits.
-unsafe impl Killable for Pthread {
-    fn pthread_handle(&self) -> libc::pthread_t {
-        self.0
-    }
-}
-
 /// One vCPU's delivery state: how to reach its thread.
 struct Link {
     wake: Arc<FutexWake>,
-    thread: ThreadSlot,
+    thread: KickTarget,
 }
 
 /// What waits to be injected into each vCPU: its IRR and its timer's due
@@ -162,7 +146,7 @@ impl Interrupts {
             links: (0..vcpus)
                 .map(|_| Link {
                     wake: Arc::new(FutexWake::new()),
-                    thread: ThreadSlot(Mutex::new(None)),
+                    thread: KickTarget::default(),
                 })
                 .collect(),
             sched: Scheduler::new(vcpus, policy, booster, pending.clone()),
@@ -184,13 +168,7 @@ impl Interrupts {
 
     /// Registers the calling thread as vCPU `vcpu`'s, for kicks and boosts.
     pub fn register_thread(&self, vcpu: usize) {
-        // SAFETY: pthread_self has no preconditions.
-        let me = unsafe { libc::pthread_self() };
-        *self.links[vcpu]
-            .thread
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(me);
+        self.links[vcpu].thread.register_current();
         self.sched
             .booster()
             .register(vcpu, vcpu_sched::thread::current_tid());
@@ -198,11 +176,7 @@ impl Interrupts {
 
     /// The calling thread stops running vCPU `vcpu`: no more kicks to it.
     pub fn unregister_thread(&self, vcpu: usize) {
-        *self.links[vcpu]
-            .thread
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.links[vcpu].thread.clear();
         let _ = self.sched.booster().ran(vcpu);
     }
 
@@ -284,10 +258,8 @@ impl Interrupts {
         let link = &self.links[vcpu];
         match self.sched.state(vcpu).run_state() {
             RunState::InGuest => {
-                let thread = link.thread.0.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(t) = *thread {
-                    // A kick can only fail for a thread that is gone.
-                    let _ = kick::kick(&Pthread(t));
+                // A kick can only fail for a thread that is gone.
+                if let Ok(true) = link.thread.kick() {
                     self.stats.kicks.fetch_add(1, SeqCst);
                 }
             }

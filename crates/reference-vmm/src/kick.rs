@@ -28,7 +28,7 @@
 //! (rust-vmm/kvm issue 373); this scheme needs no access to `kvm_run` at all.
 
 use std::os::raw::c_int;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use kvm_ioctls::VcpuFd;
 use vmm_sys_util::errno::Error as Errno;
@@ -114,6 +114,50 @@ pub fn kick(thread: &impl Killable) -> Result<(), KickError> {
     thread.kill(kick_signal()).map_err(KickError::Signal)
 }
 
+/// A vCPU thread to kick: the thread registers itself and clears the slot
+/// before it exits, so a kick never signals a thread that is gone.
+#[derive(Debug, Default)]
+pub struct KickTarget(Mutex<Option<libc::pthread_t>>);
+
+impl KickTarget {
+    /// Registers the calling thread as the one to kick.
+    pub fn register_current(&self) {
+        // SAFETY: pthread_self has no preconditions.
+        *self.slot() = Some(unsafe { libc::pthread_self() });
+    }
+
+    /// No thread to kick any more (the registered one is about to exit).
+    pub fn clear(&self) {
+        *self.slot() = None;
+    }
+
+    /// Kicks the registered thread; `Ok(false)` when none is registered.
+    pub fn kick(&self) -> Result<bool, KickError> {
+        let slot = self.slot();
+        match *slot {
+            // The lock is held across the signal, so the thread cannot clear
+            // the slot and exit in between.
+            Some(thread) => kick(&Pthread(thread)).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<libc::pthread_t>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A registered vCPU thread's handle.
+struct Pthread(libc::pthread_t);
+
+// SAFETY: a `Pthread` only lives while its `KickTarget`'s lock is held, and
+// the thread clears that slot (under the lock) before it exits.
+unsafe impl Killable for Pthread {
+    fn pthread_handle(&self) -> libc::pthread_t {
+        self.0
+    }
+}
+
 /// The handler never runs on a prepared vCPU thread (the signal is blocked outside
 /// `KVM_RUN`); it only replaces the default action, which would end the process.
 extern "C" fn ignore_kick(_: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
@@ -152,5 +196,43 @@ fn set_run_signal_mask(vcpu: &VcpuFd, mask: &libc::sigset_t) -> Result<(), KickE
         Ok(())
     } else {
         Err(KickError::SetRunMask(std::io::Error::last_os_error()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kick_reaches_the_registered_thread_and_none_after_it_cleared() {
+        let target = KickTarget::default();
+        assert!(!target.kick().expect("no thread: nothing to signal"));
+        let (registered, kicked) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                install_handler().expect("handler");
+                signal::block_signal(kick_signal()).expect("block");
+                target.register_current();
+                registered.wait();
+                kicked.wait();
+                assert!(kick_pending(), "the blocked kick waits for KVM_RUN");
+                acknowledge().expect("consume the kick");
+                assert!(!kick_pending());
+                target.clear();
+            });
+            registered.wait();
+            assert!(target.kick().expect("a registered thread"));
+            kicked.wait();
+        });
+        assert!(!target.kick().expect("cleared"));
+    }
+
+    fn kick_pending() -> bool {
+        // SAFETY: sigset_t is plain data that sigpending fills.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset to write.
+        assert_eq!(unsafe { libc::sigpending(&mut set) }, 0);
+        // SAFETY: `set` was filled by sigpending and the signal is valid.
+        unsafe { libc::sigismember(&set, kick_signal()) == 1 }
     }
 }

@@ -189,9 +189,10 @@ struct RunArgs {
 /// nothing to act on is an error when given.
 #[derive(Debug, clap::Args)]
 struct MechanismArgs {
-    /// How a halted vCPU waits: kvm, haltpoll, aio, predictive, off, always
-    /// [default: predictive; with --irqchip kernel, KVM's own polling, and only
-    /// kvm, off (window 0) or always (window 10 ms) may be given].
+    /// How a halted vCPU waits: kvm, haltpoll, aio, predictive, off, always,
+    /// tuned [default: predictive; with --irqchip kernel, KVM's own polling,
+    /// and only kvm, off (window 0), always (window 10 ms) or tuned (the
+    /// window halt-poll's WindowTuner sets) may be given; tuned needs it].
     #[arg(long, value_parser = <HaltPoll as FromStr>::from_str)]
     halt_poll: Option<HaltPoll>,
     /// How early a guest timer's host timer fires: none, fixed:NS, kvm,
@@ -224,8 +225,12 @@ struct MechanismArgs {
 impl MechanismArgs {
     fn mechanisms(&self) -> Result<Mechanisms, String> {
         let defaults = Mechanisms::default();
-        if self.irqchip == Irqchip::Kernel {
-            self.check_kernel()?;
+        match self.irqchip {
+            Irqchip::Kernel => self.check_kernel()?,
+            Irqchip::User if self.halt_poll == Some(HaltPoll::Tuned) => {
+                return Err(ConfigError::TunedNeedsKernelIrqchip.to_string());
+            }
+            Irqchip::User => {}
         }
         let kernel_default = match self.irqchip {
             Irqchip::Kernel => HaltPoll::Kvm,
@@ -251,15 +256,14 @@ impl MechanismArgs {
             ("--guest-poll", self.guest_poll),
             (
                 "--halt-poll haltpoll|aio|predictive",
-                self.halt_poll
-                    .is_some_and(|p| p.kvm_window().is_none() && p != HaltPoll::Kvm),
+                self.halt_poll.is_some_and(|p| !p.in_kernel()),
             ),
         ];
         match unused.iter().find(|(_, given)| *given) {
             Some((switch, _)) => Err(format!(
                 "{switch} has nothing to act on with --irqchip kernel: KVM's LAPIC handles the \
                  timer, interrupt delivery and halts (its halt polling takes --halt-poll kvm, \
-                 off or always)"
+                 off, always or tuned)"
             )),
             None => Ok(()),
         }

@@ -110,16 +110,22 @@ pub enum HaltPoll {
     Off,
     /// Poll for up to 10 ms before blocking (`Fixed`): the other baseline.
     Always,
+    /// KVM's halt polling under the window halt-poll's `WindowTuner` sets
+    /// from the vCPUs' binary statistics every 10 ms: `--irqchip kernel` only.
+    Tuned,
 }
 
 impl HaltPoll {
-    /// The policy.
+    /// The policy on this VMM's APIC. (`tuned` is KVM's alone: [`Vm::new`]
+    /// refuses it here; its window follows `Predictive`'s cost model.)
+    ///
+    /// [`Vm::new`]: crate::Vm::new
     pub fn policy(self) -> Box<dyn PollPolicy + Send> {
         match self {
             Self::Kvm => Box::new(KvmGrowShrink::new()),
             Self::Haltpoll => Box::new(GuestHaltpoll::new()),
             Self::Aio => Box::new(AioPoll::new()),
-            Self::Predictive => Box::new(Predictive::default()),
+            Self::Predictive | Self::Tuned => Box::new(Predictive::default()),
             Self::Off => Box::new(Never),
             Self::Always => Box::new(FixedPoll(ALWAYS_POLL)),
         }
@@ -128,13 +134,20 @@ impl HaltPoll {
     /// KVM's halt-polling window (`KVM_CAP_HALT_POLL`) for this choice, where
     /// the kernel handles halts (`--irqchip kernel`): `off` stops polling,
     /// `always` polls up to the same 10 ms, and the policies KVM does not have
-    /// leave its own grow/shrink under the module's `halt_poll_ns` (None).
+    /// leave its own grow/shrink under the module's `halt_poll_ns` (None), as
+    /// `tuned` does until its tuner has seen enough halts.
     pub fn kvm_window(self) -> Option<Duration> {
         match self {
             Self::Off => Some(Duration::ZERO),
             Self::Always => Some(ALWAYS_POLL),
-            Self::Kvm | Self::Haltpoll | Self::Aio | Self::Predictive => None,
+            Self::Kvm | Self::Haltpoll | Self::Aio | Self::Predictive | Self::Tuned => None,
         }
+    }
+
+    /// Whether KVM's in-kernel halt polling does this choice (`kvm`, `off`,
+    /// `always`, `tuned`); the others are policies of this VMM's APIC.
+    pub fn in_kernel(self) -> bool {
+        matches!(self, Self::Kvm | Self::Off | Self::Always | Self::Tuned)
     }
 }
 
@@ -359,7 +372,7 @@ mod tests {
         }
         let err = "fast".parse::<HaltPoll>().unwrap_err().to_string();
         assert!(
-            err.contains("kvm, haltpoll, aio, predictive, off, always"),
+            err.contains("kvm, haltpoll, aio, predictive, off, always, tuned"),
             "{err}"
         );
         for (err, renamed) in [

@@ -19,10 +19,10 @@ use crate::error::{ConfigError, Error};
 use crate::exit::Report;
 use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
 use crate::irq::Interrupts;
-use crate::irqchip::{self, KernelIrqChip, UserIrqChip};
+use crate::irqchip::{self, KernelIrqChip, TunerThread, UserIrqChip};
 use crate::kick;
 use crate::layout::*;
-use crate::mechanisms::{Irqchip, Mechanisms};
+use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms};
 use crate::shared::VmShared;
 use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
 use crate::vcpu::{VcpuRunner, VcpuSummary};
@@ -114,6 +114,8 @@ pub struct RunReport {
 pub struct VmStats {
     /// Time halted vCPU threads spent polling, ns (halt-poll).
     pub polled_ns: u64,
+    /// Of which in polls that ended in a block (the wake-up came later), ns.
+    pub failed_poll_ns: u64,
     /// Time halted vCPU threads spent blocked, ns.
     pub blocked_ns: u64,
     /// Halts that ended while polling.
@@ -145,6 +147,9 @@ pub struct VmStats {
     pub timer_expiries: u64,
     /// Time vCPU threads spun to their timers' targets, ns (the advance's CPU).
     pub timer_spin_ns: u64,
+    /// KVM's halt-polling window, ns, as `--halt-poll tuned` set it last
+    /// (`None`: not tuned, or too few halts to set one).
+    pub tuned_window_ns: Option<u64>,
 }
 
 impl VmStats {
@@ -154,6 +159,7 @@ impl VmStats {
         let s = shared.irqs.scheduler().events();
         Self {
             polled_ns: h.halt_poll_success_ns.load(Relaxed) + h.halt_poll_fail_ns.load(Relaxed),
+            failed_poll_ns: h.halt_poll_fail_ns.load(Relaxed),
             blocked_ns: h.halt_wait_ns.load(Relaxed),
             successful_polls: h.halt_successful_poll.load(Relaxed),
             attempted_polls: h.halt_attempted_poll.load(Relaxed),
@@ -168,6 +174,7 @@ impl VmStats {
             bus_lookup_ticks: shared.bus_lookups.ticks.load(Relaxed),
             timer_expiries: shared.timer_stats.wakeups.load(Relaxed),
             timer_spin_ns: shared.timer_stats.spin_ns.load(Relaxed),
+            tuned_window_ns: None,
         }
     }
 }
@@ -201,16 +208,24 @@ impl fmt::Display for RunReport {
         let st = &self.stats;
         write!(
             f,
-            "\n  halts: {:.3} ms polling ({} ended while polling), {:.3} ms blocked; \
-             {} interrupts, {} kicks, {} wakes, {} boosts",
+            "\n  halts: {:.3} ms polling ({} ended while polling; {:.3} ms in polls that \
+             failed), {:.3} ms blocked; {} interrupts, {} kicks, {} wakes, {} boosts",
             st.polled_ns as f64 / 1e6,
             st.successful_polls,
+            st.failed_poll_ns as f64 / 1e6,
             st.blocked_ns as f64 / 1e6,
             st.interrupts,
             st.kicks,
             st.wakes,
             st.boosts,
         )?;
+        if let Some(ns) = st.tuned_window_ns {
+            write!(
+                f,
+                "\n  KVM's halt-polling window, as last tuned: {:.1} µs",
+                ns as f64 / 1e3
+            )?;
+        }
         if st.output_lost > 0 {
             write!(
                 f,
@@ -240,6 +255,10 @@ pub struct Vm {
 impl Vm {
     /// Creates the VM on `/dev/kvm`.
     pub fn new(config: &VmConfig) -> Result<Self, Error> {
+        let m = config.mechanisms;
+        if m.halt_poll == HaltPoll::Tuned && m.irqchip == Irqchip::User {
+            return Err(ConfigError::TunedNeedsKernelIrqchip.into());
+        }
         let kvm = Kvm::new().map_err(Error::OpenKvm)?;
         let kvm_max = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
         let vcpus = check_vcpus(config.vcpus, kvm_max)?;
@@ -344,8 +363,13 @@ impl Vm {
             let regs = entry_regs(entry, user_stack_top(i), i, count, vcpu_data(i));
             fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
         }
-        let (output, drain) = BoundedOutput::start(serial_out, OUTPUT_BUFFER_BYTES)
-            .map_err(|source| Error::SpawnThread { vcpu: 0, source })?;
+        let (output, drain) =
+            BoundedOutput::start(serial_out, OUTPUT_BUFFER_BYTES).map_err(|source| {
+                Error::SpawnHelper {
+                    thread: "output",
+                    source,
+                }
+            })?;
         let mut io_bus = IoBus::new();
         io_bus
             .insert(
@@ -372,6 +396,12 @@ impl Vm {
         shared.ring_full = self.ring_full;
         shared.min_timer_period_ns = self.min_timer_period.as_nanos() as u64;
         let shared = Arc::new(shared);
+        let tuner = match (self.mechanisms.irqchip, self.mechanisms.halt_poll) {
+            (Irqchip::Kernel, HaltPoll::Tuned) => {
+                Some(TunerThread::spawn(self.vm.clone(), &self.vcpus)?)
+            }
+            _ => None,
+        };
         let start = Instant::now();
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
@@ -401,6 +431,7 @@ impl Vm {
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         let (mut vcpus, ending, answered) = collect(&rx, &shared, &threads, &self.stop, timeout);
         let elapsed = start.elapsed();
+        let tuned_window = tuner.map(TunerThread::finish).transpose();
         let unresponsive = join_or_leave(threads, &answered)?;
         let unwritten = drain.finish(OUTPUT_GRACE);
         if !unresponsive.is_empty() {
@@ -409,6 +440,7 @@ impl Vm {
         vcpus.sort_by_key(|s| s.index);
         let mut stats = VmStats::collect(&shared);
         stats.output_lost = drain.dropped() + unwritten;
+        stats.tuned_window_ns = tuned_window?.flatten().map(|w| w.as_nanos() as u64);
         let report = RunReport {
             guest: program.name,
             vcpus,

@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 21] = [
+    let cases: [(&[&str], &str); 22] = [
         (&["run"], "--guest <GUEST>"),
         (
             &["run", "--guest", "nope"],
@@ -40,7 +40,11 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
         (&["fly"], "unrecognized subcommand 'fly'"),
         (
             &["run", "--guest", "hello", "--halt-poll", "fast"],
-            "--halt-poll \"fast\" is not one of: kvm, haltpoll, aio, predictive, off, always",
+            "--halt-poll \"fast\" is not one of: kvm, haltpoll, aio, predictive, off, always, tuned",
+        ),
+        (
+            &["run", "--guest", "hello", "--halt-poll", "tuned"],
+            "--halt-poll tuned sets KVM's in-kernel halt-polling window: it needs --irqchip kernel",
         ),
         (
             &["run", "--guest", "hello", "--timer-advance", "fixed:x"],

@@ -75,3 +75,38 @@ fn kvm_stops_halt_polling_at_a_zero_window_and_its_halts_are_counted() {
         st.blocked_ns as f64 / 1e6
     );
 }
+
+#[test]
+fn the_tuned_window_switches_kvm_polling_off_for_an_idle_timer() {
+    if !kvm_available("the_tuned_window_switches_kvm_polling_off_for_an_idle_timer") {
+        return;
+    }
+    let _turn = one_at_a_time();
+    // Halts of about 1 ms between timers: polling never pays, so the tuner
+    // (every 10 ms) sets a window of 0 once it has seen enough of them.
+    let period = (1000.0 * reference_vmm::bench::ticks_per_us()) as u64;
+    let (report, _) =
+        program::run("cyclictest", 1, kernel(HaltPoll::Tuned), &[300, period]).unwrap();
+    assert_eq!(report.value(0, "samples"), Some(300));
+    assert_eq!(report.stats.tuned_window_ns, Some(0), "{:?}", report.stats);
+    // Untuned, the report says so.
+    let (report, _) = program::run("cyclictest", 1, kernel(HaltPoll::Kvm), &[20, period]).unwrap();
+    assert_eq!(report.stats.tuned_window_ns, None);
+}
+
+#[test]
+fn a_tuned_window_on_this_vmms_apic_is_a_configuration_error() {
+    let config = reference_vmm::VmConfig {
+        mechanisms: Mechanisms {
+            halt_poll: HaltPoll::Tuned,
+            ..Mechanisms::default()
+        },
+        ..reference_vmm::VmConfig::default()
+    };
+    assert!(matches!(
+        reference_vmm::Vm::new(&config),
+        Err(reference_vmm::Error::Config(
+            reference_vmm::ConfigError::TunedNeedsKernelIrqchip
+        ))
+    ));
+}

@@ -30,7 +30,7 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
         return;
     }
     let mut quiet = |_: &str| {};
-    all_measured(&bench::halt::run(QUICK, &mut quiet).unwrap(), 8);
+    all_measured(&bench::halt::run(QUICK, &mut quiet).unwrap(), 46);
     all_measured(&bench::timer::run(QUICK, &mut quiet).unwrap(), 12);
     all_measured(&bench::sched::run(QUICK, &mut quiet).unwrap(), 3);
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 7);

@@ -1,11 +1,12 @@
 //! How busy the host was while a benchmark ran: the CPU time that other
-//! processes took, from `/proc/stat`, less this process's own. A reader
+//! processes took, from `/proc/stat`, less this process's own and its
+//! finished children's (`bench halt`'s CPU hog is part of the measurement). A reader
 //! comparing two reports needs it: on a machine where other tenants kept
 //! the CPUs busy, every figure moves, and ratios move too.
 
 use std::time::{Duration, Instant};
 
-use crate::bench::cpu_time;
+use crate::bench::cpu_time_with_children;
 
 /// Other processes above this many CPUs on average make a run "busy".
 pub const BUSY_CPUS: f64 = 0.25;
@@ -23,7 +24,7 @@ impl HostLoad {
     pub fn start() -> Self {
         Self {
             busy: busy_time(),
-            own: cpu_time(),
+            own: cpu_time_with_children(),
             start: Instant::now(),
         }
     }
@@ -32,7 +33,7 @@ impl HostLoad {
     /// None where `/proc/stat` cannot be read.
     pub fn others_cpus(&self) -> Option<f64> {
         let busy = busy_time()?.checked_sub(self.busy?)?;
-        let own = cpu_time().saturating_sub(self.own);
+        let own = cpu_time_with_children().saturating_sub(self.own);
         let wall = self.start.elapsed().as_secs_f64();
         (wall > 0.0).then(|| (busy.as_secs_f64() - own.as_secs_f64()).max(0.0) / wall)
     }
@@ -118,5 +119,11 @@ mod tests {
         let others = others.expect("/proc/stat is readable on Linux");
         assert!(others > 0.1, "{others} CPUs");
         assert!(load.note().starts_with("Host: other processes kept"));
+        // Once waited for, the child's CPU is this process's own.
+        let after = load.others_cpus().unwrap();
+        assert!(
+            after < others,
+            "{after} CPUs after the wait, {others} before"
+        );
     }
 }

@@ -89,12 +89,22 @@ pub fn measure(
 
 /// User plus system CPU time of this process so far.
 pub fn cpu_time() -> Duration {
+    rusage_time(libc::RUSAGE_SELF)
+}
+
+/// User plus system CPU time of `who` (`RUSAGE_SELF`, `RUSAGE_CHILDREN`).
+fn rusage_time(who: libc::c_int) -> Duration {
     // SAFETY: rusage is plain data that getrusage fills.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: a valid `who` and a pointer to a rusage we own.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    unsafe { libc::getrusage(who, &mut usage) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// CPU time of this process and of the children it has waited for.
+pub fn cpu_time_with_children() -> Duration {
+    cpu_time() + rusage_time(libc::RUSAGE_CHILDREN)
 }
 
 /// Guest TSC ticks per µs.

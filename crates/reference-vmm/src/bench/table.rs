@@ -97,22 +97,24 @@ impl Table {
         out
     }
 
-    /// The table as a JSON object: title, columns, rows (numbers where a cell
-    /// has one), notes.
+    /// The table as a JSON object: title, columns, rows (each an object
+    /// keyed by column, with numbers where a cell has one), notes.
     pub fn json(&self) -> String {
         let strings = |v: &[String]| v.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ");
         let rows: Vec<String> = self
             .rows
             .iter()
             .map(|row| {
-                let cells: Vec<String> = row
+                let fields: Vec<String> = self
+                    .columns
                     .iter()
-                    .map(|c| match c.value {
-                        Some(v) if v.is_finite() => format!("{v}"),
-                        _ => quote(&c.text),
+                    .zip(row)
+                    .map(|(column, c)| match c.value {
+                        Some(v) if v.is_finite() => format!("{}: {v}", quote(column)),
+                        _ => format!("{}: {}", quote(column), quote(&c.text)),
                     })
                     .collect();
-                format!("[{}]", cells.join(", "))
+                format!("{{{}}}", fields.join(", "))
             })
             .collect();
         format!(
@@ -161,7 +163,7 @@ mod tests {
         assert!(md.ends_with("\ngoal: met\n"));
         assert_eq!(
             t.json(),
-            r#"{"title": "halt \"x\"", "columns": ["variant", "µs"], "rows": [["own", 1.234], ["off", 2]], "notes": ["goal: met"]}"#
+            r#"{"title": "halt \"x\"", "columns": ["variant", "µs"], "rows": [{"variant": "own", "µs": 1.234}, {"variant": "off", "µs": 2}], "notes": ["goal: met"]}"#
         );
     }
 }

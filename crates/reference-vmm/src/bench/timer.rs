@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
+use crate::bench::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
 use crate::layout::SAMPLES_ADDR;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance};
@@ -185,6 +185,23 @@ fn timer_goal(period_us: u64, p50: &[Runs], p99: &[Runs], early_percentile: &[us
 
 /// One run: the lateness of each timer, and the spin per expiry.
 fn lateness(m: Mechanisms, samples: u64, period_ticks: u64) -> Result<Run, Error> {
+    let (run, lateness) = cyclictest(m, samples, period_ticks)?;
+    let stats = &run.report.stats;
+    Ok(Run {
+        lateness,
+        spin_us: (m.irqchip == Irqchip::User)
+            .then(|| stats.timer_spin_ns as f64 / 1000.0 / stats.timer_expiries.max(1) as f64),
+    })
+}
+
+/// Runs the `cyclictest` guest on one vCPU: `samples` TSC deadlines
+/// `period_ticks` apart, halting between. Returns the run and each timer's
+/// lateness, µs.
+pub fn cyclictest(
+    m: Mechanisms,
+    samples: u64,
+    period_ticks: u64,
+) -> Result<(Measured, Vec<f64>), Error> {
     let run = measure("cyclictest", 1, m, &[samples, period_ticks], |_| {})?;
     let n = run.report.value(0, "samples").unwrap_or(0).min(samples) as usize;
     let mut bytes = vec![0u8; n * 8];
@@ -195,15 +212,11 @@ fn lateness(m: Mechanisms, samples: u64, period_ticks: u64) -> Result<Run, Error
             source,
         })?;
     let us = ticks_per_us();
-    let stats = &run.report.stats;
-    Ok(Run {
-        lateness: bytes
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()) as f64 / us)
-            .collect(),
-        spin_us: (m.irqchip == Irqchip::User)
-            .then(|| stats.timer_spin_ns as f64 / 1000.0 / stats.timer_expiries.max(1) as f64),
-    })
+    let lateness = bytes
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default()) as f64 / us)
+        .collect();
+    Ok((run, lateness))
 }
 
 /// The `q` quantile of `values` (0: min, 1: max).

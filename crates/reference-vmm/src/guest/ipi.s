@@ -1,5 +1,3 @@
-// Programs that send and wait for interrupts (the local APIC in the VMM).
-
 // pingpong: vCPUs 0 and 1 bounce a message params[0] times; each waits for
 // the other's. With params[1] = 0 a message is a fixed IPI (vector 0x40) and
 // the receiver halts until it arrives. With params[1] = 1 the receiver first
@@ -7,9 +5,13 @@
 // sender that finds its target polling posts to the mailbox instead of
 // sending an IPI (the guest haltpoll driver and TIF_POLLING_NRFLAG); each
 // wait's outcome goes to the mailbox's ring for the VMM's policy to learn.
-// vCPU 0 reports the TSC ticks of all round trips ("ticks"); both report
-// the interrupts they took ("irqs") and the messages that came by mailbox
-// ("mailbox"). Other vCPUs finish at once.
+// Gaps (params[3] > 0): before every params[3]-th round trip (params[4] = 1:
+// before one in params[3] at random) vCPU 0 halts params[2] TSC ticks on its
+// TSC-deadline timer (vector 0x50), so both vCPUs are idle: vCPU 1's halt
+// lasts the gap. vCPU 0 reports the TSC ticks of the round trips alone
+// ("ticks", gaps excluded); both report the interrupts they took ("irqs",
+// timers included) and the messages that came by mailbox ("mailbox"). Other
+// vCPUs finish at once.
     .globl reference_vmm_guest_pingpong
 reference_vmm_guest_pingpong:
     mov r12, rdi                // vCPU index
@@ -18,21 +20,31 @@ reference_vmm_guest_pingpong:
     call rt_apic_enable_all
     cmp r12, 1
     ja 9f
+    mov edi, {msr_lvt_timer}
+    mov esi, 0x40050            // TSC-deadline mode, vector 0x50
+    call rt_wrmsr
+    push 0                      // gaps so far ([rsp])
     mov r14, [{params}]         // rounds
     xor r15, r15                // rounds done
-    xor ebp, ebp                // messages that came by IPI, so far
-    rdtsc
-    shl rdx, 32
-    or rax, rdx
-    mov rbx, rax
+    xor ebp, ebp                // interrupts to wait for: IPIs and gap timers
+    xor ebx, ebx                // ticks of the round trips (vCPU 0)
 1:  cmp r15, r14
     jae 8f
     inc r15
     test r12, r12
     jnz 2f
-    mov edi, 1                  // vCPU 0: send, then wait for the answer
+    call pp_gap                 // vCPU 0: a gap first, maybe
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    sub rbx, rax
+    mov edi, 1                  // send, then wait for the answer
     call pp_send
     call pp_wait
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    add rbx, rax
     jmp 1b
 2:  call pp_wait                // vCPU 1: wait, then answer
     xor edi, edi
@@ -40,24 +52,51 @@ reference_vmm_guest_pingpong:
     jmp 1b
 8:  test r12, r12
     jnz 3f
-    rdtsc
-    shl rdx, 32
-    or rax, rdx
-    sub rax, rbx
     lea rdi, [rip + 10f]
-    mov rsi, rax
+    mov rsi, rbx
     call rt_report
 3:  lea rdi, [rip + 11f]
     mov rsi, [r13 + 8]
     call rt_report
-    mov rsi, r15
-    sub rsi, rbp
+    mov rsi, r15                // by mailbox: rounds less IPIs (interrupts
+    sub rsi, rbp                // waited for, less the gaps' timers)
+    add rsi, [rsp]
     lea rdi, [rip + 12f]
     call rt_report
 9:  call rt_done
 10: .asciz "ticks"
 11: .asciz "irqs"
 12: .asciz "mailbox"
+
+// pp_gap(): vCPU 0's gap before round trip r15, if it has one: halts on its
+// TSC-deadline timer params[2] ticks from now. Counts the gap in its
+// caller's [rsp] and the timer's interrupt in rbp.
+pp_gap:
+    mov rcx, [{params} + 24]    // one gap in rcx round trips
+    test rcx, rcx
+    jz 9f
+    mov rax, r15                // every rcx-th ...
+    cmp qword ptr [{params} + 32], 0
+    je 1f
+    rdtsc                       // ... or at random: the TSC's low bits
+    shr eax, 6
+1:  xor edx, edx
+    div rcx
+    test rdx, rdx
+    jnz 9f
+    inc qword ptr [rsp + 8]
+    inc rbp
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    add rax, [{params} + 16]
+    mov edi, {msr_tsc_deadline}
+    mov rsi, rax
+    call rt_wrmsr
+    lea rdi, [r13 + 8]
+    mov rsi, rbp
+    call rt_wait_count
+9:  ret
 
 // pp_mailbox(vcpu: rdi) -> rax: the mailbox of vCPU rdi.
 pp_mailbox:

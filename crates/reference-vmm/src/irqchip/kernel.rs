@@ -1,14 +1,17 @@
 //! KVM's in-kernel LAPIC (`--irqchip kernel`): interrupts, the LAPIC timer
 //! (with `lapic_timer_advance`) and halts (with KVM's halt polling) never
 //! leave the kernel, so the vCPU's side in this VMM has no APIC: only KVM's
-//! halt-polling window (set per VM, `KVM_CAP_HALT_POLL`, by [`set_window`])
-//! and the vCPU's binary statistics, which say what KVM's polling did.
+//! halt-polling window (set per VM, `KVM_CAP_HALT_POLL`, by [`set_window`],
+//! or tuned while the VM runs by [`TunerThread`]) and the vCPU's binary
+//! statistics, which say what KVM's polling did.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use halt_poll::kvm::{BinaryStats, KvmHaltStats, set_vm_halt_poll};
+use halt_poll::kvm::{BinaryStats, KvmError, KvmHaltStats, WindowTuner, set_vm_halt_poll};
 use kvm_ioctls::{VcpuFd, VmFd};
 
 use super::IrqChip;
@@ -68,5 +71,51 @@ impl IrqChip for KernelIrqChip {
         h.halt_attempted_poll
             .fetch_add(kvm.halt_attempted_poll, Relaxed);
         Ok(())
+    }
+}
+
+/// How often `--halt-poll tuned` reads the vCPUs' statistics.
+pub const TUNE_INTERVAL: Duration = Duration::from_millis(10);
+
+/// `--halt-poll tuned`: a thread that runs halt-poll's [`WindowTuner`] on
+/// the VM every [`TUNE_INTERVAL`] until it is finished.
+#[derive(Debug)]
+pub struct TunerThread {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<Result<Option<Duration>, KvmError>>,
+}
+
+impl TunerThread {
+    /// Starts tuning `vm`, whose vCPUs are `vcpus`.
+    pub fn spawn(vm: Arc<VmFd>, vcpus: &[VcpuFd]) -> Result<Self, Error> {
+        let stats = vcpus
+            .iter()
+            .map(BinaryStats::for_vcpu)
+            .collect::<Result<Vec<_>, _>>()?;
+        let (stop, stopped) = mpsc::channel();
+        let thread = thread::Builder::new()
+            .name("halt-poll-tuner".into())
+            .spawn(move || {
+                let mut tuner = WindowTuner::default();
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(TUNE_INTERVAL) {
+                    tuner.tune(&vm, &stats)?;
+                }
+                Ok(tuner.window())
+            })
+            .map_err(|source| Error::SpawnHelper {
+                thread: "halt-poll tuner",
+                source,
+            })?;
+        Ok(Self { stop, thread })
+    }
+
+    /// Stops it. Returns the window it set last (`None`: it saw too few
+    /// halts to set one).
+    pub fn finish(self) -> Result<Option<Duration>, Error> {
+        drop(self.stop);
+        match self.thread.join() {
+            Ok(window) => Ok(window?),
+            Err(_) => Err(Error::ThreadPanicked("halt-poll tuner")),
+        }
     }
 }

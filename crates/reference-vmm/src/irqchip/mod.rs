@@ -6,7 +6,7 @@
 mod kernel;
 mod user;
 
-pub use kernel::{KernelIrqChip, set_window};
+pub use kernel::{KernelIrqChip, TUNE_INTERVAL, TunerThread, set_window};
 pub use user::UserIrqChip;
 
 use std::sync::Arc;
