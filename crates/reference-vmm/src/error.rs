@@ -30,6 +30,20 @@ pub enum Error {
     /// Guest memory could not be allocated.
     #[error("cannot allocate guest memory: {0}")]
     AllocateMemory(#[source] vm_memory::mmap::FromRangesError),
+    /// An image file could not be loaded.
+    #[error(transparent)]
+    Image(#[from] crate::pvh::ImageError),
+    /// An image file could not be written.
+    #[error("cannot write the image file {path}: {source}")]
+    WriteImage {
+        /// Where.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// QEMU, the peer VMM, gave no result.
+    #[error(transparent)]
+    Qemu(#[from] crate::qemu::QemuError),
     /// Guest memory could not be registered with KVM.
     #[error("cannot register guest memory with KVM: {0}")]
     RegisterMemory(#[source] dirty_log::Error),

@@ -188,6 +188,13 @@ pub fn handle_exit(exit: VcpuExit<'_>, ctx: &mut impl ExitContext) -> Result<Flo
             handle_ucall(call, ctx.reports())
         }
         VcpuExit::IoOut(port, data) => ctx.with_bus(|bus| port_out(bus, port, data)),
+        VcpuExit::IoIn(UCALL_PORT, data) => {
+            let probe = ucall::UCALL_PROBE.to_le_bytes();
+            data.iter_mut()
+                .zip(probe.iter().chain(std::iter::repeat(&0)))
+                .for_each(|(d, p)| *d = *p);
+            Ok(Flow::Continue)
+        }
         VcpuExit::IoIn(port, data) => ctx.with_bus(|bus| port_in(bus, port, data)),
         VcpuExit::IrqWindowOpen => Ok(Flow::Continue),
         VcpuExit::Unsupported(KVM_EXIT_DIRTY_RING_FULL) => {
@@ -395,6 +402,30 @@ mod tests {
         let err =
             devices_exit(VcpuExit::IoOut(0x3f8, &[0xff]), &bus, &mem, &mut vec![]).unwrap_err();
         assert!(matches!(err, ExitError::Device { port: 0x3f8, .. }));
+    }
+
+    #[test]
+    fn a_read_of_the_ucall_port_answers_the_probe() {
+        let (bus, _, mem) = setup();
+        let mut reports = vec![];
+        let mut data = [0xffu8; 4];
+        let flow = devices_exit(
+            VcpuExit::IoIn(UCALL_PORT, &mut data),
+            &bus,
+            &mem,
+            &mut reports,
+        );
+        assert_eq!(flow.unwrap(), Flow::Continue);
+        assert_eq!(u32::from_le_bytes(data), crate::ucall::UCALL_PROBE);
+        let mut byte = [0xffu8; 1];
+        devices_exit(
+            VcpuExit::IoIn(UCALL_PORT, &mut byte),
+            &bus,
+            &mem,
+            &mut reports,
+        )
+        .unwrap();
+        assert_eq!(byte[0], crate::ucall::UCALL_PROBE.to_le_bytes()[0]);
     }
 
     #[test]

@@ -2,13 +2,16 @@
 //!
 //! Guest physical addresses are identity-mapped to guest virtual addresses, so
 //! every address here is both. Everything the VMM builds (descriptor tables,
-//! page tables, the guest image, per-vCPU stacks) lives below 16 MiB; guest
-//! programs own the memory from [`FREE_MEMORY_START`] to the end.
+//! page tables, the guest image, per-vCPU stacks) lives from 1 MiB to 16 MiB,
+//! above what firmware uses when another VMM boots the image file
+//! ([`crate::pvh`]); guest programs own the memory from [`FREE_MEMORY_START`]
+//! to the end.
 //!
 //! ```text
-//! 0x0000_1000  GDT (shared): fixed segments, then one 16-byte TSS descriptor per vCPU
-//! 0x0000_2000  PML4, 0x3000 PDPT, 0x4000.. one page directory per GiB (2 MiB pages)
+//! 0x0000_8000  the AP start-up trampoline, copied here only under other VMMs
 //! 0x0010_0000  guest image: runtime (CPL0 stubs, CPL3 library) and programs
+//! 0x001F_0000  GDT (shared): fixed segments, then one 16-byte TSS descriptor per vCPU
+//! 0x001F_1000  PML4, +0x1000 PDPT, +0x2000.. one page directory per GiB (2 MiB pages)
 //! 0x0020_0000  per-vCPU areas, VCPU_AREA_SIZE each:
 //!                +0x0_0000 TSS with an all-zero I/O permission bitmap
 //!                +0x0_3000 IDT
@@ -30,21 +33,26 @@ pub const PAGE_SIZE: u64 = 0x1000;
 pub const LARGE_PAGE_SIZE: u64 = 0x20_0000;
 
 /// Guest physical address of the global descriptor table.
-pub const GDT_ADDR: u64 = 0x1000;
+pub const GDT_ADDR: u64 = 0x1F_0000;
 /// Guest physical address of the top-level page table.
-pub const PML4_ADDR: u64 = 0x2000;
+pub const PML4_ADDR: u64 = GDT_ADDR + PAGE_SIZE;
 /// Guest physical address of the page-directory-pointer table.
-pub const PDPT_ADDR: u64 = 0x3000;
+pub const PDPT_ADDR: u64 = PML4_ADDR + PAGE_SIZE;
 /// Guest physical address of the first page directory (one per GiB follows).
-pub const PD_ADDR: u64 = 0x4000;
+pub const PD_ADDR: u64 = PDPT_ADDR + PAGE_SIZE;
 /// Guest physical address of the page directory that maps the xAPIC page
 /// (after the three that RAM can need).
 pub const APIC_PD_ADDR: u64 = PD_ADDR + 3 * PAGE_SIZE;
 
+/// Where the boot vCPU of an image booted by another VMM copies the
+/// real-mode trampoline that the other vCPUs start at (`guest/pvh.s`): a
+/// page below 1 MiB, whose number is the start-up IPI's vector.
+pub const TRAMPOLINE_ADDR: u64 = 0x8000;
+
 /// Guest physical address the guest image is loaded at.
 pub const IMAGE_ADDR: u64 = 0x10_0000;
-/// Largest guest image that fits below the per-vCPU areas.
-pub const IMAGE_MAX_SIZE: u64 = VCPU_AREA_BASE - IMAGE_ADDR;
+/// Largest guest image that fits below the GDT.
+pub const IMAGE_MAX_SIZE: u64 = GDT_ADDR - IMAGE_ADDR;
 
 /// Guest physical address of vCPU 0's area.
 pub const VCPU_AREA_BASE: u64 = 0x20_0000;
@@ -86,6 +94,16 @@ pub const ACKS_OFFSET: u64 = 0x200;
 /// Offset of the count of vCPUs whose local APIC is enabled, in the shared
 /// page, on a cache line of its own (the guests' start-up barrier).
 pub const APIC_READY_OFFSET: u64 = 0x240;
+/// Offset of the PVH boot table in the shared page, which an image file
+/// carries for its start-up (`guest/pvh.s`, [`crate::pvh::BootTable`]).
+pub const BOOT_TABLE_OFFSET: u64 = 0x280;
+/// Offset of the ucall transport in the shared page: 0, the ucall port (this
+/// VMM, the default); 1, text lines on the serial console, for a VMM without
+/// the port. The PVH start-up probes the port and sets it.
+pub const UCALL_TRANSPORT_OFFSET: u64 = 0x2c0;
+/// Offset of the count of vCPUs that have finished, under the text
+/// transport (the last one ends the run), on a cache line of its own.
+pub const DONE_COUNT_OFFSET: u64 = 0x300;
 /// Offset of the per-vCPU mailboxes (guest-side polling) in the shared area:
 /// `1 << MAILBOX_SHIFT` bytes each. +0: the poll window in TSC ticks (the
 /// VMM writes it); +8: 0 idle, 1 polling, 2 a message was posted; +16: the
@@ -156,12 +174,18 @@ pub const fn vcpu_data(index: u32) -> u64 {
 }
 
 // The fixed layout must not overlap; these fail the build if it ever does.
-const _: () = assert!(APIC_PD_ADDR + PAGE_SIZE <= IMAGE_ADDR);
+const _: () = assert!(APIC_PD_ADDR + PAGE_SIZE <= VCPU_AREA_BASE);
+const _: () = assert!(TRAMPOLINE_ADDR % PAGE_SIZE == 0 && TRAMPOLINE_ADDR < 1 << 20);
+const _: () = assert!(PDPT_ADDR == PML4_ADDR + PAGE_SIZE && GDT_ADDR < PML4_ADDR);
 const _: () = assert!(vcpu_area(MAX_VCPUS) <= SHARED_DATA_ADDR);
 const _: () = assert!(SHARED_DATA_ADDR + PAGE_SIZE <= FREE_MEMORY_START);
 const _: () = assert!(FREE_MEMORY_START < MIN_MEM_MIB << 20);
 const _: () = assert!(SAMPLES_ADDR < DIRTY_AREA_ADDR);
 const _: () = assert!(mailbox(MAX_VCPUS) <= FREE_MEMORY_START);
+const _: () = assert!(PARAMS_OFFSET + 8 * PARAMS as u64 <= ACKS_OFFSET);
+const _: () = assert!(APIC_READY_OFFSET + 64 <= BOOT_TABLE_OFFSET);
+const _: () = assert!(BOOT_TABLE_OFFSET + 64 <= UCALL_TRANSPORT_OFFSET);
+const _: () = assert!(DONE_COUNT_OFFSET + 64 <= MAILBOX_OFFSET);
 const _: () = assert!(32 + 16 * MAILBOX_RING <= 1 << MAILBOX_SHIFT);
 const _: () = assert!(MAX_MEM_MIB << 20 <= 3 << 30);
 

@@ -33,6 +33,7 @@
 
 pub mod apic;
 pub mod bench;
+pub mod boot_memory;
 pub mod devices;
 pub mod error;
 pub mod exit;
@@ -45,6 +46,8 @@ pub mod irqchip;
 pub mod kick;
 pub mod layout;
 pub mod mechanisms;
+pub mod pvh;
+pub mod qemu;
 pub mod shared;
 pub mod stop;
 pub mod ucall;
@@ -54,7 +57,7 @@ pub mod x86;
 
 pub use error::{ConfigError, Error, GuestFault};
 pub use stop::{StopHandle, StopReason};
-pub use vm::{RunReport, Vm, VmConfig, VmStats};
+pub use vm::{Boot, RunReport, Vm, VmConfig, VmStats};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -12,8 +13,10 @@ use reference_vmm::bench;
 use reference_vmm::guest::{self, GuestProgram, PROGRAMS};
 use reference_vmm::layout::{MAX_VCPUS, PARAMS};
 use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Irqchip, Mechanisms, TimerAdvance};
+use reference_vmm::pvh::Image;
+use reference_vmm::qemu::{QEMU_BINARY, Qemu, QemuApic};
 use reference_vmm::vm::{check_mem_mib, check_vcpus};
-use reference_vmm::{ConfigError, Error, StopHandle, StopReason, Vm, VmConfig};
+use reference_vmm::{Boot, ConfigError, Error, StopHandle, StopReason, Vm, VmConfig};
 
 /// A reference VMM on real KVM for the vm-latency crates.
 #[derive(Debug, Parser)]
@@ -27,6 +30,9 @@ struct Cli {
 enum Command {
     /// Run a built-in guest program on every vCPU.
     Run(Box<RunArgs>),
+    /// Write a guest program as an ELF image with a PVH entry, which QEMU
+    /// boots with -kernel and `run --image` boots here.
+    Image(ImageArgs),
     /// List the built-in guest programs.
     Guests,
     /// Measure each mechanism end to end against its baseline.
@@ -38,7 +44,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct HelpArgs {
     /// The subcommand to explain.
-    #[arg(value_parser = ["run", "guests", "bench"])]
+    #[arg(value_parser = ["run", "image", "guests", "bench"])]
     command: Option<String>,
 }
 
@@ -155,15 +161,12 @@ impl Scenario {
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
-    /// Guest program to run (see `reference-vmm guests`).
-    #[arg(long, value_parser = parse_guest)]
-    guest: &'static GuestProgram,
-    /// Number of vCPUs, each on its own thread.
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = parse_vcpus)]
-    vcpus: u32,
-    /// Guest memory in MiB (even).
-    #[arg(long, default_value_t = 64, value_name = "M", value_parser = parse_mem_mib)]
-    mem_mib: u64,
+    #[command(flatten)]
+    program: ProgramArgs,
+    /// Boot an image file (from `reference-vmm image`) through its PVH entry
+    /// instead; its program, vCPUs, memory and parameters come from it.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["guest", "vcpus", "mem_mib", "params"])]
+    image: Option<PathBuf>,
     /// Write the guest's serial output to this file instead of stdout.
     #[arg(long, value_name = "PATH")]
     serial_out: Option<PathBuf>,
@@ -177,11 +180,34 @@ struct RunArgs {
     /// `min_timer_period_us` (the userspace APIC only).
     #[arg(long, value_name = "US", default_value_t = 200)]
     min_timer_period_us: u64,
+    #[command(flatten)]
+    mechanisms: MechanismArgs,
+}
+
+/// The guest program and what it runs on.
+#[derive(Debug, clap::Args)]
+struct ProgramArgs {
+    /// Guest program to run (see `reference-vmm guests`); not with --image.
+    #[arg(long, value_parser = parse_guest)]
+    guest: Option<&'static GuestProgram>,
+    /// Number of vCPUs, each on its own thread.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = parse_vcpus)]
+    vcpus: u32,
+    /// Guest memory in MiB (even).
+    #[arg(long, default_value_t = 64, value_name = "M", value_parser = parse_mem_mib)]
+    mem_mib: u64,
     /// The guest program's parameters, comma-separated (e.g. rounds for pingpong).
     #[arg(long, value_name = "N,N,...", value_parser = parse_params, default_value = "")]
     params: Params,
+}
+
+#[derive(Debug, clap::Args)]
+struct ImageArgs {
     #[command(flatten)]
-    mechanisms: MechanismArgs,
+    program: ProgramArgs,
+    /// Where to write the image.
+    #[arg(long, value_name = "PATH")]
+    out: PathBuf,
 }
 
 /// The mechanism switches, each with its baseline. Those left out take the
@@ -317,6 +343,7 @@ fn parse_mem_mib(s: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Run(args) => run(*args),
+        Command::Image(args) => image(args),
         Command::Bench(args) => bench(args),
         Command::Help(args) => help(args),
         Command::Guests => {
@@ -342,16 +369,30 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return usage_error(&e),
     };
     let timeout = args.timeout_ms.map(Duration::from_millis);
-    if let Err(e) = args.guest.check(&args.params.0, timeout) {
+    let p = &args.program;
+    let (program, params, boot) = match (&args.image, p.guest) {
+        (Some(path), _) => match read_image(path) {
+            Ok(image) => (
+                image.program(),
+                image.params(),
+                Boot::Image(Arc::new(image)),
+            ),
+            Err(e) => return fail(&e),
+        },
+        (None, Some(guest)) => (guest, p.params.0, Boot::Direct),
+        (None, None) => return usage_error("--guest or --image is needed"),
+    };
+    if let Err(e) = program.check(&params, timeout) {
         return usage_error(&e.to_string());
     }
     let config = VmConfig {
-        vcpus: args.vcpus,
-        mem_mib: args.mem_mib,
+        vcpus: p.vcpus,
+        mem_mib: p.mem_mib,
         timeout,
         min_timer_period: Duration::from_micros(args.min_timer_period_us),
         mechanisms,
-        params: args.params.0,
+        params,
+        boot,
         ..VmConfig::default()
     };
     let vm = match Vm::new(&config) {
@@ -361,7 +402,7 @@ fn run(args: RunArgs) -> ExitCode {
     if let Err(e) = stop_on_signals(vm.stop_handle()) {
         return fail(&format!("cannot handle SIGINT and SIGTERM: {e}"));
     }
-    match vm.run(args.guest, serial_out) {
+    match vm.run(program, serial_out) {
         Ok(report) => print_or_fail(&format!("{report}\n")),
         // A signal's conventional status: 128 + its number.
         Err(
@@ -375,6 +416,40 @@ fn run(args: RunArgs) -> ExitCode {
         }
         Err(e) => fail(&e.to_string()),
     }
+}
+
+fn read_image(path: &Path) -> Result<Image, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Image::parse(bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn image(args: ImageArgs) -> ExitCode {
+    let p = &args.program;
+    let Some(guest) = p.guest else {
+        return usage_error("--guest is needed");
+    };
+    let image = match Image::build(guest, p.vcpus, p.mem_mib, p.params.0) {
+        Ok(image) => image,
+        Err(e) => return usage_error(&e.to_string()),
+    };
+    if let Err(e) = std::fs::write(&args.out, image.bytes()) {
+        return fail(&format!("cannot write {}: {e}", args.out.display()));
+    }
+    let qemu = Qemu::at(QEMU_BINARY).command(&args.out, p.vcpus, p.mem_mib, QemuApic::User);
+    let line: Vec<String> = std::iter::once(qemu.get_program())
+        .chain(qemu.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    print_or_fail(&format!(
+        "wrote {} ({} bytes): {} on {} vCPU(s), {} MiB\nboot it here: reference-vmm run --image {}\nor under QEMU: {}\n",
+        args.out.display(),
+        image.bytes().len(),
+        guest.name,
+        p.vcpus,
+        p.mem_mib,
+        args.out.display(),
+        line.join(" ")
+    ))
 }
 
 /// SIGINT and SIGTERM stop the run through `stop` (the vCPUs leave the guest

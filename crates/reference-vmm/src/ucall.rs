@@ -10,6 +10,10 @@ use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory};
 
 /// The port guest programs send ucalls to.
 pub const UCALL_PORT: u16 = 0x1000;
+/// What a 4-byte read of [`UCALL_PORT`] returns on this VMM, so that a guest
+/// booted from an image file can tell it from a VMM without the port, where
+/// the read returns all ones (`guest/pvh.s`).
+pub const UCALL_PROBE: u32 = 0x7563_616c; // "ucal"
 /// A named value for the run report: `(name, value)`.
 pub const CMD_REPORT: u64 = 1;
 /// A failed guest assertion: `(message, a, b)`.
@@ -90,6 +94,12 @@ pub enum UcallError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A ucall text line that does not follow the format ([`TEXT_TAG`]).
+    #[error("ucall text line: {reason}")]
+    BadLine {
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 /// Decodes the ucall whose `out` carried `data`, reading the frame from `mem`.
@@ -101,14 +111,22 @@ pub fn decode<M: GuestMemory>(mem: &M, data: &[u8]) -> Result<Ucall, UcallError>
     let frame: UcallFrame = mem
         .read_obj(GuestAddress(addr))
         .map_err(|_| UcallError::FrameOutsideMemory(addr))?;
+    from_frame(frame, |addr| read_string(mem, addr))
+}
+
+/// The ucall a frame holds; `string` reads the string argument.
+fn from_frame(
+    frame: UcallFrame,
+    string: impl FnOnce(u64) -> Result<String, UcallError>,
+) -> Result<Ucall, UcallError> {
     let [a0, a1, a2, a3] = frame.args;
     Ok(match frame.cmd {
         CMD_REPORT => Ucall::Report {
-            name: read_string(mem, a0)?,
+            name: string(a0)?,
             value: a1,
         },
         CMD_ASSERT_FAIL => Ucall::AssertFailed {
-            message: read_string(mem, a0)?,
+            message: string(a0)?,
             a: a1,
             b: a2,
         },
@@ -121,6 +139,42 @@ pub fn decode<M: GuestMemory>(mem: &M, data: &[u8]) -> Result<Ucall, UcallError>
         },
         other => return Err(UcallError::UnknownCommand(other)),
     })
+}
+
+/// The start of a ucall sent as a line of text on the serial console, the
+/// transport of a guest booted by a VMM without the ucall port (QEMU):
+/// `@ucall <vcpu> <cmd> <arg0> <arg1> <arg2> <arg3>[ <string at arg0>]`, in
+/// decimal (see `rt_ucall_text` in `guest/runtime.s`).
+pub const TEXT_TAG: &str = "@ucall ";
+
+/// Decodes a ucall text line (with or without its [`TEXT_TAG`]) into the
+/// vCPU that sent it and the call.
+pub fn decode_text(line: &str) -> Result<(u32, Ucall), UcallError> {
+    let bad = |reason| UcallError::BadLine { reason };
+    let line = line.strip_prefix(TEXT_TAG).unwrap_or(line);
+    let mut fields = line.splitn(7, ' ');
+    let mut number = || -> Result<u64, UcallError> {
+        let field = fields.next().ok_or(bad("fewer than 6 numbers"))?;
+        field.parse().map_err(|_| bad("a field is not a number"))
+    };
+    let vcpu = u32::try_from(number()?).map_err(|_| bad("vCPU index out of range"))?;
+    let frame = UcallFrame {
+        cmd: number()?,
+        args: [number()?, number()?, number()?, number()?],
+    };
+    let text = fields.next();
+    let call = from_frame(frame, |addr| match text {
+        Some(s) if s.len() <= MAX_STRING_LEN => Ok(s.to_owned()),
+        Some(_) => Err(UcallError::BadString {
+            addr,
+            reason: "longer than 64 bytes",
+        }),
+        None => Err(UcallError::BadString {
+            addr,
+            reason: "missing from the line",
+        }),
+    })?;
+    Ok((vcpu, call))
 }
 
 /// Reads a NUL-terminated UTF-8 string of at most [`MAX_STRING_LEN`] bytes.
@@ -237,5 +291,68 @@ mod tests {
                 reason: "not UTF-8"
             }
         );
+    }
+
+    #[test]
+    fn text_lines_decode_to_the_same_calls() {
+        assert_eq!(
+            decode_text("@ucall 3 1 4096 42 0 0 apic_id"),
+            Ok((
+                3,
+                Ucall::Report {
+                    name: "apic_id".into(),
+                    value: 42
+                }
+            ))
+        );
+        assert_eq!(
+            decode_text("0 2 4096 7 8 0 rounds done: too few"),
+            Ok((
+                0,
+                Ucall::AssertFailed {
+                    message: "rounds done: too few".into(),
+                    a: 7,
+                    b: 8
+                }
+            ))
+        );
+        assert_eq!(decode_text("@ucall 1 3 0 0 0 0"), Ok((1, Ucall::Done)));
+        assert_eq!(
+            decode_text("@ucall 0 4 13 0 1048576 0"),
+            Ok((
+                0,
+                Ucall::Exception {
+                    vector: 13,
+                    error_code: 0,
+                    rip: 0x10_0000,
+                    cr2: 0
+                }
+            ))
+        );
+    }
+
+    #[test]
+    fn malformed_text_lines_are_errors() {
+        let line = |reason| Err(UcallError::BadLine { reason });
+        assert_eq!(decode_text("@ucall 0 3 0 0"), line("fewer than 6 numbers"));
+        assert_eq!(
+            decode_text("@ucall 0 3 0 x 0 0"),
+            line("a field is not a number")
+        );
+        assert_eq!(
+            decode_text("@ucall 4294967296 3 0 0 0 0"),
+            line("vCPU index out of range")
+        );
+        assert_eq!(
+            decode_text("@ucall 0 9 0 0 0 0"),
+            Err(UcallError::UnknownCommand(9))
+        );
+        let missing = decode_text("@ucall 0 1 4096 1 0 0").unwrap_err();
+        assert!(matches!(missing, UcallError::BadString { .. }), "{missing}");
+        let long = format!("@ucall 0 1 4096 1 0 0 {}", "n".repeat(65));
+        assert!(matches!(
+            decode_text(&long),
+            Err(UcallError::BadString { .. })
+        ));
     }
 }

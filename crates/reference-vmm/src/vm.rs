@@ -11,27 +11,29 @@ use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE, XAPIC_BASE};
+use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
+use crate::boot_memory;
 use crate::devices::{
     BoundedOutput, IoBus, OUTPUT_BUFFER_BYTES, POST_PORT, PostCode, SerialConsole, SharedBus,
 };
 use crate::error::{ConfigError, Error};
 use crate::exit::Report;
-use crate::guest::{self, EXCEPTION_VECTORS, GuestProgram, SERIAL_PORT};
+use crate::guest::{GuestProgram, SERIAL_PORT};
 use crate::irq::Interrupts;
 use crate::irqchip::{self, KernelIrqChip, TunerThread, UserIrqChip};
 use crate::kick;
 use crate::layout::*;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms};
+use crate::pvh::Image;
 use crate::shared::VmShared;
 use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
 use crate::vcpu::{VcpuRunner, VcpuSummary};
 use crate::x86::boot::{
-    VcpuBootInfo, advertise_apic_features, entry_regs, long_mode_sregs, set_apic_id,
+    VcpuBootInfo, advertise_apic_features, entry_regs, long_mode_sregs, pvh_regs, pvh_sregs,
+    set_apic_id,
 };
-use crate::x86::gdt::{IO_BITMAP_SIZE, TSS_HEADER_SIZE, build_gdt, tss_header};
-use crate::x86::idt::{IDT_SIZE, build_idt};
-use crate::x86::paging::{identity_map, map_mmio};
+use crate::x86::gdt::build_gdt;
+use crate::x86::idt::IDT_SIZE;
 
 /// How to build a VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +56,21 @@ pub struct VmConfig {
     /// A dirty ring of this many bytes per vCPU (enabled before the vCPUs
     /// exist, as KVM requires).
     pub dirty_ring: Option<u32>,
+    /// How the vCPUs start.
+    pub boot: Boot,
+}
+
+/// How a VM's vCPUs start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Boot {
+    /// The VMM writes the [boot memory](crate::boot_memory) and sets every
+    /// vCPU's registers for the program at CPL3: no CPL0 code runs first.
+    #[default]
+    Direct,
+    /// From an image file ([`crate::pvh`]): every vCPU enters its PVH
+    /// start-up in 32-bit protected mode. The image's vCPU count, memory
+    /// size and parameters take the place of the configuration's.
+    Image(Arc<Image>),
 }
 
 impl Default for VmConfig {
@@ -66,6 +83,7 @@ impl Default for VmConfig {
             mechanisms: Mechanisms::default(),
             params: [0; PARAMS],
             dirty_ring: None,
+            boot: Boot::Direct,
         }
     }
 }
@@ -246,6 +264,7 @@ pub struct Vm {
     min_timer_period: Duration,
     stop: StopHandle,
     params: [u64; PARAMS],
+    boot: Boot,
     mechanisms: Mechanisms,
     devices: Vec<(u16, u16, Arc<dyn crate::devices::PioDevice>)>,
     domain: Arc<rcu_qs::Domain>,
@@ -259,10 +278,14 @@ impl Vm {
         if m.halt_poll == HaltPoll::Tuned && m.irqchip == Irqchip::User {
             return Err(ConfigError::TunedNeedsKernelIrqchip.into());
         }
+        let (vcpus, mem_mib, params) = match &config.boot {
+            Boot::Direct => (config.vcpus, config.mem_mib, config.params),
+            Boot::Image(image) => (image.vcpus(), image.mem_mib(), image.params()),
+        };
         let kvm = Kvm::new().map_err(Error::OpenKvm)?;
         let kvm_max = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
-        let vcpus = check_vcpus(config.vcpus, kvm_max)?;
-        let mem_size = check_mem_mib(config.mem_mib)? << 20;
+        let vcpus = check_vcpus(vcpus, kvm_max)?;
+        let mem_size = check_mem_mib(mem_mib)? << 20;
         let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
         if let Some(bytes) = config.dirty_ring {
             dirty_log::enable_dirty_ring(&vm, bytes)?;
@@ -278,10 +301,18 @@ impl Vm {
                 irqchip::set_window(&vm, config.mechanisms.halt_poll.kvm_window())?;
             }
         }
-        write_boot_structures(&memory, vcpus, mem_size)?;
-        let params: Vec<u8> = config.params.iter().flat_map(|p| p.to_le_bytes()).collect();
+        match &config.boot {
+            Boot::Direct => write_boot_structures(&memory, vcpus, mem_size)?,
+            Boot::Image(image) => {
+                image.load(&memory)?;
+            }
+        }
+        let params_bytes: Vec<u8> = params.iter().flat_map(|p| p.to_le_bytes()).collect();
         memory
-            .write_slice(&params, GuestAddress(SHARED_DATA_ADDR + PARAMS_OFFSET))
+            .write_slice(
+                &params_bytes,
+                GuestAddress(SHARED_DATA_ADDR + PARAMS_OFFSET),
+            )
             .map_err(|source| Error::WriteMemory {
                 what: "the program parameters",
                 source,
@@ -290,7 +321,7 @@ impl Vm {
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let vcpu_fds = (0..vcpus)
-            .map(|i| create_vcpu(&vm, &cpuid, i, vcpus, config.mechanisms.irqchip))
+            .map(|i| create_vcpu(&vm, &cpuid, i, vcpus, config))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             vcpus: vcpu_fds,
@@ -299,7 +330,8 @@ impl Vm {
             timeout: config.timeout,
             min_timer_period: config.min_timer_period,
             stop: StopHandle::default(),
-            params: config.params,
+            params,
+            boot: config.boot.clone(),
             mechanisms: config.mechanisms,
             devices: Vec::new(),
             domain: Arc::new(rcu_qs::Domain::new()),
@@ -360,7 +392,10 @@ impl Vm {
         let count = self.vcpus.len() as u32;
         let entry = IMAGE_ADDR + program.entry_offset();
         for (i, fd) in (0..count).zip(&self.vcpus) {
-            let regs = entry_regs(entry, user_stack_top(i), i, count, vcpu_data(i));
+            let regs = match &self.boot {
+                Boot::Direct => entry_regs(entry, user_stack_top(i), i, count, vcpu_data(i)),
+                Boot::Image(image) => pvh_regs(image.entry()),
+            };
             fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
         }
         let (output, drain) =
@@ -569,51 +604,16 @@ fn register_memory(vm: &VmFd, memory: &GuestMemoryMmap) -> Result<(), Error> {
 
 /// Writes the GDT, page tables, guest image, and each vCPU's TSS and IDT.
 fn write_boot_structures(memory: &GuestMemoryMmap, vcpus: u32, mem_size: u64) -> Result<(), Error> {
-    let write = |what, bytes: &[u8], addr: u64| {
+    for segment in boot_memory::segments(vcpus, mem_size) {
         memory
-            .write_slice(bytes, GuestAddress(addr))
-            .map_err(|source| Error::WriteMemory { what, source })
-    };
-    write("the GDT", &build_gdt(vcpus, tss_addr), GDT_ADDR)?;
-    let mut tables = identity_map(mem_size, PML4_ADDR, PD_ADDR);
-    map_mmio(&mut tables, PML4_ADDR, XAPIC_BASE, APIC_PD_ADDR);
-    for table in tables {
-        write("a page table", &table.to_bytes(), table.addr)?;
+            .write_slice(&segment.bytes, GuestAddress(segment.addr))
+            .map_err(|source| Error::WriteMemory {
+                what: segment.what,
+                source,
+            })?;
     }
-    write("the guest image", guest::image(), IMAGE_ADDR)?;
-    let irq_entry = |v| match v {
-        guest::XAPIC_VECTORS..=0xFE => IMAGE_ADDR + guest::xapic_irq_entry_offset(),
-        _ => IMAGE_ADDR + guest::irq_entry_offset(),
-    };
-    let idt = build_idt(
-        (0..EXCEPTION_VECTORS)
-            .map(|v| (v, IMAGE_ADDR + guest::exception_stub_offset(v), 0))
-            .chain((EXCEPTION_VECTORS..=u8::MAX).map(|v| (v, irq_entry(v), IRQ_STACK))),
-    );
-    let io_bitmap = vec![0u8; IO_BITMAP_SIZE as usize];
-    for i in 0..vcpus {
-        write(
-            "a TSS",
-            &tss_header(exception_stack_top(i), irq_record(i)),
-            tss_addr(i),
-        )?;
-        write("an I/O bitmap", &io_bitmap, tss_addr(i) + TSS_HEADER_SIZE)?;
-        write(
-            "an I/O bitmap",
-            &[0xff],
-            tss_addr(i) + TSS_HEADER_SIZE + IO_BITMAP_SIZE,
-        )?;
-        write("an IDT", &idt, idt_addr(i))?;
-    }
-    write(
-        "the shared page",
-        &[0u8; PAGE_SIZE as usize],
-        SHARED_DATA_ADDR,
-    )
+    Ok(())
 }
-
-/// The interrupt-stack-table entry of external interrupts.
-const IRQ_STACK: u8 = 1;
 
 /// x2APIC MSRs exit to userspace as invalid (there is no in-kernel APIC);
 /// IA32_TSC_DEADLINE and IA32_APIC_BASE, which KVM would otherwise handle or
@@ -650,8 +650,9 @@ fn create_vcpu(
     cpuid: &kvm_bindings::CpuId,
     index: u32,
     count: u32,
-    irqchip: Irqchip,
+    config: &VmConfig,
 ) -> Result<VcpuFd, Error> {
+    let irqchip = config.mechanisms.irqchip;
     let fd = vm
         .create_vcpu(u64::from(index))
         .map_err(kvm_err("KVM_CREATE_VCPU"))?;
@@ -677,7 +678,10 @@ fn create_vcpu(
         tss: tss_addr(index),
         cr3: PML4_ADDR,
     };
-    long_mode_sregs(&mut sregs, &boot);
+    match config.boot {
+        Boot::Direct => long_mode_sregs(&mut sregs, &boot),
+        Boot::Image(_) => pvh_sregs(&mut sregs, boot.gdt),
+    }
     fd.set_sregs(&sregs).map_err(kvm_err("KVM_SET_SREGS"))?;
     Ok(fd)
 }

@@ -20,7 +20,7 @@ fn text(bytes: &[u8]) -> String {
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
     let cases: [(&[&str], &str); 22] = [
-        (&["run"], "--guest <GUEST>"),
+        (&["run"], "--guest or --image is needed"),
         (
             &["run", "--guest", "nope"],
             "no guest program is called \"nope\"; the built-in ones are: hello",
@@ -142,9 +142,10 @@ fn help_explains_itself_and_every_subcommand() {
     for (args, expected) in [
         (&["help"][..], "Usage: reference-vmm <COMMAND>"),
         (&["help", "--help"], "Usage: reference-vmm help [COMMAND]"),
+        (&["help", "run"], "--image <PATH>"),
         (
-            &["help", "run"],
-            "Usage: reference-vmm run [OPTIONS] --guest <GUEST>",
+            &["help", "image"],
+            "Usage: reference-vmm image [OPTIONS] --out <PATH>",
         ),
         (&["help", "bench"], "--update-benchmarks-md"),
     ] {

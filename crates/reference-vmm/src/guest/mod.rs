@@ -6,7 +6,7 @@
 //! the serial console and ucalls. Each program is an entry point in the same image,
 //! so programs call the library with ordinary relative `call`s. The image is
 //! position-independent: it is built into this binary's read-only data and only
-//! ever executed by the guest, at [`IMAGE_ADDR`](crate::layout::IMAGE_ADDR).
+//! ever executed by the guest, at [`crate::layout::IMAGE_ADDR`].
 //!
 //! Every program starts at CPL3 in 64-bit mode with
 //! `rdi` = vCPU index, `rsi` = vCPU count, `rdx` = the vCPU's data block, and its
@@ -18,11 +18,15 @@ use std::time::Duration;
 use crate::apic;
 use crate::error::ConfigError;
 use crate::layout::{
-    ACKS_OFFSET, APIC_READY_OFFSET, DIRTY_AREA_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET,
-    MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT, PARAMS_OFFSET, SAMPLES_ADDR, SERIAL_LOCK_OFFSET,
-    SHARED_DATA_ADDR, VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
+    ACKS_OFFSET, APIC_READY_OFFSET, BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR, DONE_COUNT_OFFSET,
+    EXCEPTION_STACK_GAP, IDT_OFFSET, IMAGE_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET,
+    MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT, PARAMS_OFFSET, PML4_ADDR, SAMPLES_ADDR,
+    SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, TRAMPOLINE_ADDR, UCALL_TRANSPORT_OFFSET,
+    USER_STACK_TOP_OFFSET, VCPU_AREA_BASE, VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
 };
 use crate::ucall::{self, UCALL_PORT};
+use crate::x86::idt::IDT_SIZE;
+use crate::x86::{boot, gdt};
 
 /// Port of the 16550 serial console (COM1).
 pub const SERIAL_PORT: u16 = 0x3f8;
@@ -49,6 +53,7 @@ core::arch::global_asm!(
     include_str!("ipi.s"),
     include_str!("timer.s"),
     include_str!("bounds.s"),
+    include_str!("pvh.s"),
     ".globl reference_vmm_guest_image_end",
     "reference_vmm_guest_image_end:",
     ".popsection",
@@ -88,7 +93,37 @@ core::arch::global_asm!(
     mailbox_shift = const MAILBOX_SHIFT,
     ring_mask = const MAILBOX_RING - 1,
     dirty_area = const DIRTY_AREA_ADDR,
+    ucall_transport = const SHARED_DATA_ADDR + UCALL_TRANSPORT_OFFSET,
+    done_count = const SHARED_DATA_ADDR + DONE_COUNT_OFFSET,
+    boot_table = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET,
+    boot_vcpus = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET + 16,
+    debug_exit_port = const crate::pvh::DEBUG_EXIT_PORT,
+    ucall_probe = const ucall::UCALL_PROBE,
+    vcpu_area_base = const VCPU_AREA_BASE,
+    image_addr = const IMAGE_ADDR,
+    trampoline = const TRAMPOLINE_ADDR,
+    cr0 = const boot::CR0,
+    cr4 = const boot::CR4,
+    pml4 = const PML4_ADDR,
+    msr_efer = const MSR_EFER,
+    efer_lme = const boot::EFER & !EFER_LMA,
+    kernel_cs = const gdt::KERNEL_CS,
+    kernel_ds = const gdt::KERNEL_DS,
+    user_cs = const gdt::USER_CS,
+    user_ds = const gdt::USER_DS,
+    tss_base_selector = const gdt::TSS_BASE_SELECTOR,
+    idt_limit = const IDT_SIZE - 1,
+    idt_offset = const IDT_OFFSET,
+    exception_stack = const KERNEL_STACK_TOP_OFFSET - EXCEPTION_STACK_GAP,
+    user_stack = const USER_STACK_TOP_OFFSET,
+    vcpu_data = const VCPU_DATA_OFFSET,
+    rflags = const boot::RFLAGS,
 );
+
+/// IA32_EFER, which the PVH start-up sets to enter long mode.
+const MSR_EFER: u32 = 0xC000_0080;
+/// EFER.LMA: set by the CPU once paging is on, never written.
+const EFER_LMA: u64 = 1 << 10;
 
 // SAFETY: these symbols are labels in the read-only image emitted by the
 // `global_asm!` above; they are never written, so reading them is always sound.
@@ -119,6 +154,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_periodic_timer: u8;
     safe static reference_vmm_guest_xapic_bytes: u8;
     safe static reference_vmm_guest_yield_spin: u8;
+    safe static reference_vmm_guest_pvh_entry: u8;
 }
 
 /// The whole guest image: runtime and every program.
@@ -140,6 +176,12 @@ fn offset_of(label: &'static u8) -> u64 {
 /// to [`XAPIC_VECTORS`], and 0xFF).
 pub fn irq_entry_offset() -> u64 {
     offset_of(&reference_vmm_guest_irq_entry)
+}
+
+/// Offset in the [`image`] of the PVH start-up (`pvh.s`), where a VMM that
+/// boots an image file enters it.
+pub fn pvh_entry_offset() -> u64 {
+    offset_of(&reference_vmm_guest_pvh_entry)
 }
 
 /// First vector whose interrupts enter [`xapic_irq_entry_offset`]'s handler.
@@ -194,6 +236,11 @@ impl GuestProgram {
         if self.until_stopped && timeout.is_none() {
             return Err(ConfigError::NeedsTimeout { guest: self.name });
         }
+        self.check_params(params)
+    }
+
+    /// Whether every parameter is at least its minimum.
+    pub fn check_params(&self, params: &[u64]) -> Result<(), ConfigError> {
         for (index, p) in self.params.iter().enumerate() {
             let got = params.get(index).copied().unwrap_or(0);
             if got < p.min {

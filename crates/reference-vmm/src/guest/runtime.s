@@ -78,10 +78,16 @@ rt_exception_common:
     mov rcx, [rsp + 56]
     mov [rsp + 24], rcx
     mov [rsp + 32], rax
+    mov rax, {ucall_transport}
+    cmp qword ptr [rax], 0
+    jne 2f
     mov eax, esp
     mov dx, {ucall_port}
     out dx, eax
 1:  jmp 1b                      // the VMM never resumes a vCPU after this
+2:  mov rdi, rsp
+    call rt_ucall_text          // ends the run through isa-debug-exit
+    jmp 1b
 
 // #UD from CPL3 is how guest programs ask for a CPL0 service: `int N` raises #UD
 // on PVM even through a DPL3 gate, and `syscall` does not change privilege.
@@ -203,11 +209,83 @@ rt_ucall:
     mov [rsp + 16], rdx
     mov [rsp + 24], rcx
     mov [rsp + 32], r8
+    mov rax, {ucall_transport}
+    cmp qword ptr [rax], 0
+    jne 1f
     mov eax, esp
     mov dx, {ucall_port}
     out dx, eax
     add rsp, 40
     ret
+1:  mov rdi, rsp
+    call rt_ucall_text
+    add rsp, 40
+    ret
+
+// rt_ucall_text(frame): the ucall as one line on the serial console, for a
+// VMM without the ucall port: "@ucall <vcpu> <cmd> <arg0> <arg1> <arg2> <arg3>",
+// then " <string at arg0>" for a report or an assertion. The vCPU index
+// comes from the stack pointer, which is inside the vCPU's area. Then, on
+// QEMU's isa-debug-exit port: a failure ends the run at once (1), and the
+// last vCPU to finish ends it (0). Also called at CPL0, from an exception.
+rt_ucall_text:
+    push rbx
+    push r12
+    mov rbx, rdi
+    call rt_serial_lock
+    lea rdi, [rip + rt_ucall_tag]
+    call rt_serial_puts
+    mov rax, rsp
+    sub rax, {vcpu_area_base}
+    xor edx, edx
+    mov ecx, {vcpu_area_size}
+    div rcx
+    mov rdi, rax
+    call rt_serial_put_dec
+    xor r12d, r12d
+1:  mov edi, 32                 // ' ', then cmd and the 4 args
+    call rt_serial_putc
+    mov rdi, [rbx + r12 * 8]
+    call rt_serial_put_dec
+    inc r12
+    cmp r12, 5
+    jb 1b
+    mov rax, [rbx]
+    cmp rax, {ucall_report}
+    je 2f
+    cmp rax, {ucall_assert}
+    jne 3f
+2:  mov edi, 32
+    call rt_serial_putc
+    mov rdi, [rbx + 8]
+    call rt_serial_puts
+3:  mov edi, 10                 // '\n'
+    call rt_serial_putc
+    call rt_serial_unlock
+    mov rax, [rbx]
+    pop r12
+    pop rbx
+    cmp rax, {ucall_report}
+    je 4f
+    cmp rax, {ucall_done}
+    je 5f
+    mov al, 1                   // an assertion or exception: the run failed
+    jmp rt_debug_exit
+4:  ret
+5:  mov rax, {done_count}
+    lock inc qword ptr [rax]
+    mov rcx, {boot_vcpus}
+    mov rcx, [rcx]
+    cmp [rax], rcx
+    jb 4b
+    xor eax, eax
+// rt_debug_exit(al): QEMU's isa-debug-exit ends QEMU with status al * 2 + 1.
+rt_debug_exit:
+    mov dx, {debug_exit_port}
+    out dx, al
+    ret
+
+rt_ucall_tag: .asciz "@ucall "
 
 // rt_cpuid(leaf, subleaf) -> eax, ebx, ecx, edx as the VMM configured them.
 rt_cpuid:

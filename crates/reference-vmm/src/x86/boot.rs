@@ -7,7 +7,7 @@
 
 use kvm_bindings::{CpuId, kvm_regs, kvm_sregs};
 
-use super::gdt::{USER_CS, USER_DS, flat_segment, task_register};
+use super::gdt::{KERNEL_CS, KERNEL_DS, USER_CS, USER_DS, flat_segment, task_register};
 
 /// CR0: PE, MP, ET, NE, WP, AM, PG.
 pub const CR0: u64 = 0x8005_0033;
@@ -51,6 +51,46 @@ pub fn long_mode_sregs(sregs: &mut kvm_sregs, boot: &VcpuBootInfo) {
     sregs.cr3 = boot.cr3;
     sregs.cr4 = CR4;
     sregs.efer = EFER;
+}
+
+/// CR0 at a PVH entry: protected mode (PE) and ET, paging off.
+const PVH_CR0: u64 = 0x11;
+/// RFLAGS at a PVH entry: only the reserved bit; interrupts off.
+const PVH_RFLAGS: u64 = 0x2;
+
+/// Sets `sregs` as the PVH boot protocol enters an image: 32-bit protected
+/// mode, paging off, CPL0, flat 4 GiB code and data segments, a valid task
+/// register; `gdt` is the image's GDT (its start-up loads its own anyway).
+pub fn pvh_sregs(sregs: &mut kvm_sregs, gdt: (u64, u16)) {
+    let mut code = flat_segment(KERNEL_CS);
+    code.l = 0;
+    code.db = 1;
+    sregs.cs = code;
+    let data = flat_segment(KERNEL_DS);
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = task_register(0, 0);
+    sregs.gdt.base = gdt.0;
+    sregs.gdt.limit = gdt.1;
+    sregs.idt.base = 0;
+    sregs.idt.limit = 0;
+    sregs.cr0 = PVH_CR0;
+    sregs.cr3 = 0;
+    sregs.cr4 = 0;
+    sregs.efer = 0;
+}
+
+/// General registers at a PVH entry `rip`: interrupts off, no start-info
+/// structure (`rbx` = 0: the image's start-up reads none).
+pub fn pvh_regs(rip: u64) -> kvm_regs {
+    kvm_regs {
+        rip,
+        rflags: PVH_RFLAGS,
+        ..Default::default()
+    }
 }
 
 /// General registers at entry: the program's ABI is
@@ -122,6 +162,18 @@ mod tests {
         assert_eq!(sregs.efer & 0x500, 0x500);
         assert_ne!(sregs.cr0 & (1 << 31), 0);
         assert_eq!((sregs.idt.base, sregs.gdt.limit), (0x5000, 0x5f));
+    }
+
+    #[test]
+    fn pvh_entry_is_flat_32_bit_protected_mode_without_paging() {
+        let mut sregs = kvm_sregs::default();
+        pvh_sregs(&mut sregs, (0x1f_0000, 0x42f));
+        assert_eq!((sregs.cs.l, sregs.cs.db, sregs.cs.dpl), (0, 1, 0));
+        assert_eq!((sregs.cs.base, sregs.cs.limit), (0, 0xffff_ffff));
+        assert_eq!(sregs.ss.db, 1);
+        assert_eq!((sregs.cr0 & 1, sregs.cr0 >> 31, sregs.efer), (1, 0, 0));
+        assert_eq!((sregs.gdt.base, sregs.gdt.limit), (0x1f_0000, 0x42f));
+        assert_eq!(pvh_regs(0x10_2000).rflags & 0x200, 0, "interrupts off");
     }
 
     #[test]
