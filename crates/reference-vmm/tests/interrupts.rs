@@ -64,6 +64,35 @@ fn ipis_through_the_xapic_page_all_arrive_on_either_apic() {
 }
 
 #[test]
+fn the_ping_pong_through_the_xapic_page_bounces_every_message_and_refuses_gaps() {
+    if !kvm_available("the_ping_pong_through_the_xapic_page_bounces_every_message_and_refuses_gaps")
+    {
+        return;
+    }
+    // The mode QEMU's own APIC has (no x2APIC): vector 0xF0 through the page.
+    const ROUNDS: u64 = 300;
+    for irqchip in [Irqchip::User, Irqchip::Kernel] {
+        let m = Mechanisms {
+            irqchip,
+            ..Mechanisms::default()
+        };
+        let report = program::run("pingpong", 2, m, &[ROUNDS, 0, 0, 0, 0, 1])
+            .unwrap_or_else(|e| panic!("{irqchip}: {e}"))
+            .0;
+        program::assert_each(&report, 2, "irqs", ROUNDS, &format!("{irqchip}"));
+        assert!(report.value(0, "ticks").is_some_and(|t| t > 0), "{irqchip}");
+    }
+    let gaps = program::run(
+        "pingpong",
+        2,
+        Mechanisms::default(),
+        &[ROUNDS, 0, 1000, 4, 0, 1],
+    );
+    let err = gaps.map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("gaps need x2APIC mode"), "{err}");
+}
+
+#[test]
 fn ipis_around_a_ring_all_arrive_under_every_policy() {
     if !kvm_available("ipis_around_a_ring_all_arrive_under_every_policy") {
         return;

@@ -4,14 +4,21 @@
 //! at random from a short and a long mode, and the ping-pong beside a CPU
 //! hog. On this VMM's APIC each policy waits for the halted vCPUs; on KVM's
 //! LAPIC (`--irqchip kernel`) KVM polls, under its default window, none, or
-//! the window halt-poll's `WindowTuner` sets (`--halt-poll tuned`).
+//! the window halt-poll's `WindowTuner` sets (`--halt-poll tuned`). The
+//! ping-pong also runs through the xAPIC page beside QEMU, the peer VMM,
+//! booting the same guest from an image file with its own local APIC and
+//! with KVM's.
 
 use std::process::{Child, Command, Stdio};
 
 use crate::bench::timer::cyclictest;
 use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
+use crate::guest;
+use crate::layout::PARAMS;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance};
+use crate::pvh::Image;
+use crate::qemu::{INSTALL_HINT, Qemu, QemuApic};
 
 /// Round trips per ping-pong run, without `--quick`.
 const ROUNDS: u64 = 2000;
@@ -34,21 +41,24 @@ enum Workload {
     Bursty,
     Bimodal,
     Contended,
+    /// The ping-pong through the xAPIC page, which QEMU's own APIC has.
+    XapicPingPong,
 }
 
-const WORKLOADS: [Workload; 5] = [
+const WORKLOADS: [Workload; 6] = [
     Workload::PingPong,
     Workload::IdleTimer,
     Workload::Bursty,
     Workload::Bimodal,
     Workload::Contended,
+    Workload::XapicPingPong,
 ];
 
 /// One run of a workload, per wake-up (round trip or timer).
 struct Sample {
     /// The guest's latency: the mean round trip, or the median timer lateness, µs.
     latency_us: f64,
-    /// Time the halted vCPUs spent polling, µs.
+    /// Time the halted vCPUs spent polling, µs (NaN: not known, QEMU).
     polling_us: f64,
     /// Of which in polls that failed (the vCPU blocked after them), µs.
     failed_us: f64,
@@ -64,6 +74,7 @@ impl Workload {
             Self::Bursty => format!("bursty ({BURST} round trips, {BURST_GAP_US} µs idle)"),
             Self::Bimodal => format!("bimodal (half after {BIMODAL_GAP_US} µs idle)"),
             Self::Contended => "ping-pong beside a CPU hog".into(),
+            Self::XapicPingPong => "ping-pong through the xAPIC page".into(),
         }
     }
 
@@ -84,6 +95,7 @@ impl Workload {
             Self::PingPong | Self::Contended => vec![rounds, u64::from(m.guest_poll)],
             Self::Bursty => vec![rounds, 0, ticks(BURST_GAP_US), BURST, 0],
             Self::Bimodal => vec![rounds, 0, ticks(BIMODAL_GAP_US), 2, 1],
+            Self::XapicPingPong => xapic_pingpong_params(rounds).to_vec(),
         };
         let hog = (self == Self::Contended).then(Hog::start).transpose()?;
         let run = measure("pingpong", 2, m, &params, |_| {})?;
@@ -99,6 +111,55 @@ impl Workload {
         })
     }
 }
+
+/// The ping-pong's parameters through the xAPIC page.
+fn xapic_pingpong_params(rounds: u64) -> [u64; PARAMS] {
+    let mut params = [0; PARAMS];
+    params[0] = rounds;
+    params[5] = 1;
+    params
+}
+
+/// The xAPIC ping-pong under QEMU with `apic`: the guest's mean round trip,
+/// and QEMU's CPU per round trip beyond what its start-up alone costs (the
+/// same image with no rounds to run; QEMU's firmware and the guest's CPL0
+/// start-up are emulated here).
+fn qemu_pingpong(qemu: &Qemu, apic: QemuApic, opts: Options) -> Result<Sample, Error> {
+    let rounds = opts.rounds(ROUNDS);
+    let pingpong = guest::find("pingpong").expect("a built-in program");
+    let run = |params| -> Result<_, Error> {
+        let image = Image::build(pingpong, 2, 64, params)?;
+        let path =
+            std::env::temp_dir().join(format!("reference-vmm-bench-{}.elf", std::process::id()));
+        std::fs::write(&path, image.bytes()).map_err(|source| Error::WriteImage {
+            path: path.clone(),
+            source,
+        })?;
+        let timeout = if opts.quick {
+            QUICK_QEMU_TIMEOUT
+        } else {
+            QEMU_TIMEOUT
+        };
+        let result = qemu.run(&path, 2, 64, apic, timeout);
+        std::fs::remove_file(&path).unwrap_or(());
+        Ok(result?)
+    };
+    let start_up = run(xapic_pingpong_params(1))?;
+    let measured = run(xapic_pingpong_params(rounds))?;
+    let per_round = |v: f64| v / rounds as f64;
+    let cpu = measured.cpu_time.saturating_sub(start_up.cpu_time);
+    Ok(Sample {
+        latency_us: per_round(measured.value(0, "ticks").unwrap_or(0) as f64 / ticks_per_us()),
+        polling_us: f64::NAN,
+        failed_us: f64::NAN,
+        cpu_us: per_round(cpu.as_secs_f64() * 1e6),
+    })
+}
+
+/// How long one QEMU run may take.
+const QEMU_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// The same with `--quick` (a tenth of the round trips).
+const QUICK_QEMU_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The idle timer: one vCPU, a TSC deadline every period, halting between.
 /// The userspace APIC runs it without a timer advance, so that the halt-poll
@@ -152,10 +213,12 @@ enum Variant {
     GuestSide,
     /// KVM's LAPIC with this in-kernel halt polling (kvm: its default window).
     Kernel(HaltPoll),
+    /// QEMU booting the same guest from an image file, with this APIC.
+    Qemu(QemuApic),
 }
 
 /// Every workload's variants, in table order.
-const VARIANTS: [Variant; 10] = [
+const VARIANTS: [Variant; 12] = [
     Variant::Vmm(HaltPoll::Off),
     Variant::Vmm(HaltPoll::Always),
     Variant::Vmm(HaltPoll::Kvm),
@@ -166,6 +229,17 @@ const VARIANTS: [Variant; 10] = [
     Variant::Kernel(HaltPoll::Kvm),
     Variant::Kernel(HaltPoll::Off),
     Variant::Kernel(HaltPoll::Tuned),
+    Variant::Qemu(QemuApic::User),
+    Variant::Qemu(QemuApic::Kernel),
+];
+/// The variants of the xAPIC ping-pong: this VMM's APIC blocking at once
+/// and with its default policy, KVM's LAPIC, and QEMU with either.
+const XAPIC_VARIANTS: [Variant; 5] = [
+    Variant::Vmm(HaltPoll::Off),
+    Variant::Vmm(HaltPoll::Predictive),
+    Variant::Kernel(HaltPoll::Kvm),
+    Variant::Qemu(QemuApic::User),
+    Variant::Qemu(QemuApic::Kernel),
 ];
 /// The named presets of the crate (KVM's, the guest governor's, QEMU's).
 const PRESETS: [HaltPoll; 3] = [HaltPoll::Kvm, HaltPoll::Haltpoll, HaltPoll::Aio];
@@ -179,12 +253,19 @@ impl Variant {
             Self::GuestSide => "guest-side polling, predictive window".into(),
             Self::Kernel(HaltPoll::Kvm) => "--irqchip kernel, KVM's default window".into(),
             Self::Kernel(p) => format!("--irqchip kernel --halt-poll {p}"),
+            Self::Qemu(QemuApic::User) => "qemu, its own APIC (kernel-irqchip=off)".into(),
+            Self::Qemu(QemuApic::Kernel) => "qemu, KVM's LAPIC (kernel-irqchip=on)".into(),
         }
     }
 
-    /// Whether `workload` runs it (guest-side polling is the ping-pong's).
+    /// Whether `workload` runs it (guest-side polling is the ping-pong's;
+    /// the xAPIC ping-pong has its own few).
     fn runs_on(self, workload: Workload) -> bool {
-        self != Self::GuestSide || workload == Workload::PingPong
+        match workload {
+            Workload::XapicPingPong => XAPIC_VARIANTS.contains(&self),
+            Workload::PingPong => !matches!(self, Self::Qemu(_)),
+            _ => !matches!(self, Self::Qemu(_) | Self::GuestSide),
+        }
     }
 
     fn mechanisms(self) -> Mechanisms {
@@ -200,6 +281,20 @@ impl Variant {
                 halt_poll,
                 ..m
             },
+            Self::Qemu(_) => m,
+        }
+    }
+
+    /// Runs `workload` once this way (`qemu`: where QEMU is, if anywhere).
+    fn run(
+        self,
+        workload: Workload,
+        qemu: Option<&Qemu>,
+        opts: Options,
+    ) -> Option<Result<Sample, Error>> {
+        match self {
+            Self::Qemu(apic) => qemu.map(|q| qemu_pingpong(q, apic, opts)),
+            _ => Some(workload.run(self.mechanisms(), opts)),
         }
     }
 }
@@ -252,21 +347,29 @@ fn index(v: Variant) -> usize {
 
 /// Runs the suite; `progress` hears about each run.
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
+    let qemu = Qemu::find();
     let mut cells = vec![Cells::new(); WORKLOADS.len()];
+    let mut qemu_failures: Vec<(Variant, String)> = Vec::new();
     for rep in 0..opts.reps() {
         for (w, workload) in WORKLOADS.into_iter().enumerate() {
             for (i, variant) in VARIANTS.into_iter().enumerate() {
-                if !variant.runs_on(workload) {
+                if !variant.runs_on(workload) || qemu_failures.iter().any(|(v, _)| *v == variant) {
                     continue;
                 }
                 let what = format!("{}, {}", workload.name(), variant.name());
                 progress(&format!("halt: {what} ({}/{})", rep + 1, opts.reps()));
-                cells[w].push(i, workload.run(variant.mechanisms(), opts)?);
+                match variant.run(workload, qemu.as_ref(), opts) {
+                    Some(Ok(sample)) => cells[w].push(i, sample),
+                    // The peer's failure is a finding, not the bench's.
+                    Some(Err(Error::Qemu(e))) => qemu_failures.push((variant, e.to_string())),
+                    Some(Err(e)) => return Err(e),
+                    None => {}
+                }
             }
         }
     }
     let mut t = Table::new(
-        "halt: the halt-poll policies on five workloads",
+        "halt: the halt-poll policies on six workloads, and QEMU on the xAPIC ping-pong",
         &[
             "workload",
             "variant",
@@ -282,6 +385,12 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         rows(&mut t, workload, c);
     }
     notes(&mut t, opts, &cells);
+    for (variant, failure) in qemu_failures {
+        t.note(format!(
+            "{}: no result, not run again: {failure}",
+            variant.name()
+        ));
+    }
     Ok(t)
 }
 
@@ -292,22 +401,31 @@ fn rows(t: &mut Table, workload: Workload, c: &Cells) {
     let best_preset = c.best_preset_latency();
     let (kernel_latency, kernel_polling) = c.of(Variant::Kernel(HaltPoll::Kvm));
     let (_, kvm_polling) = c.of(Variant::Vmm(HaltPoll::Kvm));
+    let (qemu_latency, _) = c.of(Variant::Qemu(QemuApic::User));
     for (i, variant) in VARIANTS.into_iter().enumerate() {
-        if !variant.runs_on(workload) {
+        if !variant.runs_on(workload) || c.latency[i].0.is_empty() {
             continue;
         }
         let (latency_base, polling_base) = match variant {
+            _ if workload == Workload::XapicPingPong => (qemu_latency, kernel_polling),
             Variant::Kernel(_) => (kernel_latency, kernel_polling),
             _ => (&best_preset, kvm_polling),
+        };
+        let known = |runs: &Runs, cell: Cell| match runs.median().is_nan() {
+            true => Cell::text("-"),
+            false => cell,
         };
         t.row(vec![
             Cell::text(workload.name()),
             Cell::text(variant.name()),
             Cell::num(c.latency[i].median(), 1),
-            Cell::ratio(&c.latency[i].ratio_to(latency_base)),
-            Cell::num(c.polling[i].median(), 2),
-            polling_ratio(&c.polling[i], polling_base),
-            Cell::num(c.failed[i].median(), 2),
+            known(
+                latency_base,
+                Cell::ratio(&c.latency[i].ratio_to(latency_base)),
+            ),
+            known(&c.polling[i], Cell::num(c.polling[i].median(), 2)),
+            known(&c.polling[i], polling_ratio(&c.polling[i], polling_base)),
+            known(&c.failed[i], Cell::num(c.failed[i].median(), 2)),
             Cell::num(c.cpu[i].median(), 1),
         ]);
     }
@@ -343,6 +461,7 @@ fn notes(t: &mut Table, opts: Options, cells: &[Cells]) {
     ));
     t.note(user_goal(cells));
     t.note(kernel_goal(cells));
+    t.note(peer_goal(&cells[index_of(Workload::XapicPingPong)]));
     let pingpong = &cells[0];
     let speedup = pingpong
         .of(Variant::Vmm(HaltPoll::Off))
@@ -356,11 +475,51 @@ fn notes(t: &mut Table, opts: Options, cells: &[Cells]) {
     ));
 }
 
-/// Predictive against the presets, on every workload.
+fn index_of(workload: Workload) -> usize {
+    WORKLOADS.iter().position(|&w| w == workload).unwrap_or(0)
+}
+
+/// This VMM's APIC against QEMU's on the same guest, through the same
+/// xAPIC page: the faster of block-only and predictive against QEMU's own
+/// APIC, run by run.
+fn peer_goal(c: &Cells) -> String {
+    let what = "on the xAPIC ping-pong, this VMM's APIC (the faster of off and predictive) at most 0.7x QEMU's own APIC's round trip";
+    let (off, _) = c.of(Variant::Vmm(HaltPoll::Off));
+    let (predictive, _) = c.of(Variant::Vmm(HaltPoll::Predictive));
+    let ours = off.zip(predictive, f64::min);
+    let (qemu_kernel, _) = c.of(Variant::Qemu(QemuApic::Kernel));
+    let beside_kernel = match qemu_kernel.0.is_empty() {
+        true => String::new(),
+        false => format!(
+            "; against QEMU on KVM's LAPIC: {}",
+            ours.ratio_to(qemu_kernel).ratio_text()
+        ),
+    };
+    let (qemu, _) = c.of(Variant::Qemu(QemuApic::User));
+    if qemu.0.is_empty() {
+        let why = match Qemu::find() {
+            None => format!("no qemu-system-x86_64 on PATH (install it with `{INSTALL_HINT}`)"),
+            Some(_) => "QEMU's own APIC gave no result (see below)".into(),
+        };
+        return format!("Goal: {what}. Not measured: {why}{beside_kernel}.");
+    }
+    let ratio = ours.ratio_to(qemu);
+    goal(
+        what,
+        &format!("{} QEMU's{beside_kernel}", ratio.ratio_text()),
+        ratio.median() <= 0.7,
+        &ratio.each(|r| r <= 0.7),
+    )
+}
+
+/// Predictive against the presets, on every workload that runs them.
 fn user_goal(cells: &[Cells]) -> String {
     let mut measured = Vec::new();
     let mut met = true;
     for (workload, c) in WORKLOADS.into_iter().zip(cells) {
+        if workload == Workload::XapicPingPong {
+            continue;
+        }
         let (latency, polling) = c.of(Variant::Vmm(HaltPoll::Predictive));
         let vs_best = latency.ratio_to(&c.best_preset_latency()).median();
         let beaten_by: Vec<String> = PRESETS

@@ -11,18 +11,31 @@
 // lasts the gap. vCPU 0 reports the TSC ticks of the round trips alone
 // ("ticks", gaps excluded); both report the interrupts they took ("irqs",
 // timers included) and the messages that came by mailbox ("mailbox"). Other
-// vCPUs finish at once.
+// vCPUs finish at once. params[5] = 1: the xAPIC page instead of x2APIC MSRs
+// (vector 0xF0), as an APIC without x2APIC (QEMU's own) has it; no gaps then.
     .globl reference_vmm_guest_pingpong
 reference_vmm_guest_pingpong:
     mov r12, rdi                // vCPU index
     lea r13, [rdx - {irq_record_below_data}]
     mov rdi, rsi
+    cmp qword ptr [{params} + 40], 0
+    jne 7f
     call rt_apic_enable_all
     cmp r12, 1
     ja 9f
     mov edi, {msr_lvt_timer}
     mov esi, 0x40050            // TSC-deadline mode, vector 0x50
     call rt_wrmsr
+    jmp 6f
+7:  call rt_xapic_enable_all
+    cmp qword ptr [{params} + 24], 0
+    je 6f
+    lea rdi, [rip + 13f]        // gaps need the TSC-deadline timer
+    mov rsi, [{params} + 24]
+    xor edx, edx
+    call rt_assert_fail
+6:  cmp r12, 1
+    ja 9f
     push 0                      // gaps so far ([rsp])
     mov r14, [{params}]         // rounds
     xor r15, r15                // rounds done
@@ -67,6 +80,7 @@ reference_vmm_guest_pingpong:
 10: .asciz "ticks"
 11: .asciz "irqs"
 12: .asciz "mailbox"
+13: .asciz "pingpong: gaps need x2APIC mode (params[5] = 0)"
 
 // pp_gap(): vCPU 0's gap before round trip r15, if it has one: halts on its
 // TSC-deadline timer params[2] ticks from now. Counts the gap in its
@@ -114,8 +128,12 @@ pp_send:
     mov edx, 2
     lock cmpxchg [rcx + 8], rdx
     je 1f
+    cmp qword ptr [{params} + 40], 0
+    jne 2f
     mov esi, 0x40
     jmp rt_send_ipi
+2:  mov esi, 0xf0
+    jmp rt_xapic_send_ipi
 1:  ret
 
 // pp_wait(): waits for one message: polls the mailbox for the published
