@@ -11,14 +11,13 @@
 
 use std::process::{Child, Command, Stdio};
 
+use crate::bench::peer::{goal_against_qemu, run_image};
 use crate::bench::timer::cyclictest;
 use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
-use crate::guest;
 use crate::layout::PARAMS;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance};
-use crate::pvh::Image;
-use crate::qemu::{INSTALL_HINT, Qemu, QemuApic};
+use crate::qemu::{Qemu, QemuApic};
 
 /// Round trips per ping-pong run, without `--quick`.
 const ROUNDS: u64 = 2000;
@@ -122,30 +121,22 @@ fn xapic_pingpong_params(rounds: u64) -> [u64; PARAMS] {
 
 /// The xAPIC ping-pong under QEMU with `apic`: the guest's mean round trip,
 /// and QEMU's CPU per round trip beyond what its start-up alone costs (the
-/// same image with no rounds to run; QEMU's firmware and the guest's CPL0
+/// same image with one round trip; QEMU's firmware and the guest's CPL0
 /// start-up are emulated here).
 fn qemu_pingpong(qemu: &Qemu, apic: QemuApic, opts: Options) -> Result<Sample, Error> {
     let rounds = opts.rounds(ROUNDS);
-    let pingpong = guest::find("pingpong").expect("a built-in program");
-    let run = |params| -> Result<_, Error> {
-        let image = Image::build(pingpong, 2, 64, params)?;
-        let path =
-            std::env::temp_dir().join(format!("reference-vmm-bench-{}.elf", std::process::id()));
-        std::fs::write(&path, image.bytes()).map_err(|source| Error::WriteImage {
-            path: path.clone(),
-            source,
-        })?;
-        let timeout = if opts.quick {
-            QUICK_QEMU_TIMEOUT
-        } else {
-            QEMU_TIMEOUT
-        };
-        let result = qemu.run(&path, 2, 64, apic, timeout);
-        std::fs::remove_file(&path).unwrap_or(());
-        Ok(result?)
+    let run = |rounds| {
+        run_image(
+            qemu,
+            "pingpong",
+            2,
+            &xapic_pingpong_params(rounds),
+            apic,
+            opts,
+        )
     };
-    let start_up = run(xapic_pingpong_params(1))?;
-    let measured = run(xapic_pingpong_params(rounds))?;
+    let start_up = run(1)?;
+    let measured = run(rounds)?;
     let per_round = |v: f64| v / rounds as f64;
     let cpu = measured.cpu_time.saturating_sub(start_up.cpu_time);
     Ok(Sample {
@@ -155,11 +146,6 @@ fn qemu_pingpong(qemu: &Qemu, apic: QemuApic, opts: Options) -> Result<Sample, E
         cpu_us: per_round(cpu.as_secs_f64() * 1e6),
     })
 }
-
-/// How long one QEMU run may take.
-const QEMU_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// The same with `--quick` (a tenth of the round trips).
-const QUICK_QEMU_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The idle timer: one vCPU, a TSC deadline every period, halting between.
 /// The userspace APIC runs it without a timer advance, so that the halt-poll
@@ -480,35 +466,16 @@ fn index_of(workload: Workload) -> usize {
 }
 
 /// This VMM's APIC against QEMU's on the same guest, through the same
-/// xAPIC page: the faster of block-only and predictive against QEMU's own
-/// APIC, run by run.
+/// xAPIC page: the faster of block-only and predictive, run by run.
 fn peer_goal(c: &Cells) -> String {
-    let what = "on the xAPIC ping-pong, this VMM's APIC (the faster of off and predictive) at most 0.7x QEMU's own APIC's round trip";
     let (off, _) = c.of(Variant::Vmm(HaltPoll::Off));
     let (predictive, _) = c.of(Variant::Vmm(HaltPoll::Predictive));
-    let ours = off.zip(predictive, f64::min);
-    let (qemu_kernel, _) = c.of(Variant::Qemu(QemuApic::Kernel));
-    let beside_kernel = match qemu_kernel.0.is_empty() {
-        true => String::new(),
-        false => format!(
-            "; against QEMU on KVM's LAPIC: {}",
-            ours.ratio_to(qemu_kernel).ratio_text()
-        ),
-    };
-    let (qemu, _) = c.of(Variant::Qemu(QemuApic::User));
-    if qemu.0.is_empty() {
-        let why = match Qemu::find() {
-            None => format!("no qemu-system-x86_64 on PATH (install it with `{INSTALL_HINT}`)"),
-            Some(_) => "QEMU's own APIC gave no result (see below)".into(),
-        };
-        return format!("Goal: {what}. Not measured: {why}{beside_kernel}.");
-    }
-    let ratio = ours.ratio_to(qemu);
-    goal(
-        what,
-        &format!("{} QEMU's{beside_kernel}", ratio.ratio_text()),
-        ratio.median() <= 0.7,
-        &ratio.each(|r| r <= 0.7),
+    goal_against_qemu(
+        "on the xAPIC ping-pong, this VMM's APIC (the faster of off and predictive) at most 0.7x QEMU's own APIC's round trip",
+        &off.zip(predictive, f64::min),
+        c.of(Variant::Qemu(QemuApic::User)).0,
+        c.of(Variant::Qemu(QemuApic::Kernel)).0,
+        |r| r <= 0.7,
     )
 }
 

@@ -267,15 +267,20 @@ reference_vmm_guest_apic_gp:
 // exiting every params[1] pause iterations as a pause-loop exit would (a
 // write of its index to the pause port); the others halt until each IPI and
 // acknowledge it. vCPU 0 reports the TSC ticks of all rounds ("ticks") and
-// the acknowledgements ("acks").
+// the acknowledgements ("acks"). params[2] = 1: through the xAPIC page
+// (vector 0xF1), as an APIC without x2APIC (QEMU's own) has it.
     .globl reference_vmm_guest_sched_ipi
 reference_vmm_guest_sched_ipi:
     mov r12, rdi                // vCPU index
     mov rbx, rsi                // vCPU count
     lea r13, [rdx - {irq_record_below_data}]
     mov rdi, rbx
+    cmp qword ptr [{params} + 16], 0
+    jne 7f
     call rt_apic_enable_all
-    mov r14, [{params}]         // rounds
+    jmp 8f
+7:  call rt_xapic_enable_all
+8:  mov r14, [{params}]         // rounds
     mov r8, {acks}
     xor r15, r15                // rounds done
     test r12, r12
@@ -288,10 +293,15 @@ reference_vmm_guest_sched_ipi:
 1:  cmp r15, r14
     jae 4f
     inc r15
+    cmp qword ptr [{params} + 16], 0
+    jne 9f
     mov rsi, 0xc0041            // all excluding self, vector 0x41
     mov edi, {msr_icr}
     call rt_wrmsr
-    mov r10, r15
+    jmp 12f
+9:  mov rax, {xapic_base}       // the same through the xAPIC page, vector 0xF1
+    mov dword ptr [rax + 0x300], 0xc00f1
+12: mov r10, r15
     imul r10, rbx               // acknowledgements expected so far
     mov r8, {acks}
 2:  mov rcx, [{params} + 8]     // pause iterations per exit

@@ -364,8 +364,12 @@ pub static PROGRAMS: &[GuestProgram] = &[
     },
     GuestProgram {
         name: "sched-ipi",
-        about: "vCPU 0 IPIs all others params[0] times, spinning (with pause exits) for their acks",
-        params: &[count("rounds"), any("pauses per pause exit, 0: none")],
+        about: "vCPU 0 IPIs all others params[0] times, spinning (with pause exits) for their acks (params[2] = 1: through the xAPIC page)",
+        params: &[
+            count("rounds"),
+            any("pauses per pause exit, 0: none"),
+            any("1: through the xAPIC page"),
+        ],
         until_stopped: false,
         entry: &reference_vmm_guest_sched_ipi,
     },
