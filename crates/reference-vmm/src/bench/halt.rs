@@ -42,15 +42,19 @@ enum Workload {
     Contended,
     /// The ping-pong through the xAPIC page, which QEMU's own APIC has.
     XapicPingPong,
+    /// The same with receivers that spin for the IPI instead of halting:
+    /// interrupt delivery to a running vCPU alone.
+    XapicSpinning,
 }
 
-const WORKLOADS: [Workload; 6] = [
+const WORKLOADS: [Workload; 7] = [
     Workload::PingPong,
     Workload::IdleTimer,
     Workload::Bursty,
     Workload::Bimodal,
     Workload::Contended,
     Workload::XapicPingPong,
+    Workload::XapicSpinning,
 ];
 
 /// One run of a workload, per wake-up (round trip or timer).
@@ -74,6 +78,9 @@ impl Workload {
             Self::Bimodal => format!("bimodal (half after {BIMODAL_GAP_US} µs idle)"),
             Self::Contended => "ping-pong beside a CPU hog".into(),
             Self::XapicPingPong => "ping-pong through the xAPIC page".into(),
+            Self::XapicSpinning => {
+                "ping-pong through the xAPIC page, receivers spinning (no halts)".into()
+            }
         }
     }
 
@@ -94,7 +101,7 @@ impl Workload {
             Self::PingPong | Self::Contended => vec![rounds, u64::from(m.guest_poll)],
             Self::Bursty => vec![rounds, 0, ticks(BURST_GAP_US), BURST, 0],
             Self::Bimodal => vec![rounds, 0, ticks(BIMODAL_GAP_US), 2, 1],
-            Self::XapicPingPong => xapic_pingpong_params(rounds).to_vec(),
+            Self::XapicPingPong | Self::XapicSpinning => self.xapic_params(rounds).to_vec(),
         };
         let hog = (self == Self::Contended).then(Hog::start).transpose()?;
         let run = measure("pingpong", 2, m, &params, |_| {})?;
@@ -111,30 +118,35 @@ impl Workload {
     }
 }
 
-/// The ping-pong's parameters through the xAPIC page.
-fn xapic_pingpong_params(rounds: u64) -> [u64; PARAMS] {
-    let mut params = [0; PARAMS];
-    params[0] = rounds;
-    params[5] = 1;
-    params
+impl Workload {
+    /// Whether it runs through the xAPIC page, beside QEMU.
+    fn is_xapic(self) -> bool {
+        matches!(self, Self::XapicPingPong | Self::XapicSpinning)
+    }
+
+    /// The ping-pong's parameters through the xAPIC page.
+    fn xapic_params(self, rounds: u64) -> [u64; PARAMS] {
+        let mut params = [0; PARAMS];
+        params[0] = rounds;
+        params[5] = 1;
+        params[6] = u64::from(self == Self::XapicSpinning);
+        params
+    }
 }
 
 /// The xAPIC ping-pong under QEMU with `apic`: the guest's mean round trip,
 /// and QEMU's CPU per round trip beyond what its start-up alone costs (the
 /// same image with one round trip; QEMU's firmware and the guest's CPL0
 /// start-up are emulated here).
-fn qemu_pingpong(qemu: &Qemu, apic: QemuApic, opts: Options) -> Result<Sample, Error> {
+fn qemu_pingpong(
+    qemu: &Qemu,
+    workload: Workload,
+    apic: QemuApic,
+    opts: Options,
+) -> Result<Sample, Error> {
     let rounds = opts.rounds(ROUNDS);
-    let run = |rounds| {
-        run_image(
-            qemu,
-            "pingpong",
-            2,
-            &xapic_pingpong_params(rounds),
-            apic,
-            opts,
-        )
-    };
+    let params = |rounds| workload.xapic_params(rounds);
+    let run = |rounds| run_image(qemu, "pingpong", 2, &params(rounds), apic, opts);
     let start_up = run(1)?;
     let measured = run(rounds)?;
     let per_round = |v: f64| v / rounds as f64;
@@ -218,6 +230,13 @@ const VARIANTS: [Variant; 12] = [
     Variant::Qemu(QemuApic::User),
     Variant::Qemu(QemuApic::Kernel),
 ];
+/// The variants of the spinning xAPIC ping-pong: no halts, so one policy.
+const SPINNING_VARIANTS: [Variant; 4] = [
+    Variant::Vmm(HaltPoll::Predictive),
+    Variant::Kernel(HaltPoll::Kvm),
+    Variant::Qemu(QemuApic::User),
+    Variant::Qemu(QemuApic::Kernel),
+];
 /// The variants of the xAPIC ping-pong: this VMM's APIC blocking at once
 /// and with its default policy, KVM's LAPIC, and QEMU with either.
 const XAPIC_VARIANTS: [Variant; 5] = [
@@ -249,6 +268,7 @@ impl Variant {
     fn runs_on(self, workload: Workload) -> bool {
         match workload {
             Workload::XapicPingPong => XAPIC_VARIANTS.contains(&self),
+            Workload::XapicSpinning => SPINNING_VARIANTS.contains(&self),
             Workload::PingPong => !matches!(self, Self::Qemu(_)),
             _ => !matches!(self, Self::Qemu(_) | Self::GuestSide),
         }
@@ -279,7 +299,7 @@ impl Variant {
         opts: Options,
     ) -> Option<Result<Sample, Error>> {
         match self {
-            Self::Qemu(apic) => qemu.map(|q| qemu_pingpong(q, apic, opts)),
+            Self::Qemu(apic) => qemu.map(|q| qemu_pingpong(q, workload, apic, opts)),
             _ => Some(workload.run(self.mechanisms(), opts)),
         }
     }
@@ -335,11 +355,13 @@ fn index(v: Variant) -> usize {
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
     let qemu = Qemu::find();
     let mut cells = vec![Cells::new(); WORKLOADS.len()];
-    let mut qemu_failures: Vec<(Variant, String)> = Vec::new();
+    let mut qemu_failures: Vec<(Workload, Variant, String)> = Vec::new();
     for rep in 0..opts.reps() {
         for (w, workload) in WORKLOADS.into_iter().enumerate() {
             for (i, variant) in VARIANTS.into_iter().enumerate() {
-                if !variant.runs_on(workload) || qemu_failures.iter().any(|(v, _)| *v == variant) {
+                let failed =
+                    |&(fw, fv, _): &(Workload, Variant, String)| (fw, fv) == (workload, variant);
+                if !variant.runs_on(workload) || qemu_failures.iter().any(failed) {
                     continue;
                 }
                 let what = format!("{}, {}", workload.name(), variant.name());
@@ -347,7 +369,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 match variant.run(workload, qemu.as_ref(), opts) {
                     Some(Ok(sample)) => cells[w].push(i, sample),
                     // The peer's failure is a finding, not the bench's.
-                    Some(Err(Error::Qemu(e))) => qemu_failures.push((variant, e.to_string())),
+                    Some(Err(Error::Qemu(e))) => {
+                        qemu_failures.push((workload, variant, e.to_string()))
+                    }
                     Some(Err(e)) => return Err(e),
                     None => {}
                 }
@@ -355,7 +379,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         }
     }
     let mut t = Table::new(
-        "halt: the halt-poll policies on six workloads, and QEMU on the xAPIC ping-pong",
+        "halt: the halt-poll policies on five workloads, and QEMU beside this VMM on the ping-pong through the xAPIC page",
         &[
             "workload",
             "variant",
@@ -371,9 +395,10 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         rows(&mut t, workload, c);
     }
     notes(&mut t, opts, &cells);
-    for (variant, failure) in qemu_failures {
+    for (workload, variant, failure) in qemu_failures {
         t.note(format!(
-            "{}: no result, not run again: {failure}",
+            "{}, {}: no result, not run again: {failure}",
+            workload.name(),
             variant.name()
         ));
     }
@@ -393,7 +418,7 @@ fn rows(t: &mut Table, workload: Workload, c: &Cells) {
             continue;
         }
         let (latency_base, polling_base) = match variant {
-            _ if workload == Workload::XapicPingPong => (qemu_latency, kernel_polling),
+            _ if workload.is_xapic() => (qemu_latency, kernel_polling),
             Variant::Kernel(_) => (kernel_latency, kernel_polling),
             _ => (&best_preset, kvm_polling),
         };
@@ -447,7 +472,14 @@ fn notes(t: &mut Table, opts: Options, cells: &[Cells]) {
     ));
     t.note(user_goal(cells));
     t.note(kernel_goal(cells));
-    t.note(peer_goal(&cells[index_of(Workload::XapicPingPong)]));
+    t.note(peer_goal(
+        Workload::XapicPingPong,
+        &cells[index_of(Workload::XapicPingPong)],
+    ));
+    t.note(peer_goal(
+        Workload::XapicSpinning,
+        &cells[index_of(Workload::XapicSpinning)],
+    ));
     let pingpong = &cells[0];
     let speedup = pingpong
         .of(Variant::Vmm(HaltPoll::Off))
@@ -466,13 +498,21 @@ fn index_of(workload: Workload) -> usize {
 }
 
 /// This VMM's APIC against QEMU's on the same guest, through the same
-/// xAPIC page: the faster of block-only and predictive, run by run.
-fn peer_goal(c: &Cells) -> String {
+/// xAPIC page: the faster of block-only and predictive, run by run (the
+/// spinning receivers do not halt: predictive alone).
+fn peer_goal(workload: Workload, c: &Cells) -> String {
     let (off, _) = c.of(Variant::Vmm(HaltPoll::Off));
     let (predictive, _) = c.of(Variant::Vmm(HaltPoll::Predictive));
+    let ours = match workload {
+        Workload::XapicSpinning => predictive.clone(),
+        _ => off.zip(predictive, f64::min),
+    };
     goal_against_qemu(
-        "on the xAPIC ping-pong, this VMM's APIC (the faster of off and predictive) at most 0.7x QEMU's own APIC's round trip",
-        &off.zip(predictive, f64::min),
+        &format!(
+            "on the {}, this VMM's APIC at most 0.7x QEMU's own APIC's round trip",
+            workload.name()
+        ),
+        &ours,
         c.of(Variant::Qemu(QemuApic::User)).0,
         c.of(Variant::Qemu(QemuApic::Kernel)).0,
         |r| r <= 0.7,
@@ -484,7 +524,7 @@ fn user_goal(cells: &[Cells]) -> String {
     let mut measured = Vec::new();
     let mut met = true;
     for (workload, c) in WORKLOADS.into_iter().zip(cells) {
-        if workload == Workload::XapicPingPong {
+        if workload.is_xapic() {
             continue;
         }
         let (latency, polling) = c.of(Variant::Vmm(HaltPoll::Predictive));

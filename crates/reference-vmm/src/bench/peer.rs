@@ -13,7 +13,7 @@ use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuRun};
 /// How long one QEMU run may take (a QEMU that does not get through the
 /// guest is killed then; `--quick` runs a tenth of the rounds).
 fn timeout(opts: Options) -> Duration {
-    Duration::from_secs(if opts.quick { 10 } else { 30 })
+    Duration::from_secs(if opts.quick { 5 } else { 30 })
 }
 
 /// Runs the built-in `program` on `vcpus` vCPUs with `params` under QEMU

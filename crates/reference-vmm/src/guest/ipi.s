@@ -13,6 +13,7 @@
 // timers included) and the messages that came by mailbox ("mailbox"). Other
 // vCPUs finish at once. params[5] = 1: the xAPIC page instead of x2APIC MSRs
 // (vector 0xF0), as an APIC without x2APIC (QEMU's own) has it; no gaps then.
+// params[6] = 1: the receiver spins for the IPI instead of halting.
     .globl reference_vmm_guest_pingpong
 reference_vmm_guest_pingpong:
     mov r12, rdi                // vCPU index
@@ -185,7 +186,7 @@ pp_wait:
     mov rsi, rbp
     push r8
     push r9
-    call rt_wait_count
+    call pp_wait_count
     pop r9
     pop r8
     mov r11, 1
@@ -206,6 +207,18 @@ pp_wait:
     mov [rbx + 16], rcx
     pop rbx
     ret
+
+// pp_wait_count(counter: *const u64, n: u64): rt_wait_count, or with
+// params[6] = 1 a spin at CPL3 with interrupts on until *counter >= n: the
+// interrupt still arrives while the vCPU runs, without a halt.
+pp_wait_count:
+    cmp qword ptr [{params} + 48], 0
+    je rt_wait_count
+1:  cmp [rdi], rsi
+    jae 2f
+    pause
+    jmp 1b
+2:  ret
 
 // rt_wait_count(counter: *const u64, n: u64): halts until *counter >= n.
 rt_wait_count:

@@ -322,7 +322,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
     },
     GuestProgram {
         name: "pingpong",
-        about: "vCPUs 0 and 1 bounce a message params[0] times (params[1] = 1: poll a mailbox first); vCPU 0 idles params[2] TSC ticks before every params[3]-th (params[4] = 1: one in params[3] at random); params[5] = 1: through the xAPIC page",
+        about: "vCPUs 0 and 1 bounce a message params[0] times (params[1] = 1: poll a mailbox first); vCPU 0 idles params[2] TSC ticks before every params[3]-th (params[4] = 1: one in params[3] at random); params[5] = 1: through the xAPIC page; params[6] = 1: spin, not halt",
         params: &[
             count("rounds"),
             any("1: poll the mailbox first"),
@@ -330,6 +330,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
             any("a gap every n round trips, 0: none"),
             any("1: gaps at random, one in n"),
             any("1: the xAPIC page, vector 0xF0 (no gaps)"),
+            any("1: spin for the IPI instead of halting"),
         ],
         until_stopped: false,
         entry: &reference_vmm_guest_pingpong,
