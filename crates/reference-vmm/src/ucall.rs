@@ -200,6 +200,13 @@ mod tests {
     use vm_memory::GuestMemoryMmap;
 
     const FRAME: u64 = 0x1000;
+    /// A #GP at the start of the guest image, as both transports carry it.
+    const GP_AT_IMAGE: Ucall = Ucall::Exception {
+        vector: 13,
+        error_code: 0,
+        rip: 0x10_0000,
+        cr2: 0,
+    };
     const STR: u64 = 0x2000;
 
     fn memory() -> GuestMemoryMmap {
@@ -235,15 +242,7 @@ mod tests {
         );
         assert_eq!(send(&mem, CMD_DONE, [0; 4]).unwrap(), Ucall::Done);
         let exc = send(&mem, CMD_EXCEPTION, [13, 0, 0x10_0000, 0]).unwrap();
-        assert_eq!(
-            exc,
-            Ucall::Exception {
-                vector: 13,
-                error_code: 0,
-                rip: 0x10_0000,
-                cr2: 0
-            }
-        );
+        assert_eq!(exc, GP_AT_IMAGE);
     }
 
     #[test]
@@ -319,15 +318,7 @@ mod tests {
         assert_eq!(decode_text("@ucall 1 3 0 0 0 0"), Ok((1, Ucall::Done)));
         assert_eq!(
             decode_text("@ucall 0 4 13 0 1048576 0"),
-            Ok((
-                0,
-                Ucall::Exception {
-                    vector: 13,
-                    error_code: 0,
-                    rip: 0x10_0000,
-                    cr2: 0
-                }
-            ))
+            Ok((0, GP_AT_IMAGE))
         );
     }
 

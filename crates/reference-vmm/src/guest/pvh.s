@@ -11,10 +11,9 @@
 // IMAGE_ADDR, so the 32-bit part's absolute addresses are the image's base
 // plus a label's offset.
 
-    .code32
-    .balign 16
-    .globl reference_vmm_guest_pvh_entry
-reference_vmm_guest_pvh_entry:
+// PAE paging on the image's page tables, and EFER.LME: long mode starts at
+// the next CR0 write that turns paging on (both ways in run this).
+.macro long_mode_tables
     mov eax, {cr4}
     mov cr4, eax
     mov eax, {pml4}
@@ -23,6 +22,13 @@ reference_vmm_guest_pvh_entry:
     mov eax, {efer_lme}
     xor edx, edx
     wrmsr
+.endm
+
+    .code32
+    .balign 16
+    .globl reference_vmm_guest_pvh_entry
+reference_vmm_guest_pvh_entry:
+    long_mode_tables
     mov eax, {cr0}              // paging on: long mode, in 32-bit code for now
     mov cr0, eax
     lgdt [{boot_table}]
@@ -104,14 +110,7 @@ rt_pvh_start_aps:
     .code16
 rt_pvh_trampoline:
     cli
-    mov eax, {cr4}
-    mov cr4, eax
-    mov eax, {pml4}
-    mov cr3, eax
-    mov ecx, {msr_efer}
-    mov eax, {efer_lme}
-    xor edx, edx
-    wrmsr
+    long_mode_tables
     .byte 0x66, 0x2e, 0x0f, 0x01, 0x16 // lgdt cs:[gdtr], 32-bit base
     .word rt_pvh_trampoline_gdtr - rt_pvh_trampoline
     mov eax, {cr0}
