@@ -147,7 +147,10 @@ fn qemu_boots_every_vcpu_of_the_same_image_with_either_apic() {
             );
             assert!(run.value(vcpu, "tsc").is_some_and(|t| t > 0), "{apic:?}");
         }
-        assert!(run.cpu_time > Duration::ZERO && run.elapsed < QEMU_TIMEOUT);
+        assert!(
+            run.cpu_time > Duration::ZERO,
+            "{apic:?}: QEMU's CPU time read back"
+        );
     }
 }
 
