@@ -25,7 +25,7 @@
 //! x2APIC MSR) are errors the VMM turns into #GP; an IPI with an illegal
 //! vector (0-15) is not sent and sets the ESR, as hardware does.
 
-use lapic_timer::{GuestTime, LapicTimer};
+use lapic_timer::{GuestTime, LapicTimer, LapicTimerState};
 
 /// IA32_APIC_BASE.
 pub const MSR_APIC_BASE: u32 = 0x1B;
@@ -169,6 +169,31 @@ pub struct LocalApic {
     timer: LapicTimer,
 }
 
+/// A [`LocalApic`]'s registers as plain data (see [`LocalApic::save`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApicState {
+    /// x2APIC mode (IA32_APIC_BASE.EXTD).
+    pub x2apic: bool,
+    /// TPR.
+    pub tpr: u8,
+    /// SVR.
+    pub svr: u32,
+    /// ISR, vectors 0-255.
+    pub isr: [u64; 4],
+    /// ESR, as last latched.
+    pub esr: u32,
+    /// ESR bits collected since the last ESR write.
+    pub esr_pending: u32,
+    /// ICR (x2APIC layout; the xAPIC low half in bits 31:0).
+    pub icr: u64,
+    /// xAPIC ICR bits 63:32.
+    pub icr_high: u32,
+    /// LVT Thermal, PMC, LINT0, LINT1, Error.
+    pub lvt: [u32; 5],
+    /// The timer's registers and time remaining.
+    pub timer: LapicTimerState,
+}
+
 impl LocalApic {
     /// The APIC of vCPU `id`, in its reset state, with a timer on `time`.
     pub fn new(id: u32, time: GuestTime) -> Self {
@@ -197,6 +222,38 @@ impl LocalApic {
     /// The timer, for the VMM to expire and arm.
     pub fn timer(&mut self) -> &mut LapicTimer {
         &mut self.timer
+    }
+
+    /// The registers as plain data at host time `now_ns` (the timer's as
+    /// time remaining), for a snapshot or a migration.
+    pub fn save(&self, now_ns: u64) -> ApicState {
+        ApicState {
+            x2apic: self.x2apic,
+            tpr: self.tpr,
+            svr: self.svr,
+            isr: self.isr,
+            esr: self.esr,
+            esr_pending: self.esr_pending,
+            icr: self.icr,
+            icr_high: self.icr_high,
+            lvt: self.lvt,
+            timer: self.timer.save(now_ns),
+        }
+    }
+
+    /// Takes on a saved state at host time `now_ns`. The ID stays this
+    /// APIC's; the timer masks its values as a write would.
+    pub fn restore(&mut self, state: &ApicState, now_ns: u64) {
+        self.x2apic = state.x2apic;
+        self.tpr = state.tpr;
+        self.svr = state.svr;
+        self.isr = state.isr;
+        self.esr = state.esr;
+        self.esr_pending = state.esr_pending;
+        self.icr = state.icr;
+        self.icr_high = state.icr_high;
+        self.lvt = state.lvt;
+        self.timer.restore(&state.timer, now_ns);
     }
 
     /// Whether the guest has software-enabled the APIC.

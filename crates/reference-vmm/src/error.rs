@@ -77,6 +77,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// KVM refused an MSR value of a vCPU being restored.
+    #[error("vCPU {vcpu}: KVM refused MSR {msr:#x} = {value:#x}")]
+    MsrRefused {
+        /// The vCPU.
+        vcpu: u32,
+        /// The MSR.
+        msr: u32,
+        /// The value.
+        value: u64,
+    },
+    /// A vCPU's interrupt-controller state is for the other kind of controller.
+    #[error("vCPU {0}: its interrupt-controller state is for the other kind of controller")]
+    ChipMismatch(u32),
     /// Kicking vCPUs out of `KVM_RUN` could not be set up.
     #[error("cannot set up vCPU kicks: {0}")]
     Kick(#[from] crate::kick::KickError),
@@ -188,6 +201,11 @@ pub enum ConfigError {
         "--halt-poll tuned sets KVM's in-kernel halt-polling window: it needs --irqchip kernel"
     )]
     TunedNeedsKernelIrqchip,
+    /// A VM created to receive a stream was run before it received one.
+    #[error(
+        "a VM created with Boot::Incoming runs only once its vCPU states are set (Vm::set_incoming)"
+    )]
+    NoIncomingState,
     /// No built-in guest program has this name.
     #[error("no guest program is called {name:?}; the built-in ones are: {known}")]
     UnknownGuest {

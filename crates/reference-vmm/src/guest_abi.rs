@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use halt_poll::{HaltOutcome, PollPolicy};
 use lapic_timer::{DeliveryLead, GuestTime};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::vm::VmMemory;
 
 use crate::layout::MAILBOX_RING;
 pub use crate::ucall::UCALL_PORT;
@@ -70,7 +72,7 @@ impl GuestPoll {
     /// Learns the outcomes the guest reported since the last look (the last
     /// ring's worth at most: a guest may write anything there) and publishes
     /// the policy's window.
-    pub fn learn(&mut self, memory: &GuestMemoryMmap) {
+    pub fn learn(&mut self, memory: &VmMemory) {
         let word = |offset: u64| {
             memory
                 .read_obj::<u64>(GuestAddress(self.mailbox + offset))
@@ -153,7 +155,7 @@ impl TimerLead {
         self.fired = Some((vector, tsc(due_ns), tsc(start_ns)));
     }
 
-    fn read(&self, memory: &GuestMemoryMmap) -> Option<(u64, u64)> {
+    fn read(&self, memory: &VmMemory) -> Option<(u64, u64)> {
         let tsc = memory.read_obj(GuestAddress(self.record)).ok()?;
         let count = memory.read_obj(GuestAddress(self.record + 8)).ok()?;
         Some((tsc, count))
@@ -161,7 +163,7 @@ impl TimerLead {
 
     /// `vector` was injected: if it is the timer's, watch the record for
     /// the guest's entry.
-    pub fn injected(&mut self, vector: u8, memory: &GuestMemoryMmap) {
+    pub fn injected(&mut self, vector: u8, memory: &VmMemory) {
         if let Some((_, deadline, start)) = self.fired.take_if(|(v, ..)| *v == vector) {
             self.inflight = self.read(memory).map(|(_, count)| (start, deadline, count));
         }
@@ -169,7 +171,7 @@ impl TimerLead {
 
     /// After an exit: if the guest took the timer interrupt, learn from it and
     /// return the new lead.
-    pub fn learn(&mut self, memory: &GuestMemoryMmap) -> Option<Duration> {
+    pub fn learn(&mut self, memory: &VmMemory) -> Option<Duration> {
         let (started, deadline, count) = self.inflight?;
         let (entry_tsc, now_count) = self.read(memory)?;
         if now_count == count {

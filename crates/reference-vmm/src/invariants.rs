@@ -1,14 +1,14 @@
 //! Drives each place where guest input lands with arbitrary input, and panics
 //! if an invariant breaks: the local APIC's registers, ucall decoding, the
-//! exit handler, and the learners that read guest memory
-//! ([`crate::guest_abi`]). The fuzz targets (`fuzz/`) feed them random bytes;
+//! exit handler, the learners that read guest memory
+//! ([`crate::guest_abi`]), and the migration stream's reader. The fuzz targets (`fuzz/`) feed them random bytes;
 //! `cargo test` replays the committed corpus (`fuzz-corpus/<target>/`).
 
 use std::sync::Arc;
 
 use kvm_ioctls::VcpuExit;
 use lapic_timer::GuestTime;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::apic::{self, Action, LocalApic, XAPIC_BASE};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
@@ -16,8 +16,11 @@ use crate::error::GuestFault;
 use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
 use crate::guest::SERIAL_PORT;
 use crate::guest_abi::{GuestPoll, MAX_LEAD, TimerLead};
+use crate::layout::PAGE_SIZE;
 use crate::mechanisms::HaltPoll;
+use crate::migration::stream::{MAGIC, Record, StreamReader, VERSION};
 use crate::ucall::{self, MAX_STRING_LEN, UCALL_PORT, Ucall};
+use crate::vm::VmMemory;
 
 /// Reads the `n`-th little-endian u64 of `data`, zero past its end.
 fn u64_at(data: &[u8], at: usize) -> u64 {
@@ -153,9 +156,9 @@ fn check_apic(
 }
 
 /// Guest memory for the ucall and exit checks: `data` copied in at 0.
-fn memory_with(data: &[u8]) -> GuestMemoryMmap {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1_0000)])
-        .expect("64 KiB of anonymous memory");
+fn memory_with(data: &[u8]) -> VmMemory {
+    let mem =
+        VmMemory::from_ranges(&[(GuestAddress(0), 0x1_0000)]).expect("64 KiB of anonymous memory");
     mem.write_slice(&data[..data.len().min(0x1_0000)], GuestAddress(0))
         .expect("fits");
     mem
@@ -290,6 +293,45 @@ pub fn learners(data: &[u8]) {
     }
 }
 
+/// Migration stream: arbitrary bytes after a valid header. Checks: the
+/// reader ends in an error or at the End record, without a panic; every page
+/// run it hands out is whole pages inside the memory the Config record
+/// described; every vCPU state has an index below the described count and
+/// comes once; the End record comes only after every vCPU's, and nothing
+/// is read after it.
+pub fn migration_stream(data: &[u8]) {
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend_from_slice(&VERSION.to_le_bytes());
+    bytes.extend_from_slice(data);
+    let mut input = StreamReader::new(&bytes[..]).expect("a valid header");
+    let mut described: Option<(u64, Vec<bool>)> = None;
+    loop {
+        let Ok(record) = input.next_record() else {
+            return;
+        };
+        match (record, &mut described) {
+            (Record::Config(d), None) => {
+                described = Some((d.mem_mib << 20, vec![false; d.vcpus as usize]));
+            }
+            (Record::Pages { gpa, data }, Some((mem, _))) => {
+                let len = data.len() as u64;
+                assert!(gpa % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && len > 0);
+                assert!(gpa + len <= *mem, "{len} bytes at {gpa:#x} past {mem:#x}");
+            }
+            (Record::Vcpu(state), Some((_, seen))) => {
+                let slot = &mut seen[state.index as usize];
+                assert!(!std::mem::replace(slot, true), "vCPU {} twice", state.index);
+            }
+            (Record::End, Some((_, seen))) => {
+                assert!(seen.iter().all(|&s| s));
+                assert!(input.next_record().is_err());
+                return;
+            }
+            (record, described) => panic!("{record:?} accepted with {described:?}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +365,10 @@ mod tests {
     #[test]
     fn replays_the_learners_corpus() {
         replay("learners", learners);
+    }
+
+    #[test]
+    fn replays_the_migration_stream_corpus() {
+        replay("migration_stream", migration_stream);
     }
 }

@@ -239,6 +239,22 @@ impl Interrupts {
         self.pending.timer(vcpu).is_some()
     }
 
+    /// vCPUs.
+    pub fn vcpus(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Kicks every vCPU out of the guest and wakes every halted one, so
+    /// each looks at its requests (a pause).
+    pub fn kick_all(&self) {
+        for link in &self.links {
+            // A thread not registered yet looks at its requests before its
+            // first entry; one that cannot be signalled has ended.
+            let _ = link.thread.kick();
+        }
+        self.wake_all();
+    }
+
     /// Wakes every halted vCPU (to stop it).
     pub fn wake_all(&self) {
         for link in &self.links {

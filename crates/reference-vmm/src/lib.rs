@@ -46,6 +46,8 @@ pub mod irqchip;
 pub mod kick;
 pub mod layout;
 pub mod mechanisms;
+pub mod migration;
+pub mod pause;
 pub mod pvh;
 pub mod qemu;
 pub mod shared;
@@ -57,7 +59,7 @@ pub mod x86;
 
 pub use error::{ConfigError, Error, GuestFault};
 pub use stop::{StopHandle, StopReason};
-pub use vm::{Boot, RunReport, Vm, VmConfig, VmStats};
+pub use vm::{Boot, RunReport, Vm, VmConfig, VmMemory, VmStats};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

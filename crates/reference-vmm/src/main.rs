@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -13,6 +13,10 @@ use reference_vmm::bench;
 use reference_vmm::guest::{self, GuestProgram, PROGRAMS};
 use reference_vmm::layout::{MAX_VCPUS, PARAMS};
 use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Irqchip, Mechanisms, TimerAdvance};
+use reference_vmm::migration::{
+    self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, MigrationReport,
+    StreamReader, Target,
+};
 use reference_vmm::pvh::Image;
 use reference_vmm::qemu::{QEMU_BINARY, Qemu, QemuApic};
 use reference_vmm::vm::{check_mem_mib, check_vcpus};
@@ -30,6 +34,10 @@ struct Cli {
 enum Command {
     /// Run a built-in guest program on every vCPU.
     Run(Box<RunArgs>),
+    /// Receive a VM from `run --migrate-to` and run it on.
+    Receive(ReceiveArgs),
+    /// Run on a VM saved by `run --snapshot-to`.
+    Restore(RestoreArgs),
     /// Write a guest program as an ELF image with a PVH entry, which QEMU
     /// boots with -kernel and `run --image` boots here.
     Image(ImageArgs),
@@ -44,7 +52,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct HelpArgs {
     /// The subcommand to explain.
-    #[arg(value_parser = ["run", "image", "guests", "bench"])]
+    #[arg(value_parser = ["run", "receive", "restore", "image", "guests", "bench"])]
     command: Option<String>,
 }
 
@@ -167,6 +175,21 @@ struct RunArgs {
     /// instead; its program, vCPUs, memory and parameters come from it.
     #[arg(long, value_name = "PATH", conflicts_with_all = ["guest", "vcpus", "mem_mib", "params"])]
     image: Option<PathBuf>,
+    #[command(flatten)]
+    output: OutputArgs,
+    #[command(flatten)]
+    migrate: MigrateArgs,
+    /// The floor on a periodic LAPIC timer's period, as KVM's
+    /// `min_timer_period_us` (the userspace APIC only).
+    #[arg(long, value_name = "US", default_value_t = 200)]
+    min_timer_period_us: u64,
+    #[command(flatten)]
+    mechanisms: MechanismArgs,
+}
+
+/// Where the guest's output goes and how long it may run.
+#[derive(Debug, clap::Args)]
+struct OutputArgs {
     /// Write the guest's serial output to this file instead of stdout.
     #[arg(long, value_name = "PATH")]
     serial_out: Option<PathBuf>,
@@ -176,12 +199,86 @@ struct RunArgs {
     /// guest reported until then.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: Option<u64>,
-    /// The floor on a periodic LAPIC timer's period, as KVM's
-    /// `min_timer_period_us` (the userspace APIC only).
-    #[arg(long, value_name = "US", default_value_t = 200)]
-    min_timer_period_us: u64,
+}
+
+impl OutputArgs {
+    fn serial_out(&self) -> Result<Box<dyn Write + Send>, String> {
+        match &self.serial_out {
+            Some(path) => File::create(path)
+                .map(|f| Box::new(f) as Box<dyn Write + Send>)
+                .map_err(|e| format!("cannot create {}: {e}", path.display())),
+            None => Ok(Box::new(io::stdout())),
+        }
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        self.timeout_ms.map(Duration::from_millis)
+    }
+}
+
+/// Live migration and snapshots of a running guest.
+#[derive(Debug, clap::Args)]
+struct MigrateArgs {
+    /// Migrate the running guest to a `reference-vmm receive` listening at
+    /// unix:<path> or tcp:<ip>:<port>; this process exits 0 once the
+    /// destination has it, and runs it on if the migration fails.
+    #[arg(long, value_name = "ADDR", value_parser = <Address as FromStr>::from_str)]
+    migrate_to: Option<Address>,
+    /// Save the running guest to this file (pausing it, then ending it here);
+    /// `reference-vmm restore` runs it on.
+    #[arg(long, value_name = "PATH", conflicts_with = "migrate_to")]
+    snapshot_to: Option<PathBuf>,
+    /// How pre-copy tracks dirty pages: bitmap (KVM_GET_DIRTY_LOG), manual
+    /// (manual protect, INITIALLY_SET, chunked clears), ring (the dirty ring).
+    #[arg(long, value_enum, default_value = "manual")]
+    dirty_log: DirtyLogBackend,
+    /// Start the migration or snapshot this long after the guest starts.
+    #[arg(long, value_name = "MS", default_value_t = 200)]
+    migrate_after_ms: u64,
+    /// Pre-copy ends once a round takes no longer than this.
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    downtime_ms: u64,
+    /// Pre-copy ends after this many rounds (the full pass counts).
+    #[arg(long, value_name = "N", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    max_rounds: u32,
+}
+
+impl MigrateArgs {
+    fn target(&self) -> Option<Target> {
+        match (&self.migrate_to, &self.snapshot_to) {
+            (Some(address), _) => Some(Target::Peer(address.clone())),
+            (None, Some(path)) => Some(Target::File(path.clone())),
+            (None, None) => None,
+        }
+    }
+
+    fn options(&self) -> MigrateOptions {
+        MigrateOptions {
+            backend: self.dirty_log,
+            after: Duration::from_millis(self.migrate_after_ms),
+            downtime: Duration::from_millis(self.downtime_ms),
+            max_rounds: self.max_rounds,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct ReceiveArgs {
+    /// Where to listen: unix:<path> or tcp:<ip>:<port> (port 0: one the
+    /// kernel picks; the address is printed on stderr either way).
+    #[arg(long, value_name = "ADDR", value_parser = <Address as FromStr>::from_str)]
+    listen: Address,
     #[command(flatten)]
-    mechanisms: MechanismArgs,
+    output: OutputArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct RestoreArgs {
+    /// The snapshot file.
+    #[arg(value_name = "PATH")]
+    snapshot: PathBuf,
+    #[command(flatten)]
+    output: OutputArgs,
 }
 
 /// The guest program and what it runs on.
@@ -343,6 +440,8 @@ fn parse_mem_mib(s: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Run(args) => run(*args),
+        Command::Receive(args) => receive(args),
+        Command::Restore(args) => restore(args),
         Command::Image(args) => image(args),
         Command::Bench(args) => bench(args),
         Command::Help(args) => help(args),
@@ -357,18 +456,15 @@ fn main() -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    let serial_out: Box<dyn Write + Send> = match &args.serial_out {
-        Some(path) => match File::create(path) {
-            Ok(f) => Box::new(f),
-            Err(e) => return fail(&format!("cannot create {}: {e}", path.display())),
-        },
-        None => Box::new(io::stdout()),
+    let serial_out = match args.output.serial_out() {
+        Ok(out) => out,
+        Err(e) => return fail(&e),
     };
     let mechanisms = match args.mechanisms.mechanisms() {
         Ok(m) => m,
         Err(e) => return usage_error(&e),
     };
-    let timeout = args.timeout_ms.map(Duration::from_millis);
+    let timeout = args.output.timeout();
     let p = &args.program;
     let (program, params, boot) = match (&args.image, p.guest) {
         (Some(path), _) => match read_image(path) {
@@ -393,28 +489,134 @@ fn run(args: RunArgs) -> ExitCode {
         mechanisms,
         params,
         boot,
-        ..VmConfig::default()
+        dirty_ring: args.migrate.options().dirty_ring(),
     };
-    let vm = match Vm::new(&config) {
+    let mut vm = match Vm::new(&config) {
         Ok(vm) => vm,
         Err(e) => return fail(&e.to_string()),
     };
+    let migration = match args.migrate.target() {
+        Some(target) => match Migration::prepare(&mut vm, target, args.migrate.options()) {
+            Ok(migration) => Some(migration),
+            Err(e) => return fail(&format!("cannot set up the migration: {e}")),
+        },
+        None => None,
+    };
+    let migrated = migration.map(|migration| {
+        let (tx, rx) = mpsc::channel();
+        vm.on_start(Box::new(move |control| {
+            let _ = tx.send(migration.run(control));
+        }));
+        rx
+    });
+    run_vm(vm, program, serial_out, migrated)
+}
+
+/// What a migration beside a run sends back when it ends.
+type Migrated = mpsc::Receiver<Result<MigrationReport, MigrationError>>;
+
+/// Runs `vm` and prints its report, and the migration's result if there was one.
+fn run_vm(
+    vm: Vm,
+    program: &'static GuestProgram,
+    serial_out: Box<dyn Write + Send>,
+    migrated: Option<Migrated>,
+) -> ExitCode {
     if let Err(e) = stop_on_signals(vm.stop_handle()) {
         return fail(&format!("cannot handle SIGINT and SIGTERM: {e}"));
     }
-    match vm.run(program, serial_out) {
-        Ok(report) => print_or_fail(&format!("{report}\n")),
+    let result = vm.run(program, serial_out);
+    // The run waits for its controller: the result is in the channel.
+    let migration = migrated.and_then(|rx| rx.try_recv().ok());
+    match (result, migration) {
+        (Ok(report), None) => print_or_fail(&format!("{report}\n")),
+        (Ok(report), Some(Ok(m))) => print_or_fail(&format!("{report}\n{m}\n")),
+        (Ok(report), Some(Err(e))) => {
+            let _ = print_or_fail(&format!("{report}\n"));
+            fail(&format!("migration failed: {e}; the guest ran on here"))
+        }
         // A signal's conventional status: 128 + its number.
-        Err(
-            e @ Error::Stopped {
-                reason: StopReason::Signal(n),
-                ..
-            },
+        (
+            Err(
+                e @ Error::Stopped {
+                    reason: StopReason::Signal(n),
+                    ..
+                },
+            ),
+            _,
         ) => {
             eprintln!("error: {e}");
             ExitCode::from(128u8.saturating_add(u8::try_from(n).unwrap_or(0)))
         }
-        Err(e) => fail(&e.to_string()),
+        (Err(e), _) => fail(&e.to_string()),
+    }
+}
+
+fn receive(args: ReceiveArgs) -> ExitCode {
+    let serial_out = match args.output.serial_out() {
+        Ok(out) => out,
+        Err(e) => return fail(&e),
+    };
+    let listener = match args.listen.listen() {
+        Ok(l) => l,
+        Err(e) => return fail(&e.to_string()),
+    };
+    // With port 0, the port the kernel picked: the source needs it.
+    let address = listener
+        .address()
+        .map_or(args.listen.to_string(), |a| a.to_string());
+    eprintln!("listening on {address}");
+    let connection = match listener.accept() {
+        Ok(c) => c,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let start = std::time::Instant::now();
+    let mut input = match StreamReader::new(connection) {
+        Ok(input) => input,
+        Err(e) => return fail(&format!("the migration stream: {e}")),
+    };
+    let received = migration::receive(&mut input, args.output.timeout());
+    // The source hands the VM over only on this answer, and resumes it on
+    // any other (or none).
+    let answer = received.as_ref().map(|_| ()).map_err(ToString::to_string);
+    let answered = migration::answer(
+        input.get_mut(),
+        answer.as_ref().map_err(String::as_str).copied(),
+    );
+    let incoming = match (received, answered) {
+        (Ok(incoming), Ok(())) => incoming,
+        (Err(e), _) => return fail(&format!("the migration failed: {e}")),
+        (Ok(_), Err(e)) => {
+            return fail(&format!(
+                "cannot confirm the hand-over to the source, which runs the guest on: {e}"
+            ));
+        }
+    };
+    eprintln!(
+        "received {} pages of {}: {} vCPU(s), restored in {:.1} ms",
+        incoming.pages,
+        incoming.program.name,
+        incoming.vm.vcpu_fds().len(),
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    run_vm(incoming.vm, incoming.program, serial_out, None)
+}
+
+fn restore(args: RestoreArgs) -> ExitCode {
+    let serial_out = match args.output.serial_out() {
+        Ok(out) => out,
+        Err(e) => return fail(&e),
+    };
+    let file = match File::open(&args.snapshot) {
+        Ok(f) => io::BufReader::new(f),
+        Err(e) => return fail(&format!("cannot open {}: {e}", args.snapshot.display())),
+    };
+    let received = StreamReader::new(file)
+        .map_err(MigrationError::from)
+        .and_then(|mut input| migration::receive(&mut input, args.output.timeout()));
+    match received {
+        Ok(incoming) => run_vm(incoming.vm, incoming.program, serial_out, None),
+        Err(e) => fail(&format!("{}: {e}", args.snapshot.display())),
     }
 }
 

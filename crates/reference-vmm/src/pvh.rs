@@ -29,7 +29,9 @@
 use std::io::Cursor;
 
 use linux_loader::loader::{Elf, KernelLoader, PvhBootCapability};
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{ByteValued, Bytes, GuestAddress};
+
+use crate::vm::VmMemory;
 
 use crate::boot_memory::{self, Segment};
 use crate::error::ConfigError;
@@ -141,9 +143,8 @@ impl Image {
     /// Reads an image file's bytes: loads them into scratch memory as a VMM
     /// would and checks the boot table.
     pub fn parse(bytes: Vec<u8>) -> Result<Self, ImageError> {
-        let scratch =
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), (MIN_MEM_MIB << 20) as usize)])
-                .map_err(ImageError::Scratch)?;
+        let scratch = VmMemory::from_ranges(&[(GuestAddress(0), (MIN_MEM_MIB << 20) as usize)])
+            .map_err(ImageError::Scratch)?;
         let entry = load(&bytes, &scratch)?;
         let table: BootTable = scratch
             .read_obj(GuestAddress(SHARED_DATA_ADDR + BOOT_TABLE_OFFSET))
@@ -172,7 +173,7 @@ impl Image {
     }
 
     /// Loads the image into `memory`; returns the PVH entry.
-    pub fn load(&self, memory: &GuestMemoryMmap) -> Result<u64, ImageError> {
+    pub fn load(&self, memory: &VmMemory) -> Result<u64, ImageError> {
         load(&self.bytes, memory)
     }
 
@@ -208,7 +209,7 @@ impl Image {
 }
 
 /// Loads an ELF image into `memory` and returns its PVH entry.
-fn load(bytes: &[u8], memory: &GuestMemoryMmap) -> Result<u64, ImageError> {
+fn load(bytes: &[u8], memory: &VmMemory) -> Result<u64, ImageError> {
     let loaded =
         Elf::load(memory, None, &mut Cursor::new(bytes), None).map_err(ImageError::Load)?;
     match loaded.pvh_boot_cap {
@@ -347,7 +348,7 @@ mod tests {
     #[test]
     fn loading_writes_the_boot_memory_and_the_boot_table() {
         let image = Image::build(hello(), 3, 64, [0; PARAMS]).unwrap();
-        let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        let memory = VmMemory::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
         assert_eq!(image.load(&memory).unwrap(), image.entry());
         for segment in boot_memory::segments(3, 64 << 20) {
             let mut bytes = vec![0; segment.bytes.len()];

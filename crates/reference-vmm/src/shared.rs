@@ -5,19 +5,21 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::vm::VmMemory;
 use halt_poll::HaltStats;
 use lapic_timer::TimerStats;
 use rcu_qs::Domain;
-use vm_memory::GuestMemoryMmap;
 
 use crate::devices::SharedBus;
 use crate::irq::Interrupts;
 use crate::mechanisms::Mechanisms;
+use crate::migration::StateSupport;
+use crate::pause::PauseGate;
 
 /// What every vCPU thread of a VM shares.
 pub struct VmShared {
     /// Guest memory.
-    pub memory: GuestMemoryMmap,
+    pub memory: VmMemory,
     /// Port-I/O devices, as the vCPU threads read them.
     pub bus: SharedBus,
     /// The RCU domain whose readers are the vCPU threads.
@@ -37,6 +39,10 @@ pub struct VmShared {
     /// The floor on a periodic LAPIC timer's period, ns (KVM's
     /// `min_timer_period_us`).
     pub min_timer_period_ns: u64,
+    /// Where vCPUs park for a migration.
+    pub pause: PauseGate,
+    /// What a vCPU's state capture may save on this host.
+    pub state_support: Arc<StateSupport>,
     /// Set before kicking the vCPUs to make them stop.
     stop: AtomicBool,
 }
@@ -44,12 +50,13 @@ pub struct VmShared {
 impl VmShared {
     /// State for a VM.
     pub fn new(
-        memory: GuestMemoryMmap,
+        memory: VmMemory,
         bus: SharedBus,
         domain: Arc<Domain>,
         irqs: Arc<Interrupts>,
         mechanisms: Mechanisms,
     ) -> Self {
+        let vcpus = irqs.vcpus();
         Self {
             memory,
             bus,
@@ -61,6 +68,8 @@ impl VmShared {
             bus_lookups: BusLookups::default(),
             ring_full: None,
             min_timer_period_ns: lapic_timer::KVM_MIN_TIMER_PERIOD_NS,
+            pause: PauseGate::new(vcpus),
+            state_support: Arc::default(),
             stop: AtomicBool::new(false),
         }
     }

@@ -4,6 +4,8 @@
 //! ```text
 //! loop {
 //!     stop requested?  -> finish                  (set by the VMM before a kick)
+//!     pause requested? -> save state, park        (a migration: resume, or end here)
+//!     halted?          -> chip waits (halt-poll)  (until it has work)
 //!     chip: entering guest                       (vcpu-sched run state; before any look for work)
 //!     chip: prepare entry                        (fire a due timer, spinning to its deadline; inject)
 //!     offline; exit = KVM_RUN; online            (rcu-qs: the guest is a quiescent state)
@@ -20,18 +22,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::vm::VmMemory;
 use halt_poll::set_timer_slack;
 use kvm_ioctls::VcpuFd;
 use lapic_timer::time::rdtsc;
 use rcu_qs::Reader;
-use vm_memory::GuestMemoryMmap;
 
 use crate::devices::IoBus;
 use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitContext, ExitError, Flow, Report, VcpuError, handle_exit};
-use crate::irq::Interrupts;
 use crate::irqchip::IrqChip;
 use crate::kick;
+use crate::migration::{ChipState, VcpuState};
+use crate::pause::Decision;
 use crate::shared::VmShared;
 
 /// How a vCPU's run ended, and what its guest program reported.
@@ -56,14 +59,20 @@ pub struct VcpuRunner {
     reports: Vec<Report>,
     /// Bus lookups and their TSC ticks, added to the VM's when the run ends.
     lookups: (u64, u64),
+    /// Halted (`hlt` with interrupts on) and not woken yet.
+    halted: bool,
+    /// A migrated interrupt-controller state to take on before the first entry.
+    incoming: Option<ChipState>,
 }
 
-/// Unregisters the vCPU thread from kicks however the loop ends.
-struct Registered<'a>(&'a Interrupts, usize);
+/// Unregisters the vCPU thread from kicks, and tells a pausing controller
+/// it will not park, however the loop ends.
+struct Registered<'a>(&'a VmShared, usize);
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        self.0.unregister_thread(self.1);
+        self.0.irqs.unregister_thread(self.1);
+        self.0.pause.ended(self.1);
     }
 }
 
@@ -77,7 +86,18 @@ impl VcpuRunner {
             exits: 0,
             reports: Vec::new(),
             lookups: (0, 0),
+            halted: false,
+            incoming: None,
         }
+    }
+
+    /// The same runner for a migrated vCPU, whose KVM state is restored:
+    /// its interrupt controller takes on `chip` on its thread, and it starts
+    /// halted if it was.
+    pub fn incoming(mut self, chip: ChipState, halted: bool) -> Self {
+        self.incoming = Some(chip);
+        self.halted = halted;
+        self
     }
 
     /// Runs the vCPU on the calling thread, its local APIC in `C`, until its
@@ -90,13 +110,31 @@ impl VcpuRunner {
         let shared = self.shared.clone();
         let vcpu = self.index as usize;
         shared.irqs.register_thread(vcpu);
-        let _registered = Registered(&shared.irqs, vcpu);
+        let _registered = Registered(&shared, vcpu);
         let mut chip = C::start(&self.fd, self.index, &shared)?;
+        if let Some(state) = self.incoming.take() {
+            chip.restore(&state)?;
+        }
         let mut reader = shared.domain.register_reader();
         loop {
             if shared.stop_requested() {
                 chip.finish()?;
                 return Ok(self.summary(false));
+            }
+            if shared.pause.requested() {
+                match self.park(&mut chip)? {
+                    Decision::Resume => continue,
+                    Decision::HandOver => {
+                        chip.finish()?;
+                        return Ok(self.summary(false));
+                    }
+                }
+            }
+            if self.halted {
+                match chip.halt() {
+                    true => self.halted = false,
+                    false => continue,
+                }
             }
             // Published before looking for work (see `crate::irq`): a post
             // from here on either is seen by `prepare_entry` or kicks, and a
@@ -104,7 +142,8 @@ impl VcpuRunner {
             chip.entering_guest();
             chip.prepare_entry(&mut self.fd)?;
             match self.run_once(&mut chip, &mut reader) {
-                Ok(Flow::Continue | Flow::Halted) => {}
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Halted) => self.halted = true,
                 Ok(Flow::Kicked) => kick::acknowledge()?,
                 Ok(Flow::Done) => {
                     chip.finish()?;
@@ -149,12 +188,23 @@ impl VcpuRunner {
             Flow::Halted if self.fd.get_kvm_run().if_flag == 0 => {
                 Err(GuestFault::HaltedForever.into())
             }
-            Flow::Halted => {
-                chip.halt();
-                Ok(Flow::Continue)
-            }
             flow => Ok(flow),
         }
+    }
+
+    /// Saves the vCPU's state for a pausing controller and waits for its
+    /// decision.
+    fn park<C: IrqChip>(&mut self, chip: &mut C) -> Result<Decision, Error> {
+        let shared = &self.shared;
+        let chip_state = chip.save(&self.fd)?;
+        let state = VcpuState::capture(
+            &self.fd,
+            self.index,
+            self.halted,
+            chip_state,
+            &shared.state_support,
+        )?;
+        Ok(shared.pause.park(self.index as usize, state))
     }
 
     fn summary(self, finished: bool) -> VcpuSummary {
@@ -209,10 +259,10 @@ struct VcpuExits<'a, C> {
 }
 
 impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
-    type Memory = GuestMemoryMmap;
+    type Memory = VmMemory;
     type Apic = C::Apic;
 
-    fn memory(&self) -> &GuestMemoryMmap {
+    fn memory(&self) -> &VmMemory {
         &self.shared.memory
     }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
@@ -24,6 +25,8 @@ use crate::irqchip::{self, KernelIrqChip, TunerThread, UserIrqChip};
 use crate::kick;
 use crate::layout::*;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms};
+use crate::migration::{ChipState, StateSupport, VcpuState, VmDescription};
+use crate::pause::{Decision, PauseError};
 use crate::pvh::Image;
 use crate::shared::VmShared;
 use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
@@ -34,6 +37,11 @@ use crate::x86::boot::{
 };
 use crate::x86::gdt::build_gdt;
 use crate::x86::idt::IDT_SIZE;
+
+/// Guest memory as this VMM maps it: vm-memory's mmap regions with a
+/// dirty bitmap of the VMM's own writes, which a migration's dirty log merges
+/// with KVM's.
+pub type VmMemory = GuestMemoryMmap<AtomicBitmap>;
 
 /// How to build a VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +79,10 @@ pub enum Boot {
     /// start-up in 32-bit protected mode. The image's vCPU count, memory
     /// size and parameters take the place of the configuration's.
     Image(Arc<Image>),
+    /// From a migration stream or a snapshot ([`crate::migration`]): nothing
+    /// is written at creation; memory and the vCPUs' state come from the
+    /// stream, and [`Vm::set_incoming`] before the run.
+    Incoming,
 }
 
 impl Default for VmConfig {
@@ -125,6 +137,9 @@ pub struct RunReport {
     pub elapsed: Duration,
     /// What the mechanisms did.
     pub stats: VmStats,
+    /// Whether the VM was handed over to a migration's destination (its
+    /// vCPUs then stopped here, unfinished).
+    pub handed_over: bool,
 }
 
 /// What the mechanisms did during a run, summed over the vCPUs.
@@ -214,6 +229,7 @@ impl fmt::Display for RunReport {
         let stopped = self.vcpus.iter().filter(|s| !s.finished).count();
         write!(f, "guest {}: {} vCPU(s) ", self.guest, self.vcpus.len())?;
         match stopped {
+            _ if self.handed_over => write!(f, "ran {:.3?}, then handed over", self.elapsed)?,
             0 => write!(f, "finished in {:.3?}", self.elapsed)?,
             n => write!(f, "ran {:.3?}, {n} stopped before finishing", self.elapsed)?,
         }
@@ -255,11 +271,14 @@ impl fmt::Display for RunReport {
     }
 }
 
+/// What a controller started beside the run does ([`Vm::on_start`]).
+pub type Controller = Box<dyn FnOnce(&RunControl) + Send>;
+
 /// A VM ready to run a guest program: memory, boot structures and vCPUs set up.
 pub struct Vm {
     vcpus: Vec<VcpuFd>,
     vm: Arc<VmFd>,
-    memory: GuestMemoryMmap,
+    memory: VmMemory,
     timeout: Option<Duration>,
     min_timer_period: Duration,
     stop: StopHandle,
@@ -269,6 +288,22 @@ pub struct Vm {
     devices: Vec<(u16, u16, Arc<dyn crate::devices::PioDevice>)>,
     domain: Arc<rcu_qs::Domain>,
     ring_full: Option<dirty_log::RingFull>,
+    mem_mib: u64,
+    state_support: Arc<StateSupport>,
+    controller: Option<Controller>,
+    /// Each vCPU's interrupt controller state and halt, from a stream.
+    incoming: Option<Vec<(ChipState, bool)>>,
+}
+
+impl fmt::Debug for Vm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vm")
+            .field("vcpus", &self.vcpus.len())
+            .field("mem_mib", &self.mem_mib)
+            .field("boot", &self.boot)
+            .field("mechanisms", &self.mechanisms)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Vm {
@@ -279,7 +314,7 @@ impl Vm {
             return Err(ConfigError::TunedNeedsKernelIrqchip.into());
         }
         let (vcpus, mem_mib, params) = match &config.boot {
-            Boot::Direct => (config.vcpus, config.mem_mib, config.params),
+            Boot::Direct | Boot::Incoming => (config.vcpus, config.mem_mib, config.params),
             Boot::Image(image) => (image.vcpus(), image.mem_mib(), image.params()),
         };
         let kvm = Kvm::new().map_err(Error::OpenKvm)?;
@@ -290,7 +325,7 @@ impl Vm {
         if let Some(bytes) = config.dirty_ring {
             dirty_log::enable_dirty_ring(&vm, bytes)?;
         }
-        let memory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
+        let memory = VmMemory::from_ranges(&[(GuestAddress(0), mem_size as usize)])
             .map_err(Error::AllocateMemory)?;
         register_memory(&vm, &memory)?;
         match config.mechanisms.irqchip {
@@ -306,17 +341,12 @@ impl Vm {
             Boot::Image(image) => {
                 image.load(&memory)?;
             }
+            Boot::Incoming => {}
         }
-        let params_bytes: Vec<u8> = params.iter().flat_map(|p| p.to_le_bytes()).collect();
-        memory
-            .write_slice(
-                &params_bytes,
-                GuestAddress(SHARED_DATA_ADDR + PARAMS_OFFSET),
-            )
-            .map_err(|source| Error::WriteMemory {
-                what: "the program parameters",
-                source,
-            })?;
+        if config.boot != Boot::Incoming {
+            write_params(&memory, &params)?;
+        }
+        let state_support = Arc::new(StateSupport::query(&kvm)?);
         let cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
@@ -336,11 +366,29 @@ impl Vm {
             devices: Vec::new(),
             domain: Arc::new(rcu_qs::Domain::new()),
             ring_full: None,
+            mem_mib,
+            state_support,
+            controller: None,
+            incoming: None,
         })
     }
 
+    /// Runs `controller` on a thread of its own once the vCPUs have started
+    /// (a migration: [`crate::migration::Migration::run`]); the run waits for
+    /// it before it returns.
+    pub fn on_start(&mut self, controller: Controller) {
+        self.controller = Some(controller);
+    }
+
+    /// Each vCPU's interrupt-controller state and whether it was halted, by
+    /// index, for a VM created with [`Boot::Incoming`] whose KVM state is
+    /// restored already ([`crate::migration::receive`]).
+    pub fn set_incoming(&mut self, vcpus: Vec<(ChipState, bool)>) {
+        self.incoming = Some(vcpus);
+    }
+
     /// Guest memory, shared with the VM (for a scenario to read results).
-    pub fn memory(&self) -> GuestMemoryMmap {
+    pub fn memory(&self) -> VmMemory {
         self.memory.clone()
     }
 
@@ -384,7 +432,7 @@ impl Vm {
     /// A stopped run is [`Error::Stopped`], with what the guest reported so
     /// far; a guest that misbehaves is [`Error::Guest`].
     pub fn run(
-        self,
+        mut self,
         program: &GuestProgram,
         serial_out: Box<dyn Write + Send>,
     ) -> Result<RunReport, Error> {
@@ -395,9 +443,15 @@ impl Vm {
             let regs = match &self.boot {
                 Boot::Direct => entry_regs(entry, user_stack_top(i), i, count, vcpu_data(i)),
                 Boot::Image(image) => pvh_regs(image.entry()),
+                Boot::Incoming => continue,
             };
             fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
         }
+        let mut incoming = match (&self.boot, self.incoming.take()) {
+            (Boot::Incoming, None) => return Err(ConfigError::NoIncomingState.into()),
+            (_, states) => states.map(|s| s.into_iter().map(Some).collect::<Vec<_>>()),
+        };
+        let description = self.description(program);
         let (output, drain) =
             BoundedOutput::start(serial_out, OUTPUT_BUFFER_BYTES).map_err(|source| {
                 Error::SpawnHelper {
@@ -429,6 +483,7 @@ impl Vm {
         ));
         let mut shared = VmShared::new(self.memory, bus, domain, irqs, self.mechanisms);
         shared.ring_full = self.ring_full;
+        shared.state_support = self.state_support;
         shared.min_timer_period_ns = self.min_timer_period.as_nanos() as u64;
         let shared = Arc::new(shared);
         let tuner = match (self.mechanisms.irqchip, self.mechanisms.halt_poll) {
@@ -441,7 +496,10 @@ impl Vm {
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
         for (i, fd) in (0..count).zip(self.vcpus) {
-            let runner = VcpuRunner::new(i, fd, shared.clone());
+            let mut runner = VcpuRunner::new(i, fd, shared.clone());
+            if let Some((chip, halted)) = incoming.as_mut().and_then(|v| v[i as usize].take()) {
+                runner = runner.incoming(chip, halted);
+            }
             let tx = tx.clone();
             let irqchip = self.mechanisms.irqchip;
             let spawned = thread::Builder::new()
@@ -463,9 +521,16 @@ impl Vm {
             }
         }
         drop(tx);
+        let controller = self
+            .controller
+            .map(|c| spawn_controller(c, RunControl::new(shared.clone(), description)))
+            .transpose()?;
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         let (mut vcpus, ending, answered) = collect(&rx, &shared, &threads, &self.stop, timeout);
         let elapsed = start.elapsed();
+        if let Some(c) = controller {
+            c.join().map_err(|_| Error::ThreadPanicked("migration"))?;
+        }
         let tuned_window = tuner.map(TunerThread::finish).transpose();
         let unresponsive = join_or_leave(threads, &answered)?;
         let unwritten = drain.finish(OUTPUT_GRACE);
@@ -481,6 +546,7 @@ impl Vm {
             vcpus,
             elapsed,
             stats,
+            handed_over: shared.pause.handed_over(),
         };
         match ending {
             Ending::Finished => Ok(report),
@@ -491,6 +557,87 @@ impl Vm {
             Ending::Failed(e) => Err(e),
         }
     }
+}
+
+impl Vm {
+    /// What a migration's destination needs to create this VM.
+    fn description(&self, program: &GuestProgram) -> VmDescription {
+        let tsc_khz = self
+            .vcpus
+            .first()
+            .and_then(|fd| fd.get_tsc_khz().ok())
+            .unwrap_or_else(|| lapic_timer::TscClock::shared().tsc_khz() as u32);
+        VmDescription {
+            program: program.name.to_owned(),
+            vcpus: self.vcpus.len() as u32,
+            mem_mib: self.mem_mib,
+            params: self.params,
+            mechanisms: self.mechanisms,
+            min_timer_period_ns: self.min_timer_period.as_nanos() as u64,
+            tsc_khz,
+        }
+    }
+}
+
+/// What a controller beside a run ([`Vm::on_start`]) can do with it.
+pub struct RunControl {
+    shared: Arc<VmShared>,
+    description: VmDescription,
+}
+
+impl RunControl {
+    fn new(shared: Arc<VmShared>, description: VmDescription) -> Self {
+        Self {
+            shared,
+            description,
+        }
+    }
+
+    /// What a destination needs to create the VM.
+    pub fn description(&self) -> &VmDescription {
+        &self.description
+    }
+
+    /// Waits up to `timeout`; returns early, with `true`, if a vCPU's run
+    /// ended (its program finished or failed, or the run was stopped).
+    pub fn wait_for_end(&self, timeout: Duration) -> bool {
+        self.shared.pause.wait_for_end(timeout)
+    }
+
+    /// The first vCPU whose run ended (0 if none has).
+    pub fn ended_vcpu(&self) -> u32 {
+        self.shared.pause.first_ended().unwrap_or(0)
+    }
+
+    /// Pauses every vCPU and returns their states, by index. On an error
+    /// the vCPUs that parked run on.
+    pub fn pause(&self, timeout: Duration) -> Result<Vec<VcpuState>, PauseError> {
+        self.shared.pause.request();
+        self.shared.irqs.kick_all();
+        self.shared.pause.wait_parked(timeout).inspect_err(|_| {
+            self.shared.pause.decide(Decision::Resume);
+        })
+    }
+
+    /// Resumes paused vCPUs.
+    pub fn resume(&self) {
+        self.shared.pause.decide(Decision::Resume);
+    }
+
+    /// Ends the paused vCPUs here: the VM runs elsewhere now.
+    pub fn hand_over(&self) {
+        self.shared.pause.decide(Decision::HandOver);
+    }
+}
+
+fn spawn_controller(controller: Controller, control: RunControl) -> Result<JoinHandle<()>, Error> {
+    thread::Builder::new()
+        .name("migration".into())
+        .spawn(move || controller(&control))
+        .map_err(|source| Error::SpawnHelper {
+            thread: "migration",
+            source,
+        })
 }
 
 /// How the vCPU threads' run ended.
@@ -584,6 +731,8 @@ fn join_or_leave(threads: Vec<JoinHandle<()>>, answered: &[u32]) -> Result<Vec<u
 
 fn stop_all(shared: &VmShared, threads: &[JoinHandle<()>]) {
     shared.request_stop();
+    // Parked vCPUs (a migration in progress) go on, to their stop.
+    shared.pause.decide(Decision::Resume);
     shared.irqs.wake_all();
     for t in threads {
         // A thread that already returned cannot be kicked and needs no kick.
@@ -595,7 +744,17 @@ fn kvm_err(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> Error {
     move |source| Error::Kvm { op, source }
 }
 
-fn register_memory(vm: &VmFd, memory: &GuestMemoryMmap) -> Result<(), Error> {
+fn write_params(memory: &VmMemory, params: &[u64; PARAMS]) -> Result<(), Error> {
+    let bytes: Vec<u8> = params.iter().flat_map(|p| p.to_le_bytes()).collect();
+    memory
+        .write_slice(&bytes, GuestAddress(SHARED_DATA_ADDR + PARAMS_OFFSET))
+        .map_err(|source| Error::WriteMemory {
+            what: "the program parameters",
+            source,
+        })
+}
+
+fn register_memory(vm: &VmFd, memory: &VmMemory) -> Result<(), Error> {
     let slots = dirty_log::Slots::new(memory).map_err(Error::RegisterMemory)?;
     // SAFETY: `memory` stays mapped as long as the VM can run: the Vm and
     // then the vCPU threads' shared state hold it.
@@ -603,7 +762,7 @@ fn register_memory(vm: &VmFd, memory: &GuestMemoryMmap) -> Result<(), Error> {
 }
 
 /// Writes the GDT, page tables, guest image, and each vCPU's TSS and IDT.
-fn write_boot_structures(memory: &GuestMemoryMmap, vcpus: u32, mem_size: u64) -> Result<(), Error> {
+fn write_boot_structures(memory: &VmMemory, vcpus: u32, mem_size: u64) -> Result<(), Error> {
     for segment in boot_memory::segments(vcpus, mem_size) {
         memory
             .write_slice(&segment.bytes, GuestAddress(segment.addr))
@@ -679,7 +838,7 @@ fn create_vcpu(
         cr3: PML4_ADDR,
     };
     match config.boot {
-        Boot::Direct => long_mode_sregs(&mut sregs, &boot),
+        Boot::Direct | Boot::Incoming => long_mode_sregs(&mut sregs, &boot),
         Boot::Image(_) => pvh_sregs(&mut sregs, boot.gdt),
     }
     fd.set_sregs(&sregs).map_err(kvm_err("KVM_SET_SREGS"))?;
@@ -765,6 +924,7 @@ mod tests {
             }],
             elapsed: Duration::from_millis(2),
             stats: VmStats::default(),
+            handed_over: false,
         };
         assert_eq!(report.value(1, "apic_id"), Some(1));
         assert_eq!(report.value(0, "apic_id"), None);

@@ -17,7 +17,7 @@ pub mod timer;
 
 use std::time::{Duration, Instant};
 
-use vm_memory::GuestMemoryMmap;
+use crate::vm::VmMemory;
 
 pub use host::HostLoad;
 pub use runs::{Runs, goal};
@@ -52,7 +52,7 @@ pub struct Measured {
     /// What the program reported.
     pub report: RunReport,
     /// Its memory after the run.
-    pub memory: GuestMemoryMmap,
+    pub memory: VmMemory,
     /// Host CPU time of the whole process during the run.
     pub cpu: Duration,
     /// Wall time of the run.

@@ -53,6 +53,7 @@ core::arch::global_asm!(
     include_str!("ipi.s"),
     include_str!("timer.s"),
     include_str!("bounds.s"),
+    include_str!("migrate.s"),
     include_str!("pvh.s"),
     ".globl reference_vmm_guest_image_end",
     "reference_vmm_guest_image_end:",
@@ -149,6 +150,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_ipi_ring: u8;
     safe static reference_vmm_guest_port_exits: u8;
     safe static reference_vmm_guest_dirty_writer: u8;
+    safe static reference_vmm_guest_migrate: u8;
     safe static reference_vmm_guest_report_flood: u8;
     safe static reference_vmm_guest_serial_flood: u8;
     safe static reference_vmm_guest_periodic_timer: u8;
@@ -398,6 +400,18 @@ pub static PROGRAMS: &[GuestProgram] = &[
         params: &[count("pages per vCPU"), count("passes")],
         until_stopped: false,
         entry: &reference_vmm_guest_dirty_writer,
+    },
+    GuestProgram {
+        name: "migrate",
+        about: "for params[1] TSC ticks each vCPU rewrites its params[0] pages in turn, params[2] ticks apart, keeping per-page generations; vCPU 0 runs a params[3]-tick timer, each vCPU IPIs the next; at the end every page, timer and IPI is checked (for migration)",
+        params: &[
+            count("pages per vCPU"),
+            count("run time, ticks"),
+            any("ticks between writes"),
+            any("timer period, ticks"),
+        ],
+        until_stopped: false,
+        entry: &reference_vmm_guest_migrate,
     },
     GuestProgram {
         name: "report-flood",

@@ -17,6 +17,7 @@ use kvm_ioctls::{VcpuFd, VmFd};
 use super::IrqChip;
 use crate::error::Error;
 use crate::exit::NoApic;
+use crate::migration::ChipState;
 use crate::shared::VmShared;
 
 /// Sets the VM's halt-polling window, where a choice asks for one (`None`
@@ -34,16 +35,18 @@ pub struct KernelIrqChip {
     stats: BinaryStats,
     shared: Arc<VmShared>,
     apic: NoApic,
+    vcpu: u32,
 }
 
 impl IrqChip for KernelIrqChip {
     type Apic = NoApic;
 
-    fn start(fd: &VcpuFd, _: u32, shared: &Arc<VmShared>) -> Result<Self, Error> {
+    fn start(fd: &VcpuFd, index: u32, shared: &Arc<VmShared>) -> Result<Self, Error> {
         Ok(Self {
             stats: BinaryStats::for_vcpu(fd)?,
             shared: shared.clone(),
             apic: NoApic,
+            vcpu: index,
         })
     }
     fn apic(&mut self) -> &mut NoApic {
@@ -54,7 +57,27 @@ impl IrqChip for KernelIrqChip {
         Ok(())
     }
     fn left_guest(&mut self) {}
-    fn halt(&mut self) {}
+    /// KVM halts the vCPU inside `KVM_RUN`: a halt never reaches here.
+    fn halt(&mut self) -> bool {
+        true
+    }
+
+    fn save(&mut self, fd: &VcpuFd) -> Result<ChipState, Error> {
+        let lapic = fd.get_lapic().map_err(|source| Error::Kvm {
+            op: "KVM_GET_LAPIC",
+            source,
+        })?;
+        Ok(ChipState::Kernel(Box::new(lapic)))
+    }
+
+    /// KVM's LAPIC is restored with the vCPU's KVM state
+    /// ([`crate::migration::VcpuState::restore`]).
+    fn restore(&mut self, state: &ChipState) -> Result<(), Error> {
+        match state {
+            ChipState::Kernel(_) => Ok(()),
+            ChipState::User { .. } => Err(Error::ChipMismatch(self.vcpu)),
+        }
+    }
 
     /// Adds what KVM's halt polling did for this vCPU to the VM's halt
     /// statistics, which keep the same names.

@@ -15,6 +15,7 @@ use kvm_ioctls::VcpuFd;
 
 use crate::error::Error;
 use crate::exit::ApicExits;
+use crate::migration::ChipState;
 use crate::shared::VmShared;
 
 /// One vCPU's interrupt controller: its local APIC's exits ([`ApicExits`])
@@ -37,9 +38,13 @@ pub trait IrqChip: Sized {
     fn prepare_entry(&mut self, fd: &mut VcpuFd) -> Result<(), Error>;
     /// After `KVM_RUN` returned, whatever it returned.
     fn left_guest(&mut self);
-    /// `hlt` with interrupts enabled: waits until the vCPU has work or the
-    /// VMM asks it to stop.
-    fn halt(&mut self);
+    /// `hlt` with interrupts enabled: waits until the vCPU has work (`true`)
+    /// or the VMM asks it to stop or pause (`false`: it is still halted).
+    fn halt(&mut self) -> bool;
+    /// The controller's state, for a migration (the vCPU is out of `KVM_RUN`).
+    fn save(&mut self, fd: &VcpuFd) -> Result<ChipState, Error>;
+    /// Takes on a migrated state, before the vCPU's first entry.
+    fn restore(&mut self, state: &ChipState) -> Result<(), Error>;
     /// The vCPU's run ended: adds what the chip measured to the VM's
     /// statistics.
     fn finish(&mut self) -> Result<(), Error>;

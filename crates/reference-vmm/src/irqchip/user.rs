@@ -20,6 +20,7 @@ use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{WAKE_INTERRUPT, WAKE_TIMER};
 use crate::layout::{irq_record, mailbox};
 use crate::mechanisms::HaltPoll;
+use crate::migration::ChipState;
 use crate::shared::VmShared;
 
 // The halt poller keeps one policy per wake source: policy `i` learns from
@@ -137,21 +138,47 @@ impl IrqChip for UserIrqChip {
     }
 
     /// Waits, polling or blocked as the halt-poll policy says, until an
-    /// interrupt can be delivered, the timer fires, or a stop.
-    fn halt(&mut self) {
+    /// interrupt can be delivered, the timer fires, a stop or a pause.
+    fn halt(&mut self) -> bool {
         let (irqs, vcpu) = (&self.shared.irqs, self.vcpu);
         let sched = irqs.scheduler();
         loop {
             // Published before the look for work (see `crate::irq`).
             sched.halted(vcpu);
             let work = self.apic.deliverable(&irqs.pending(vcpu)).is_some() || irqs.has_timer(vcpu);
-            if work || self.shared.stop_requested() {
+            if work || self.shared.stop_requested() || self.shared.pause.requested() {
                 sched.woken(vcpu);
-                return;
+                return work;
             }
             self.poller.halt();
             sched.woken(vcpu);
         }
+    }
+
+    /// Takes a timer expiry its thread delivered first, so that it is
+    /// pending in the state rather than in flight.
+    fn save(&mut self, _: &VcpuFd) -> Result<ChipState, Error> {
+        if let Some(expiry) = self.shared.irqs.take_timer(self.vcpu) {
+            self.timer.receive(&expiry);
+            self.fire_timer();
+        }
+        Ok(ChipState::User {
+            apic: self.apic.save(MonotonicClock.now_ns()),
+            irr: self.shared.irqs.pending(self.vcpu),
+        })
+    }
+
+    fn restore(&mut self, state: &ChipState) -> Result<(), Error> {
+        let ChipState::User { apic, irr } = state else {
+            return Err(Error::ChipMismatch(self.vcpu as u32));
+        };
+        self.reanchor();
+        self.apic.restore(apic, MonotonicClock.now_ns());
+        for vector in (0..=255u8).filter(|&v| irr[usize::from(v / 64)] & (1 << (v % 64)) != 0) {
+            self.shared.irqs.post_local(self.vcpu, vector);
+        }
+        self.rearm();
+        Ok(())
     }
 
     /// Nothing to add: the poller and the timer thread count into the VM's

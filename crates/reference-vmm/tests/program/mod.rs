@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use reference_vmm::VmMemory;
 use reference_vmm::mechanisms::Mechanisms;
 use reference_vmm::{Error, RunReport, Vm, VmConfig, guest};
-use vm_memory::GuestMemoryMmap;
 
 /// Runs `name` on `vcpus` vCPUs; returns its report and its memory after the run.
 pub fn run(
@@ -13,7 +13,7 @@ pub fn run(
     vcpus: u32,
     mechanisms: Mechanisms,
     params: &[u64],
-) -> Result<(RunReport, GuestMemoryMmap), Error> {
+) -> Result<(RunReport, VmMemory), Error> {
     let mut config = VmConfig {
         vcpus,
         timeout: Some(Duration::from_secs(120)),

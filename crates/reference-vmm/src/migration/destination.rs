@@ -1,0 +1,104 @@
+//! The destination side: the VM created from the stream's description, its
+//! memory written as page runs arrive, and each vCPU's KVM state restored,
+//! all before the source is answered; the vCPU threads restore their
+//! interrupt controllers when the VM runs.
+
+use std::io::Read;
+use std::time::Duration;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::stream::{Kind, Record, StreamError, StreamReader};
+use super::{ChipState, MigrationError, VcpuState};
+use crate::guest::{self, GuestProgram};
+use crate::mechanisms::Irqchip;
+use crate::vm::{Boot, Vm, VmConfig};
+
+/// A VM received whole, ready to run its program where it left off.
+#[derive(Debug)]
+pub struct Incoming {
+    /// The VM, its memory written and its vCPUs' KVM state restored.
+    pub vm: Vm,
+    /// The program it runs.
+    pub program: &'static GuestProgram,
+    /// Pages received (a page sent in several rounds counts each time).
+    pub pages: u64,
+}
+
+/// Reads a whole stream into a new VM. `timeout` is the run's, as
+/// [`VmConfig::timeout`]. Nothing runs until the caller runs the VM, and
+/// the caller answers the source (see [`super::answer`]) in between.
+pub fn receive<R: Read>(
+    input: &mut StreamReader<R>,
+    timeout: Option<Duration>,
+) -> Result<Incoming, MigrationError> {
+    let description = match input.next_record()? {
+        Record::Config(d) => d,
+        // The reader refuses anything else first.
+        _ => return Err(MigrationError::Stream(StreamError::Incomplete)),
+    };
+    let program = guest::find(&description.program)
+        .ok_or_else(|| MigrationError::UnknownGuest(description.program.clone()))?;
+    let config = VmConfig {
+        vcpus: description.vcpus,
+        mem_mib: description.mem_mib,
+        timeout,
+        min_timer_period: Duration::from_nanos(description.min_timer_period_ns),
+        mechanisms: description.mechanisms,
+        params: description.params,
+        dirty_ring: None,
+        boot: Boot::Incoming,
+    };
+    let restore_error = |e| MigrationError::Restore(Box::new(e));
+    let mut vm = Vm::new(&config).map_err(restore_error)?;
+    let memory = vm.memory();
+    let mut states = Vec::new();
+    let mut pages = 0;
+    loop {
+        match input.next_record()? {
+            Record::Pages { gpa, data } => {
+                memory.write_slice(&data, GuestAddress(gpa))?;
+                pages += data.len() as u64 / crate::layout::PAGE_SIZE;
+            }
+            Record::Vcpu(state) => states.push(*state),
+            Record::End => break,
+            Record::Config(_) => {
+                return Err(StreamError::Order {
+                    seq: input.position().saturating_sub(1),
+                    kind: Kind::Config,
+                    why: "a second Config record",
+                }
+                .into());
+            }
+        }
+    }
+    states.sort_by_key(|s| s.index);
+    let irqchip = description.mechanisms.irqchip;
+    for state in &states {
+        check_chip(state, irqchip)?;
+        let fd = &vm.vcpu_fds()[state.index as usize];
+        if fd.get_tsc_khz().ok() != Some(description.tsc_khz) {
+            fd.set_tsc_khz(description.tsc_khz).map_err(|source| {
+                restore_error(crate::Error::Kvm {
+                    op: "KVM_SET_TSC_KHZ",
+                    source,
+                })
+            })?;
+        }
+        state
+            .restore(fd, description.tsc_khz)
+            .map_err(restore_error)?;
+    }
+    vm.set_incoming(states.into_iter().map(|s| (s.chip, s.halted)).collect());
+    Ok(Incoming { vm, program, pages })
+}
+
+fn check_chip(state: &VcpuState, irqchip: Irqchip) -> Result<(), MigrationError> {
+    match (&state.chip, irqchip) {
+        (ChipState::Kernel(_), Irqchip::Kernel) | (ChipState::User { .. }, Irqchip::User) => Ok(()),
+        _ => Err(MigrationError::ChipMismatch {
+            vcpu: state.index,
+            irqchip,
+        }),
+    }
+}

@@ -1,0 +1,362 @@
+//! The source side: dirty tracking set up before the run, pre-copy rounds
+//! beside the running guest, then the pause, the stop-and-copy and the
+//! hand-over (or, on any failure, the guest resumed).
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use dirty_log::perf::RING_BYTES;
+use dirty_log::{
+    CopyRun, DirtyLog, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig, Slots, copy_round,
+    copy_round_pipelined,
+};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
+use super::{Address, MigrationError, VcpuState, read_answer};
+use crate::error::Error;
+use crate::layout::PAGE_SIZE;
+use crate::vm::{RunControl, Vm, VmMemory};
+
+/// How long the vCPUs may take to park.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the stream goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A destination process (`receive --listen`): live migration.
+    Peer(Address),
+    /// A file (`restore` reads it): a snapshot, taken with the guest paused.
+    File(PathBuf),
+}
+
+/// The dirty-log backend that tracks the guest's writes during pre-copy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DirtyLogBackend {
+    /// `KVM_GET_DIRTY_LOG`, which clears and re-protects the whole slot
+    /// (what Cloud Hypervisor and Firecracker use).
+    Bitmap,
+    /// Manual protect with `INITIALLY_SET`, cleared in chunks on a worker.
+    #[default]
+    Manual,
+    /// The per-vCPU dirty ring (the VM must be created with
+    /// [`MigrateOptions::dirty_ring`]).
+    Ring,
+}
+
+/// How a migration runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MigrateOptions {
+    /// The dirty-log backend.
+    pub backend: DirtyLogBackend,
+    /// How long the guest runs before the migration starts.
+    pub after: Duration,
+    /// Pre-copy stops once a round's pages would take no longer than this
+    /// to send at the bandwidth measured.
+    pub downtime: Duration,
+    /// Pre-copy stops after this many rounds (the full pass counts as one).
+    pub max_rounds: u32,
+}
+
+impl Default for MigrateOptions {
+    fn default() -> Self {
+        Self {
+            backend: DirtyLogBackend::default(),
+            after: Duration::from_millis(200),
+            downtime: Duration::from_millis(20),
+            max_rounds: 30,
+        }
+    }
+}
+
+impl MigrateOptions {
+    /// The `VmConfig::dirty_ring` the backend needs (the ring must exist
+    /// before the vCPUs).
+    pub fn dirty_ring(&self) -> Option<u32> {
+        (self.backend == DirtyLogBackend::Ring).then_some(RING_BYTES)
+    }
+}
+
+/// What a migration did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Pre-copy rounds, the full pass included.
+    pub rounds: u32,
+    /// Pages sent in all, the final round's included.
+    pub pages_sent: u64,
+    /// Pages sent with the guest paused.
+    pub final_pages: u64,
+    /// From the first byte sent to the hand-over.
+    pub total: Duration,
+    /// From the pause to the destination's answer (or the file's sync).
+    pub downtime: Duration,
+}
+
+impl fmt::Display for MigrationReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "migration: {} round(s), {} pages sent ({} with the guest paused), {:.1} ms in all, \
+             downtime {:.3} ms",
+            self.rounds,
+            self.pages_sent,
+            self.final_pages,
+            self.total.as_secs_f64() * 1e3,
+            self.downtime.as_secs_f64() * 1e3
+        )
+    }
+}
+
+/// A dirty log of any backend, driven one round at a time.
+enum Log {
+    /// Harvested, then copied.
+    Plain(Box<dyn DirtyLog + Send>),
+    /// Manual protect: cleared chunk by chunk beside the copy.
+    Manual(KvmManualProtect<AtomicBitmap>),
+}
+
+impl Log {
+    fn enable(&mut self) -> Result<(), dirty_log::Error> {
+        match self {
+            Self::Plain(log) => log.enable(),
+            Self::Manual(log) => log.enable(),
+        }
+    }
+
+    fn disable(&mut self) {
+        let _ = match self {
+            Self::Plain(log) => log.disable(),
+            Self::Manual(log) => log.disable(),
+        };
+    }
+
+    /// Whether its first round reports every page (`INITIALLY_SET`).
+    fn first_round_is_full(&self) -> bool {
+        matches!(self, Self::Manual(_))
+    }
+
+    fn round(
+        &mut self,
+        copy: impl FnMut(CopyRun) -> Result<(), dirty_log::Error>,
+    ) -> Result<u64, dirty_log::Error> {
+        match self {
+            Self::Plain(log) => copy_round(log.as_mut(), copy),
+            Self::Manual(log) => copy_round_pipelined(log, copy),
+        }
+    }
+}
+
+/// A migration of one VM, set up before it runs and driven beside it.
+pub struct Migration {
+    log: Log,
+    target: Target,
+    options: MigrateOptions,
+    memory: VmMemory,
+}
+
+impl fmt::Debug for Migration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Migration")
+            .field("target", &self.target)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Migration {
+    /// Sets up dirty tracking for `vm` (before it runs: the ring attaches
+    /// to the vCPUs, and their threads drain it when it is full).
+    pub fn prepare(vm: &mut Vm, target: Target, options: MigrateOptions) -> Result<Self, Error> {
+        let memory = vm.memory();
+        let slots = Slots::new(&memory)?;
+        let log = match options.backend {
+            DirtyLogBackend::Bitmap => Log::Plain(Box::new(KvmBitmap::new(vm.vm_fd(), slots))),
+            DirtyLogBackend::Manual => Log::Manual(KvmManualProtect::new(
+                vm.vm_fd(),
+                slots,
+                ManualConfig::default(),
+            )?),
+            DirtyLogBackend::Ring => {
+                let ring = KvmDirtyRing::new(vm.vm_fd(), slots, RING_BYTES);
+                for (i, fd) in vm.vcpu_fds().iter().enumerate() {
+                    ring.attach(i, fd)?;
+                }
+                vm.set_ring_full(ring.full_handler());
+                Log::Plain(Box::new(ring))
+            }
+        };
+        Ok(Self {
+            log,
+            target,
+            options,
+            memory,
+        })
+    }
+
+    /// Runs the migration beside the guest: waits `after`, sends the VM,
+    /// and hands it over. On failure the guest runs on here.
+    pub fn run(mut self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
+        if control.wait_for_end(self.options.after) {
+            return Err(crate::pause::PauseError::Ended(control.ended_vcpu()).into());
+        }
+        let start = Instant::now();
+        let (mut report, paused, answered) = match self.target.clone() {
+            Target::Peer(address) => {
+                let connection = address.connect()?;
+                let mut out =
+                    StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, connection))?;
+                let (report, paused) = self.send(control, &mut out, true)?;
+                let answered = read_answer(out.get_mut().get_mut());
+                (report, paused, answered)
+            }
+            Target::File(path) => {
+                let file = File::create(&path).map_err(|source| MigrationError::Connect {
+                    what: path.display().to_string(),
+                    source,
+                })?;
+                let mut out = StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, file))?;
+                let (report, paused) = self.send(control, &mut out, false)?;
+                let synced = out.get_mut().get_ref().sync_all().map_err(StreamError::Io);
+                (report, paused, synced.map_err(MigrationError::from))
+            }
+        };
+        if let Err(e) = answered {
+            self.log.disable();
+            control.resume();
+            return Err(e);
+        }
+        control.hand_over();
+        report.downtime = paused.elapsed();
+        report.total = start.elapsed();
+        Ok(report)
+    }
+
+    /// Sends the whole stream, pre-copy first if `precopy`; returns with the
+    /// guest paused, or resumed and an error.
+    fn send<W: Write>(
+        &mut self,
+        control: &RunControl,
+        out: &mut StreamWriter<W>,
+        precopy: bool,
+    ) -> Result<(MigrationReport, Instant), MigrationError> {
+        out.config(control.description())?;
+        let mut report = MigrationReport::default();
+        if precopy {
+            self.log.enable()?;
+            report.pages_sent = self.precopy(out, &mut report.rounds)?;
+        }
+        let states = control.pause(PAUSE_TIMEOUT)?;
+        let paused = Instant::now();
+        match self.stop_and_copy(out, &states, precopy) {
+            Ok(pages) => {
+                report.final_pages = pages;
+                report.pages_sent += pages;
+                Ok((report, paused))
+            }
+            Err(e) => {
+                self.log.disable();
+                control.resume();
+                Err(e)
+            }
+        }
+    }
+
+    /// Rounds while the guest runs; returns the pages sent.
+    fn precopy<W: Write>(
+        &mut self,
+        out: &mut StreamWriter<W>,
+        rounds: &mut u32,
+    ) -> Result<u64, MigrationError> {
+        let mut sent = 0;
+        if !self.log.first_round_is_full() {
+            sent += self.send_all(out)?;
+            *rounds += 1;
+        }
+        while *rounds < self.options.max_rounds {
+            let start = Instant::now();
+            let pages = self.dirty_round(out)?;
+            *rounds += 1;
+            sent += pages;
+            // The final round, with the guest paused, will be about as big
+            // as this one: once this one fit the downtime, so will that.
+            if pages == 0 || start.elapsed() <= self.options.downtime {
+                break;
+            }
+        }
+        Ok(sent)
+    }
+
+    /// The last dirty pages (all memory for a snapshot) and every vCPU's state.
+    fn stop_and_copy<W: Write>(
+        &mut self,
+        out: &mut StreamWriter<W>,
+        states: &[VcpuState],
+        precopy: bool,
+    ) -> Result<u64, MigrationError> {
+        let pages = match precopy {
+            true => self.dirty_round(out)?,
+            false => self.send_all(out)?,
+        };
+        for state in states {
+            out.vcpu(state)?;
+        }
+        out.end()?;
+        Ok(pages)
+    }
+
+    /// One harvest, and every dirty run sent.
+    fn dirty_round<W: Write>(&mut self, out: &mut StreamWriter<W>) -> Result<u64, MigrationError> {
+        let memory = &self.memory;
+        let mut buf = Vec::new();
+        let mut failed = None;
+        let pages = self.log.round(|run| {
+            match send_pages(memory, out, run.guest_addr().0, run.len() as u64, &mut buf) {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    failed = Some(e);
+                    Err(dirty_log::Error::Worker(
+                        "the migration stream failed".into(),
+                    ))
+                }
+            }
+        });
+        match (failed, pages) {
+            (Some(e), _) => Err(e),
+            (None, pages) => Ok(pages?),
+        }
+    }
+
+    /// Every page of guest memory.
+    fn send_all<W: Write>(&mut self, out: &mut StreamWriter<W>) -> Result<u64, MigrationError> {
+        let mut buf = Vec::new();
+        let mut pages = 0;
+        for region in self.memory.iter() {
+            let (start, len) = (region.start_addr().0, region.len());
+            pages += send_pages(&self.memory, out, start, len, &mut buf)?;
+        }
+        Ok(pages)
+    }
+}
+
+/// Sends `len` bytes of guest memory at `gpa`, a record at a time.
+fn send_pages<W: Write>(
+    memory: &VmMemory,
+    out: &mut StreamWriter<W>,
+    gpa: u64,
+    len: u64,
+    buf: &mut Vec<u8>,
+) -> Result<u64, MigrationError> {
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(MAX_PAGES_BYTES as u64) as usize;
+        buf.resize(n, 0);
+        memory.read_slice(buf, GuestAddress(gpa + done))?;
+        out.pages(gpa + done, buf)?;
+        done += n as u64;
+    }
+    Ok(len / PAGE_SIZE)
+}

@@ -1,0 +1,588 @@
+//! What a migration carries besides memory: the VM's description and each
+//! vCPU's complete state, with their encodings (see [`super::stream`]).
+//!
+//! A vCPU's state is KVM's (registers, segments, FPU/XSAVE, XCRs, pending
+//! events, MSRs including the TSC) and its interrupt controller's: KVM's
+//! LAPIC page, or this VMM's own APIC registers, pending interrupts and
+//! armed timer. The guest's TSC is captured with the wall-clock time, and
+//! the destination sets it ahead by the time that passed, so guest time
+//! continues and the guest sees its downtime as a stall.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kvm_bindings::{
+    Msrs, kvm_lapic_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave,
+};
+use kvm_ioctls::{Cap, Kvm, VcpuFd};
+use lapic_timer::LapicTimerState;
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::stream::{Decoder, Encoder};
+use crate::apic::{ApicState, X2APIC_FIRST, X2APIC_LAST};
+use crate::error::Error;
+use crate::layout::PARAMS;
+use crate::mechanisms::Mechanisms;
+use crate::vm::{check_mem_mib, check_vcpus};
+
+/// IA32_TSC.
+const MSR_TSC: u32 = 0x10;
+
+/// Everything the destination needs to create the VM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmDescription {
+    /// The guest program's name (see [`crate::guest::find`]).
+    pub program: String,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Guest memory, MiB.
+    pub mem_mib: u64,
+    /// The program's parameters.
+    pub params: [u64; PARAMS],
+    /// The mechanisms, the interrupt controller's place among them.
+    pub mechanisms: Mechanisms,
+    /// The floor on a periodic LAPIC timer's period, ns.
+    pub min_timer_period_ns: u64,
+    /// The guest's TSC frequency, kHz.
+    pub tsc_khz: u32,
+}
+
+impl VmDescription {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.str(&self.program).u32(self.vcpus).u64(self.mem_mib);
+        self.params.iter().for_each(|&p| {
+            e.u64(p);
+        });
+        let m = &self.mechanisms;
+        for choice in [
+            m.halt_poll.to_string(),
+            m.timer_advance.to_string(),
+            m.boost.to_string(),
+            m.bus.to_string(),
+            m.irqchip.to_string(),
+        ] {
+            e.str(&choice);
+        }
+        e.u8(u8::from(m.extended_qs)).u8(u8::from(m.guest_poll));
+        e.u64(self.min_timer_period_ns).u32(self.tsc_khz);
+        e.0
+    }
+
+    pub(crate) fn decode(payload: &[u8]) -> Result<Self, String> {
+        let mut d = Decoder(payload);
+        let program = d.str()?.to_owned();
+        let vcpus = check_vcpus(d.u32()?, u32::MAX).map_err(|e| e.to_string())?;
+        let mem_mib = check_mem_mib(d.u64()?).map_err(|e| e.to_string())?;
+        let mut params = [0; PARAMS];
+        for p in &mut params {
+            *p = d.u64()?;
+        }
+        let choice = |d: &mut Decoder<'_>| d.str().map(str::to_owned);
+        let text = |e: crate::mechanisms::ChoiceError| e.to_string();
+        let mechanisms = Mechanisms {
+            halt_poll: choice(&mut d)?.parse().map_err(text)?,
+            timer_advance: choice(&mut d)?.parse().map_err(text)?,
+            boost: choice(&mut d)?.parse().map_err(text)?,
+            bus: choice(&mut d)?.parse().map_err(text)?,
+            irqchip: choice(&mut d)?.parse().map_err(text)?,
+            extended_qs: flag(d.u8()?)?,
+            guest_poll: flag(d.u8()?)?,
+        };
+        let description = Self {
+            program,
+            vcpus,
+            mem_mib,
+            params,
+            mechanisms,
+            min_timer_period_ns: d.u64()?,
+            tsc_khz: d.u32()?,
+        };
+        d.finish()?;
+        Ok(description)
+    }
+}
+
+fn flag(v: u8) -> Result<bool, String> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(format!("{v} where a flag (0 or 1) belongs")),
+    }
+}
+
+/// A vCPU's interrupt controller, as saved.
+#[derive(Debug)]
+pub enum ChipState {
+    /// KVM's in-kernel LAPIC: its register page.
+    Kernel(Box<kvm_lapic_state>),
+    /// This VMM's APIC: its registers and the vectors pending on it.
+    User {
+        /// The registers and the armed timer.
+        apic: ApicState,
+        /// Interrupts posted to the vCPU and not yet injected (IRR).
+        irr: [u64; 4],
+    },
+}
+
+/// One vCPU's complete state, captured on its own thread while it is out
+/// of `KVM_RUN`.
+#[derive(Debug)]
+pub struct VcpuState {
+    /// The vCPU's index.
+    pub index: u32,
+    /// Whether it was halted (waiting for an interrupt) in this VMM.
+    pub halted: bool,
+    /// Wall-clock time of the capture, ns since the epoch.
+    pub captured_at_ns: u64,
+    /// General registers.
+    pub regs: kvm_regs,
+    /// Segment and control registers.
+    pub sregs: kvm_sregs,
+    /// FPU and extended state.
+    pub xsave: Box<kvm_xsave>,
+    /// Extended control registers.
+    pub xcrs: kvm_xcrs,
+    /// Pending exceptions, interrupts, NMIs and SMIs.
+    pub events: kvm_vcpu_events,
+    /// KVM's multiprocessing state (halted or runnable; in-kernel LAPIC).
+    pub mp_state: u32,
+    /// Every MSR KVM saves for it, the TSC among them.
+    pub msrs: Vec<(u32, u64)>,
+    /// Its interrupt controller.
+    pub chip: ChipState,
+}
+
+/// What KVM on this host lets a migration save: the MSRs it lists, and
+/// whether a vCPU's XSAVE state fits `kvm_xsave`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateSupport {
+    msrs: Vec<u32>,
+    xsave_fits: bool,
+}
+
+impl StateSupport {
+    /// Asks KVM.
+    pub fn query(kvm: &Kvm) -> Result<Self, Error> {
+        let list = kvm.get_msr_index_list().map_err(|source| Error::Kvm {
+            op: "KVM_GET_MSR_INDEX_LIST",
+            source,
+        })?;
+        // The x2APIC range belongs to the APIC's state, whichever holds it.
+        let msrs = list
+            .as_slice()
+            .iter()
+            .copied()
+            .filter(|m| !(X2APIC_FIRST..=X2APIC_LAST).contains(m))
+            .collect();
+        // KVM_CAP_XSAVE2 gives the size KVM_GET_XSAVE2 needs: above 4096
+        // (AMX, say), `kvm_xsave` would cut the state short.
+        let size = kvm.check_extension_int(Cap::Xsave2);
+        Ok(Self {
+            msrs,
+            xsave_fits: size <= std::mem::size_of::<kvm_xsave>() as i32,
+        })
+    }
+}
+
+fn kvm(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> Error {
+    move |source| Error::Kvm { op, source }
+}
+
+impl VcpuState {
+    /// Reads vCPU `index`'s state from KVM, with its controller's `chip`.
+    pub fn capture(
+        fd: &VcpuFd,
+        index: u32,
+        halted: bool,
+        chip: ChipState,
+        support: &StateSupport,
+    ) -> Result<Self, Error> {
+        if !support.xsave_fits {
+            return Err(Error::Kvm {
+                op: "KVM_GET_XSAVE",
+                source: kvm_ioctls::Error::new(libc::E2BIG),
+            });
+        }
+        let msrs = read_msrs(fd, &support.msrs)?;
+        Ok(Self {
+            index,
+            halted,
+            captured_at_ns: wall_clock_ns(),
+            regs: fd.get_regs().map_err(kvm("KVM_GET_REGS"))?,
+            sregs: fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?,
+            xsave: Box::new(fd.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?),
+            xcrs: fd.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?,
+            events: fd.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
+            mp_state: match chip {
+                ChipState::Kernel(_) => {
+                    fd.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?.mp_state
+                }
+                ChipState::User { .. } => kvm_bindings::KVM_MP_STATE_RUNNABLE,
+            },
+            msrs,
+            chip,
+        })
+    }
+
+    /// Sets KVM's side of the state on `fd` (the caller restores a user
+    /// APIC's on its thread), the guest's TSC ahead by the wall-clock time
+    /// since the capture at `tsc_khz`.
+    pub fn restore(&self, fd: &VcpuFd, tsc_khz: u32) -> Result<(), Error> {
+        fd.set_regs(&self.regs).map_err(kvm("KVM_SET_REGS"))?;
+        fd.set_sregs(&self.sregs).map_err(kvm("KVM_SET_SREGS"))?;
+        // SAFETY: `kvm_xsave` is 4096 bytes, all of them ours for the call;
+        // capture refused a host whose XSAVE state needs more (KVM_CAP_XSAVE2).
+        unsafe { fd.set_xsave(&self.xsave) }.map_err(kvm("KVM_SET_XSAVE"))?;
+        fd.set_xcrs(&self.xcrs).map_err(kvm("KVM_SET_XCRS"))?;
+        if let ChipState::Kernel(lapic) = &self.chip {
+            fd.set_lapic(lapic).map_err(kvm("KVM_SET_LAPIC"))?;
+        }
+        self.restore_msrs(fd, tsc_khz)?;
+        fd.set_vcpu_events(&self.events)
+            .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+        if let ChipState::Kernel(_) = self.chip {
+            let mp_state = kvm_bindings::kvm_mp_state {
+                mp_state: self.mp_state,
+            };
+            fd.set_mp_state(mp_state).map_err(kvm("KVM_SET_MP_STATE"))?;
+        }
+        Ok(())
+    }
+
+    /// The MSRs, the TSC first (KVM arms a TSC deadline against it) and
+    /// moved on by the time since the capture.
+    fn restore_msrs(&self, fd: &VcpuFd, tsc_khz: u32) -> Result<(), Error> {
+        let elapsed_ns = wall_clock_ns().saturating_sub(self.captured_at_ns);
+        let ticks = (u128::from(elapsed_ns) * u128::from(tsc_khz) / 1_000_000) as u64;
+        let mut entries: Vec<kvm_msr_entry> = self
+            .msrs
+            .iter()
+            .map(|&(index, data)| kvm_msr_entry {
+                index,
+                data: match index {
+                    MSR_TSC => data.wrapping_add(ticks),
+                    _ => data,
+                },
+                ..Default::default()
+            })
+            .collect();
+        entries.sort_by_key(|e| e.index != MSR_TSC);
+        let mut rest = &entries[..];
+        while !rest.is_empty() {
+            let msrs = Msrs::from_entries(rest).map_err(|_| Error::Kvm {
+                op: "KVM_SET_MSRS",
+                source: kvm_ioctls::Error::new(libc::E2BIG),
+            })?;
+            let set = fd.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+            let Some(refused) = rest.get(set) else {
+                break;
+            };
+            // KVM lists some MSRs it refuses to write unless the guest's
+            // CPUID has their feature (KVM's paravirtual ones): one that
+            // already holds the value loses nothing.
+            if read_msrs(fd, &[refused.index])? != [(refused.index, refused.data)] {
+                return Err(Error::MsrRefused {
+                    vcpu: self.index,
+                    msr: refused.index,
+                    value: refused.data,
+                });
+            }
+            rest = &rest[set + 1..];
+        }
+        Ok(())
+    }
+
+    /// The guest's TSC when it was captured, if KVM gave it.
+    pub fn tsc(&self) -> Option<u64> {
+        self.msrs.iter().find(|(i, _)| *i == MSR_TSC).map(|m| m.1)
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::default();
+        e.u32(self.index)
+            .u8(u8::from(self.halted))
+            .u64(self.captured_at_ns);
+        e.bytes(self.regs.as_bytes())
+            .bytes(self.sregs.as_bytes())
+            .bytes(self.xsave.as_bytes())
+            .bytes(self.xcrs.as_bytes())
+            .bytes(self.events.as_bytes())
+            .u32(self.mp_state);
+        e.u32(self.msrs.len() as u32);
+        for &(index, data) in &self.msrs {
+            e.u32(index).u64(data);
+        }
+        match &self.chip {
+            ChipState::Kernel(lapic) => {
+                e.u8(0).bytes(lapic.as_bytes());
+            }
+            ChipState::User { apic, irr } => {
+                e.u8(1);
+                encode_apic(&mut e, apic);
+                irr.iter().for_each(|&w| {
+                    e.u64(w);
+                });
+            }
+        }
+        e.0
+    }
+
+    pub(crate) fn decode(payload: &[u8]) -> Result<Self, String> {
+        let mut d = Decoder(payload);
+        let index = d.u32()?;
+        let halted = flag(d.u8()?)?;
+        let captured_at_ns = d.u64()?;
+        let regs = raw(&mut d, "registers")?;
+        let sregs = raw(&mut d, "segment registers")?;
+        let xsave = Box::new(raw(&mut d, "XSAVE state")?);
+        let xcrs = raw(&mut d, "XCRs")?;
+        let events = raw(&mut d, "vCPU events")?;
+        let mp_state = d.u32()?;
+        let count = d.u32()? as usize;
+        // Each entry is 12 bytes: a count that claims more than are left
+        // is refused before anything is allocated for it.
+        if count > d.0.len() / 12 {
+            return Err(format!("{count} MSRs claimed, {} bytes left", d.0.len()));
+        }
+        let msrs = (0..count)
+            .map(|_| Ok((d.u32()?, d.u64()?)))
+            .collect::<Result<_, String>>()?;
+        let chip = match d.u8()? {
+            0 => ChipState::Kernel(Box::new(raw(&mut d, "the LAPIC page")?)),
+            1 => ChipState::User {
+                apic: decode_apic(&mut d)?,
+                irr: [d.u64()?, d.u64()?, d.u64()?, d.u64()?],
+            },
+            tag => return Err(format!("interrupt controller kind {tag}")),
+        };
+        d.finish()?;
+        Ok(Self {
+            index,
+            halted,
+            captured_at_ns,
+            regs,
+            sregs,
+            xsave,
+            xcrs,
+            events,
+            mp_state,
+            msrs,
+            chip,
+        })
+    }
+}
+
+/// A KVM structure, from exactly its size in bytes.
+fn raw<T: FromBytes>(d: &mut Decoder<'_>, what: &str) -> Result<T, String> {
+    let bytes = d.bytes()?;
+    T::read_from_bytes(bytes).map_err(|_| {
+        format!(
+            "{what}: {} bytes where KVM's structure has {}",
+            bytes.len(),
+            std::mem::size_of::<T>()
+        )
+    })
+}
+
+fn encode_apic(e: &mut Encoder, a: &ApicState) {
+    e.u8(u8::from(a.x2apic)).u8(a.tpr).u32(a.svr);
+    a.isr.iter().for_each(|&w| {
+        e.u64(w);
+    });
+    e.u32(a.esr).u32(a.esr_pending).u64(a.icr).u32(a.icr_high);
+    a.lvt.iter().for_each(|&l| {
+        e.u32(l);
+    });
+    let t = &a.timer;
+    e.u32(t.lvt)
+        .u32(t.initial_count)
+        .u32(t.divide_config)
+        .u64(t.tsc_deadline)
+        .u8(u8::from(t.remaining_ns.is_some()))
+        .u64(t.remaining_ns.unwrap_or(0));
+}
+
+fn decode_apic(d: &mut Decoder<'_>) -> Result<ApicState, String> {
+    let x2apic = flag(d.u8()?)?;
+    let tpr = d.u8()?;
+    let svr = d.u32()?;
+    let isr = [d.u64()?, d.u64()?, d.u64()?, d.u64()?];
+    let (esr, esr_pending, icr, icr_high) = (d.u32()?, d.u32()?, d.u64()?, d.u32()?);
+    let lvt = [d.u32()?, d.u32()?, d.u32()?, d.u32()?, d.u32()?];
+    let (t_lvt, initial_count, divide_config, tsc_deadline) =
+        (d.u32()?, d.u32()?, d.u32()?, d.u64()?);
+    let counting = flag(d.u8()?)?;
+    let remaining = d.u64()?;
+    Ok(ApicState {
+        x2apic,
+        tpr,
+        svr,
+        isr,
+        esr,
+        esr_pending,
+        icr,
+        icr_high,
+        lvt,
+        timer: LapicTimerState {
+            lvt: t_lvt,
+            initial_count,
+            divide_config,
+            tsc_deadline,
+            remaining_ns: counting.then_some(remaining),
+        },
+    })
+}
+
+/// Reads every MSR in `indices` that KVM gives (a batch read stops at the
+/// first one it refuses: that one is skipped and the rest read on).
+fn read_msrs(fd: &VcpuFd, indices: &[u32]) -> Result<Vec<(u32, u64)>, Error> {
+    let mut out = Vec::with_capacity(indices.len());
+    let mut rest = indices;
+    while !rest.is_empty() {
+        let entries: Vec<kvm_msr_entry> = rest
+            .iter()
+            .map(|&index| kvm_msr_entry {
+                index,
+                ..Default::default()
+            })
+            .collect();
+        let mut msrs = Msrs::from_entries(&entries).map_err(|_| Error::Kvm {
+            op: "KVM_GET_MSRS",
+            source: kvm_ioctls::Error::new(libc::E2BIG),
+        })?;
+        let read = fd.get_msrs(&mut msrs).map_err(kvm("KVM_GET_MSRS"))?;
+        out.extend(msrs.as_slice()[..read].iter().map(|e| (e.index, e.data)));
+        rest = rest.get(read + 1..).unwrap_or_default();
+    }
+    Ok(out)
+}
+
+fn wall_clock_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::mechanisms::{HaltPoll, Irqchip};
+
+    pub(crate) fn description(vcpus: u32) -> VmDescription {
+        VmDescription {
+            program: "migrate".into(),
+            vcpus,
+            mem_mib: 32,
+            params: [7; PARAMS],
+            mechanisms: Mechanisms {
+                halt_poll: HaltPoll::Kvm,
+                guest_poll: true,
+                ..Mechanisms::default()
+            },
+            min_timer_period_ns: 200_000,
+            tsc_khz: 2_900_000,
+        }
+    }
+
+    pub(crate) fn user_vcpu(index: u32) -> VcpuState {
+        let regs = kvm_regs {
+            rip: 0x10_0000 + u64::from(index),
+            ..kvm_regs::default()
+        };
+        VcpuState {
+            index,
+            halted: index % 2 == 1,
+            captured_at_ns: 42,
+            regs,
+            sregs: kvm_sregs::default(),
+            xsave: Box::default(),
+            xcrs: kvm_xcrs::default(),
+            events: kvm_vcpu_events::default(),
+            mp_state: 0,
+            msrs: vec![(MSR_TSC, 1 << 40), (0xc000_0080, 0x501)],
+            chip: ChipState::User {
+                apic: ApicState {
+                    x2apic: true,
+                    tpr: 3,
+                    svr: 0x1ff,
+                    isr: [0, 1 << 2, 0, 0],
+                    lvt: [0x10000; 5],
+                    timer: LapicTimerState {
+                        lvt: 0x40050,
+                        tsc_deadline: 1 << 41,
+                        remaining_ns: Some(5000),
+                        ..LapicTimerState::default()
+                    },
+                    ..ApicState::default()
+                },
+                irr: [0, 1 << 3, 0, 1 << 63],
+            },
+        }
+    }
+
+    #[test]
+    fn descriptions_and_states_decode_to_what_was_encoded() {
+        let d = description(4);
+        assert_eq!(VmDescription::decode(&d.encode()), Ok(d));
+        let v = user_vcpu(1);
+        assert_eq!(VcpuState::decode(&v.encode()).unwrap().encode(), v.encode());
+        let mut k = user_vcpu(0);
+        k.chip = ChipState::Kernel(Box::default());
+        assert_eq!(VcpuState::decode(&k.encode()).unwrap().encode(), k.encode());
+        assert_eq!(k.tsc(), Some(1 << 40));
+    }
+
+    #[test]
+    fn malformed_payloads_are_errors_never_panics() {
+        let good = user_vcpu(0).encode();
+        for len in 0..good.len() {
+            assert!(VcpuState::decode(&good[..len]).is_err(), "cut at {len}");
+        }
+        let mut long = good.clone();
+        long.push(0);
+        assert_eq!(VcpuState::decode(&long).unwrap_err(), "1 bytes left over");
+        let d = description(1).encode();
+        for len in 0..d.len() {
+            assert!(VmDescription::decode(&d[..len]).is_err(), "cut at {len}");
+        }
+        let mut bad = description(1);
+        bad.vcpus = 0;
+        assert!(
+            VmDescription::decode(&bad.encode())
+                .unwrap_err()
+                .contains("vCPUs")
+        );
+        bad = description(1);
+        bad.mechanisms.irqchip = Irqchip::Kernel;
+        let text = String::from_utf8_lossy(&bad.encode()).replace("kernel", "kernal");
+        assert!(VmDescription::decode(text.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn an_msr_count_past_the_payload_is_refused_before_allocating() {
+        let mut bytes = user_vcpu(0).encode();
+        // The count follows the index, flag, time, five structures and mp_state.
+        let v = user_vcpu(0);
+        let at = 4
+            + 1
+            + 8
+            + [
+                v.regs.as_bytes().len(),
+                v.sregs.as_bytes().len(),
+                v.xsave.as_bytes().len(),
+                v.xcrs.as_bytes().len(),
+                v.events.as_bytes().len(),
+            ]
+            .iter()
+            .map(|n| 4 + n)
+            .sum::<usize>()
+            + 4;
+        assert_eq!(bytes[at..at + 4], 2u32.to_le_bytes());
+        bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            VcpuState::decode(&bytes)
+                .unwrap_err()
+                .contains("MSRs claimed")
+        );
+    }
+}

@@ -1,0 +1,497 @@
+//! Live migration between two VMs on real KVM, in this process over real
+//! sockets (so the memory of both sides can be compared at the switch-over),
+//! and between two `reference-vmm` processes as a user runs them: every
+//! dirty-log backend, both interrupt controllers, Unix and TCP; snapshots;
+//! and streams or destinations that fail while the source runs on.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use common::kvm_available;
+use reference_vmm::layout::irq_record;
+use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms};
+use reference_vmm::migration::{
+    self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationReport, StreamReader,
+    Target,
+};
+use reference_vmm::{RunReport, Vm, VmConfig, VmMemory, guest};
+use vm_memory::{Bytes, GuestAddress};
+
+const VCPUS: u32 = 2;
+/// The smallest memory with room for the guest's pages (from 32 MiB on).
+const MEM_MIB: u64 = 64;
+/// The guest's parameters: 256 pages per vCPU, 3 s of writes at most
+/// 100 000 a second, a 1 ms timer: long enough to be moved mid-way.
+fn params() -> [u64; 4] {
+    let khz = lapic_timer::TscClock::shared().tsc_khz();
+    [256, 3000 * khz, khz / 100, khz]
+}
+
+fn mechanisms(irqchip: Irqchip) -> Mechanisms {
+    match irqchip {
+        Irqchip::User => Mechanisms::default(),
+        Irqchip::Kernel => Mechanisms {
+            irqchip,
+            halt_poll: HaltPoll::Kvm,
+            ..Mechanisms::default()
+        },
+    }
+}
+
+/// What one in-process migration showed.
+struct Moved {
+    migration: MigrationReport,
+    /// Bytes that differ between the two memories at the switch-over.
+    differing: usize,
+    /// vCPU 0's interrupt count (its timer's) when it moved.
+    irqs_at_switch: u64,
+    destination: RunReport,
+}
+
+fn bytes(memory: &VmMemory) -> Vec<u8> {
+    let mut all = vec![0; (MEM_MIB << 20) as usize];
+    memory.read_slice(&mut all, GuestAddress(0)).unwrap();
+    all
+}
+
+/// Runs the migration guest, moves it to a VM received on `address` in
+/// this process, compares the memories before the destination runs, and
+/// runs it to the end there.
+fn migrate(irqchip: Irqchip, backend: DirtyLogBackend, address: Address) -> Moved {
+    let options = MigrateOptions {
+        backend,
+        after: Duration::from_millis(50),
+        ..MigrateOptions::default()
+    };
+    let mut config = VmConfig {
+        vcpus: VCPUS,
+        mem_mib: MEM_MIB,
+        timeout: Some(Duration::from_secs(120)),
+        mechanisms: mechanisms(irqchip),
+        dirty_ring: options.dirty_ring(),
+        ..VmConfig::default()
+    };
+    config.params[..4].copy_from_slice(&params());
+    let listener = address.listen().unwrap();
+    let address = listener.address().unwrap();
+    let destination = thread::spawn(move || {
+        let connection = listener.accept().unwrap();
+        let mut input = StreamReader::new(connection).unwrap();
+        let incoming = migration::receive(&mut input, Some(Duration::from_secs(120))).unwrap();
+        migration::answer(input.get_mut(), Ok(())).unwrap();
+        incoming
+    });
+    let mut vm = Vm::new(&config).unwrap();
+    let source_memory = vm.memory();
+    let moving = Migration::prepare(&mut vm, Target::Peer(address), options).unwrap();
+    let (tx, result) = mpsc::channel();
+    vm.on_start(Box::new(move |control| {
+        tx.send(moving.run(control)).unwrap()
+    }));
+    let source = vm
+        .run(guest::find("migrate").unwrap(), Box::new(std::io::sink()))
+        .unwrap();
+    let migration = result.recv().unwrap().unwrap();
+    assert!(source.handed_over, "{source}");
+    assert!(source.vcpus.iter().all(|v| !v.finished), "{source}");
+    let incoming = destination.join().unwrap();
+    let differing = bytes(&source_memory)
+        .iter()
+        .zip(bytes(&incoming.vm.memory()))
+        .filter(|(a, b)| **a != *b)
+        .count();
+    let irqs_at_switch = source_memory
+        .read_obj::<u64>(GuestAddress(irq_record(0) + 8))
+        .unwrap();
+    let destination = incoming
+        .vm
+        .run(incoming.program, Box::new(std::io::sink()))
+        .unwrap();
+    Moved {
+        migration,
+        differing,
+        irqs_at_switch,
+        destination,
+    }
+}
+
+/// The guest's own checks passed at the destination (every page, timer and
+/// IPI, or it fails the run), its timer kept firing after the move, and the
+/// memories were identical at the switch-over.
+fn check(moved: &Moved, what: &str) {
+    let d = &moved.destination;
+    assert_eq!(
+        moved.differing, 0,
+        "{what}: bytes differ at the switch-over"
+    );
+    assert!(
+        !d.handed_over && d.vcpus.iter().all(|v| v.finished),
+        "{what}: {d}"
+    );
+    for vcpu in 0..VCPUS {
+        assert_eq!(d.value(vcpu, "pages_checked"), Some(256), "{what}: {d}");
+    }
+    let irqs = d.value(0, "irqs").unwrap();
+    assert!(
+        irqs > moved.irqs_at_switch,
+        "{what}: the timer stopped at the move: {d}"
+    );
+    assert!(d.value(0, "ipis_sent").unwrap() > 0, "{what}: {d}");
+    assert_eq!(d.value(1, "irqs"), d.value(0, "ipis_sent"), "{what}: {d}");
+    let m = &moved.migration;
+    assert!(
+        m.rounds >= 1 && m.pages_sent >= m.final_pages,
+        "{what}: {m}"
+    );
+    assert!(m.downtime <= m.total, "{what}: {m}");
+}
+
+fn socket(name: &str) -> Address {
+    let path = std::env::temp_dir().join(format!("rvmm-{}-{name}.sock", std::process::id()));
+    Address::Unix(path)
+}
+
+/// Loopback TCP on a port the kernel picks.
+fn tcp() -> Address {
+    "tcp:127.0.0.1:0".parse().unwrap()
+}
+
+#[test]
+fn every_backend_moves_a_guest_with_its_own_apic_byte_for_byte() {
+    if !kvm_available("every_backend_moves_a_guest_with_its_own_apic_byte_for_byte") {
+        return;
+    }
+    for backend in [
+        DirtyLogBackend::Bitmap,
+        DirtyLogBackend::Manual,
+        DirtyLogBackend::Ring,
+    ] {
+        let what = format!("user APIC, {backend:?}");
+        check(&migrate(Irqchip::User, backend, socket(&what)), &what);
+    }
+}
+
+#[test]
+fn every_backend_moves_a_guest_on_kvms_lapic_byte_for_byte() {
+    if !kvm_available("every_backend_moves_a_guest_on_kvms_lapic_byte_for_byte") {
+        return;
+    }
+    for backend in [
+        DirtyLogBackend::Bitmap,
+        DirtyLogBackend::Manual,
+        DirtyLogBackend::Ring,
+    ] {
+        let what = format!("KVM's LAPIC, {backend:?}");
+        check(&migrate(Irqchip::Kernel, backend, socket(&what)), &what);
+    }
+}
+
+#[test]
+fn a_guest_moves_over_loopback_tcp_with_either_apic() {
+    if !kvm_available("a_guest_moves_over_loopback_tcp_with_either_apic") {
+        return;
+    }
+    for irqchip in [Irqchip::User, Irqchip::Kernel] {
+        let what = format!("TCP, {irqchip}");
+        check(&migrate(irqchip, DirtyLogBackend::Manual, tcp()), &what);
+    }
+}
+
+// The command line, as a user runs it.
+
+fn vmm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_reference-vmm"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `run --guest migrate` with `extra` arguments, in the background.
+fn source(extra: &[&str]) -> Child {
+    let params = params().map(|p| p.to_string()).join(",");
+    vmm()
+        .args([
+            "run",
+            "--guest",
+            "migrate",
+            "--vcpus",
+            "2",
+            "--mem-mib",
+            "64",
+        ])
+        .args(["--params", &params, "--migrate-after-ms", "50"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn assert_guest_checked(out: &Output, what: &str) {
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        stdout,
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("finished"), "{what}: {stdout}");
+    assert_eq!(
+        stdout.matches("pages_checked = 256").count(),
+        2,
+        "{what}: {stdout}"
+    );
+}
+
+#[test]
+fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
+    if !kvm_available("two_processes_hand_a_guest_over_and_the_source_exits_0") {
+        return;
+    }
+    for (address, irqchip, backend) in
+        [(socket("cli"), "user", "ring"), (tcp(), "kernel", "bitmap")]
+    {
+        let mut destination = Background(
+            vmm()
+                .args(["receive", "--listen", &address.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let listen = destination.listening_on();
+        let source = source(&[
+            "--migrate-to",
+            &listen,
+            "--irqchip",
+            irqchip,
+            "--dirty-log",
+            backend,
+        ])
+        .wait_with_output()
+        .unwrap();
+        let stdout = text(&source.stdout);
+        assert!(
+            source.status.success(),
+            "{listen}: {stdout}\n{}",
+            text(&source.stderr)
+        );
+        assert!(
+            stdout.contains("then handed over") && stdout.contains("migration: "),
+            "{stdout}"
+        );
+        let destination = destination.output();
+        assert!(
+            text(&destination.stderr).contains("received "),
+            "{}",
+            text(&destination.stderr)
+        );
+        assert_guest_checked(&destination, &listen);
+    }
+}
+
+/// A process the test waits for, killed if the test fails first (a
+/// destination whose source never came would wait for ever).
+struct Background(Child);
+
+impl Background {
+    /// The address a `receive` prints first.
+    fn listening_on(&mut self) -> String {
+        let mut line = Vec::new();
+        let mut byte = [0u8];
+        let stderr = self.0.stderr.as_mut().unwrap();
+        while stderr.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        let line = text(&line);
+        line.strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("{line}"))
+            .to_owned()
+    }
+
+    fn output(&mut self) -> Output {
+        let mut out = Output {
+            status: self.0.wait().unwrap(),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+        self.0
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_end(&mut out.stdout)
+            .unwrap();
+        self.0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_end(&mut out.stderr)
+            .unwrap();
+        out
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn snapshot_file(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("rvmm-{}-{name}.snap", std::process::id()))
+}
+
+#[test]
+fn a_snapshot_restores_and_runs_on_and_damaged_ones_are_refused() {
+    if !kvm_available("a_snapshot_restores_and_runs_on_and_damaged_ones_are_refused") {
+        return;
+    }
+    let file = snapshot_file("whole");
+    let saved = source(&["--snapshot-to", file.to_str().unwrap()])
+        .wait_with_output()
+        .unwrap();
+    assert!(saved.status.success(), "{}", text(&saved.stderr));
+    assert!(
+        text(&saved.stdout).contains("then handed over"),
+        "{}",
+        text(&saved.stdout)
+    );
+    let restored = vmm().arg("restore").arg(&file).output().unwrap();
+    assert_guest_checked(&restored, "restore");
+
+    let whole = std::fs::read(&file).unwrap();
+    let damaged = [
+        (
+            "cut",
+            whole[..whole.len() * 2 / 3].to_vec(),
+            "cut off in the middle of a record",
+        ),
+        (
+            "flipped",
+            flip(&whole, whole.len() / 2),
+            "is corrupted (its CRC32 does not match)",
+        ),
+        (
+            "empty",
+            Vec::new(),
+            "the stream ended before its End record",
+        ),
+    ];
+    for (name, bytes, error) in damaged {
+        let path = snapshot_file(name);
+        std::fs::write(&path, bytes).unwrap();
+        let out = vmm().arg("restore").arg(&path).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        assert!(
+            text(&out.stderr).contains(error),
+            "{name}: {}",
+            text(&out.stderr)
+        );
+        assert!(out.stdout.is_empty(), "{name}: a damaged snapshot ran");
+        std::fs::remove_file(path).unwrap();
+    }
+    std::fs::remove_file(file).unwrap();
+}
+
+fn flip(bytes: &[u8], at: usize) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    out[at] ^= 0x40;
+    out
+}
+
+#[test]
+fn a_destination_that_fails_leaves_the_guest_running_at_the_source() {
+    if !kvm_available("a_destination_that_fails_leaves_the_guest_running_at_the_source") {
+        return;
+    }
+    // One destination hangs up half-way through the stream, one refuses
+    // the VM after reading all of it.
+    for (name, refuse) in [("hangs-up", false), ("refuses", true)] {
+        let Address::Unix(path) = socket(name) else {
+            unreachable!()
+        };
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let fake = thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut buf = vec![0; 1 << 20];
+            match refuse {
+                false => {
+                    conn.read_exact(&mut buf).unwrap();
+                }
+                true => {
+                    let mut input = StreamReader::new(&mut conn).unwrap();
+                    while !matches!(input.next_record().unwrap(), migration::Record::End) {}
+                    migration::answer(&mut conn, Err("no room here")).unwrap();
+                    conn.flush().unwrap();
+                }
+            }
+        });
+        let out = source(&["--migrate-to", &format!("unix:{}", path.display())])
+            .wait_with_output()
+            .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{name}: {stdout}\n{stderr}");
+        assert!(stderr.contains("the guest ran on here"), "{name}: {stderr}");
+        if refuse {
+            assert!(stderr.contains("refused the VM: no room here"), "{stderr}");
+        }
+        assert!(stdout.contains("finished"), "{name}: {stdout}");
+        assert_eq!(
+            stdout.matches("pages_checked = 256").count(),
+            2,
+            "{name}: {stdout}"
+        );
+        fake.join().unwrap();
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
+#[test]
+fn migration_arguments_get_clear_errors() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--migrate-to", "ftp:x"],
+            "is not an address: give unix:<path> or tcp:<ip>:<port>",
+        ),
+        (
+            &["--migrate-to", "tcp:localhost"],
+            "is not an IP address and port",
+        ),
+        (
+            &["--migrate-to", "unix:/x", "--snapshot-to", "/y"],
+            "cannot be used with",
+        ),
+        (&["--dirty-log", "pml"], "invalid value 'pml'"),
+    ];
+    for (args, error) in cases {
+        let out = vmm()
+            .args(["run", "--guest", "hello"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(error),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = vmm()
+        .args(["receive", "--listen", "unix:/nonexistent/dir/s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("cannot reach unix:/nonexistent/dir/s"),
+        "{}",
+        text(&out.stderr)
+    );
+}
