@@ -124,6 +124,9 @@ pub enum Error {
     /// A vCPU thread panicked: a bug in the VMM, never the guest's doing.
     #[error("the thread of vCPU {0} panicked")]
     VcpuPanicked(u32),
+    /// A migration, snapshot or restore failed.
+    #[error(transparent)]
+    Migration(#[from] crate::migration::MigrationError),
     /// Dirty logging could not be set up.
     #[error("dirty logging: {0}")]
     DirtyLog(#[from] dirty_log::Error),

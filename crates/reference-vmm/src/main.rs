@@ -155,6 +155,8 @@ enum Scenario {
     Rcu,
     /// dirty_log_perf_test per dirty-log backend.
     Dirty,
+    /// Live migration per dirty-log backend and dirtying rate.
+    Migrate,
     /// Every scenario, in this order.
     All,
 }
@@ -712,6 +714,7 @@ fn bench(args: BenchArgs) -> ExitCode {
             Scenario::Sched => bench::sched::run(opts, &mut progress),
             Scenario::Rcu => bench::rcu::run(opts, &mut progress),
             Scenario::Dirty => bench::dirty::run(opts, &mut progress),
+            Scenario::Migrate => bench::migrate::run(opts, &mut progress),
             Scenario::All => unreachable!("expanded above"),
         };
         match table {

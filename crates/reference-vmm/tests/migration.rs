@@ -9,125 +9,63 @@ mod common;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
 use common::kvm_available;
-use reference_vmm::layout::irq_record;
+use reference_vmm::VmConfig;
+use reference_vmm::bench::migrate::{Moved, guest_config, move_guest};
 use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms};
-use reference_vmm::migration::{
-    self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationReport, StreamReader,
-    Target,
-};
-use reference_vmm::{RunReport, Vm, VmConfig, VmMemory, guest};
-use vm_memory::{Bytes, GuestAddress};
+use reference_vmm::migration::{self, Address, DirtyLogBackend, MigrateOptions, StreamReader};
 
 const VCPUS: u32 = 2;
 /// The smallest memory with room for the guest's pages (from 32 MiB on).
 const MEM_MIB: u64 = 64;
-/// The guest's parameters: 256 pages per vCPU, 3 s of writes at most
-/// 100 000 a second, a 1 ms timer: long enough to be moved mid-way.
-fn params() -> [u64; 4] {
-    let khz = lapic_timer::TscClock::shared().tsc_khz();
-    [256, 3000 * khz, khz / 100, khz]
-}
+/// The guest: 256 pages per vCPU rewritten 10 µs apart for 3 s, a 1 ms
+/// timer: long enough to be moved mid-way.
+const PAGES: u64 = 256;
+const RUN: Duration = Duration::from_secs(3);
 
-fn mechanisms(irqchip: Irqchip) -> Mechanisms {
-    match irqchip {
+fn config(irqchip: Irqchip) -> VmConfig {
+    let mut config = guest_config(MEM_MIB, PAGES, 10, RUN);
+    config.mechanisms = match irqchip {
         Irqchip::User => Mechanisms::default(),
         Irqchip::Kernel => Mechanisms {
             irqchip,
             halt_poll: HaltPoll::Kvm,
             ..Mechanisms::default()
         },
-    }
+    };
+    config
 }
 
-/// What one in-process migration showed.
-struct Moved {
-    migration: MigrationReport,
-    /// Bytes that differ between the two memories at the switch-over.
-    differing: usize,
-    /// vCPU 0's interrupt count (its timer's) when it moved.
-    irqs_at_switch: u64,
-    destination: RunReport,
-}
-
-fn bytes(memory: &VmMemory) -> Vec<u8> {
-    let mut all = vec![0; (MEM_MIB << 20) as usize];
-    memory.read_slice(&mut all, GuestAddress(0)).unwrap();
-    all
-}
-
-/// Runs the migration guest, moves it to a VM received on `address` in
-/// this process, compares the memories before the destination runs, and
-/// runs it to the end there.
+/// Moves the migration guest 50 ms in to a VM of this process over
+/// `address`, and runs it to its end there.
 fn migrate(irqchip: Irqchip, backend: DirtyLogBackend, address: Address) -> Moved {
     let options = MigrateOptions {
         backend,
         after: Duration::from_millis(50),
         ..MigrateOptions::default()
     };
-    let mut config = VmConfig {
-        vcpus: VCPUS,
-        mem_mib: MEM_MIB,
-        timeout: Some(Duration::from_secs(120)),
-        mechanisms: mechanisms(irqchip),
+    let config = VmConfig {
         dirty_ring: options.dirty_ring(),
-        ..VmConfig::default()
+        ..config(irqchip)
     };
-    config.params[..4].copy_from_slice(&params());
-    let listener = address.listen().unwrap();
-    let address = listener.address().unwrap();
-    let destination = thread::spawn(move || {
-        let connection = listener.accept().unwrap();
-        let mut input = StreamReader::new(connection).unwrap();
-        let incoming = migration::receive(&mut input, Some(Duration::from_secs(120))).unwrap();
-        migration::answer(input.get_mut(), Ok(())).unwrap();
-        incoming
-    });
-    let mut vm = Vm::new(&config).unwrap();
-    let source_memory = vm.memory();
-    let moving = Migration::prepare(&mut vm, Target::Peer(address), options).unwrap();
-    let (tx, result) = mpsc::channel();
-    vm.on_start(Box::new(move |control| {
-        tx.send(moving.run(control)).unwrap()
-    }));
-    let source = vm
-        .run(guest::find("migrate").unwrap(), Box::new(std::io::sink()))
-        .unwrap();
-    let migration = result.recv().unwrap().unwrap();
-    assert!(source.handed_over, "{source}");
-    assert!(source.vcpus.iter().all(|v| !v.finished), "{source}");
-    let incoming = destination.join().unwrap();
-    let differing = bytes(&source_memory)
-        .iter()
-        .zip(bytes(&incoming.vm.memory()))
-        .filter(|(a, b)| **a != *b)
-        .count();
-    let irqs_at_switch = source_memory
-        .read_obj::<u64>(GuestAddress(irq_record(0) + 8))
-        .unwrap();
-    let destination = incoming
-        .vm
-        .run(incoming.program, Box::new(std::io::sink()))
-        .unwrap();
-    Moved {
-        migration,
-        differing,
-        irqs_at_switch,
-        destination,
-    }
+    move_guest(&config, options, &address, true).unwrap()
 }
 
 /// The guest's own checks passed at the destination (every page, timer and
 /// IPI, or it fails the run), its timer kept firing after the move, and the
 /// memories were identical at the switch-over.
 fn check(moved: &Moved, what: &str) {
-    let d = &moved.destination;
+    let (s, d) = (&moved.source, &moved.destination);
+    assert!(
+        s.handed_over && s.vcpus.iter().all(|v| !v.finished),
+        "{what}: {s}"
+    );
     assert_eq!(
-        moved.differing, 0,
+        moved.differing,
+        Some(0),
         "{what}: bytes differ at the switch-over"
     );
     assert!(
@@ -135,7 +73,7 @@ fn check(moved: &Moved, what: &str) {
         "{what}: {d}"
     );
     for vcpu in 0..VCPUS {
-        assert_eq!(d.value(vcpu, "pages_checked"), Some(256), "{what}: {d}");
+        assert_eq!(d.value(vcpu, "pages_checked"), Some(PAGES), "{what}: {d}");
     }
     let irqs = d.value(0, "irqs").unwrap();
     assert!(
@@ -215,7 +153,11 @@ fn text(bytes: &[u8]) -> String {
 
 /// `run --guest migrate` with `extra` arguments, in the background.
 fn source(extra: &[&str]) -> Child {
-    let params = params().map(|p| p.to_string()).join(",");
+    let params = config(Irqchip::User).params[..4]
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     vmm()
         .args([
             "run",

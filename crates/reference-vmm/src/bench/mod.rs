@@ -8,6 +8,7 @@
 pub mod dirty;
 pub mod halt;
 pub mod host;
+pub mod migrate;
 pub mod peer;
 pub mod rcu;
 pub mod runs;

@@ -1,0 +1,324 @@
+//! `bench migrate`: the `migrate` guest moved live between two VMs of this
+//! process over a Unix socket, per dirty-log backend and dirtying rate, with
+//! the memory of both compared at the switch-over.
+
+use std::thread;
+use std::time::Duration;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::bench::{Cell, Options, Runs, Table, goal, ticks_per_us};
+use crate::error::Error;
+use crate::guest;
+use crate::layout::{PAGE_SIZE, irq_record};
+use crate::migration::{
+    self, Address, DirtyLogBackend, Incoming, MigrateOptions, Migration, MigrationError,
+    MigrationReport, StreamReader, Target,
+};
+use crate::vm::{RunReport, Vm, VmConfig, VmMemory};
+
+/// vCPUs of the guest.
+const VCPUS: u32 = 2;
+/// Its memory (without `--quick`), and the pages each vCPU rewrites in it.
+const MEM_MIB: u64 = 512;
+const PAGES_PER_VCPU: u64 = 16384;
+/// The dirtying rates, as TSC-µs between one vCPU's page writes: 10 000
+/// pages a second per vCPU, and as fast as it can.
+const RATES: [(&str, u64); 2] = [("10k pages/s per vCPU", 100), ("flat out", 0)];
+/// How long the guest runs, and when the migration starts.
+const RUN: Duration = Duration::from_secs(4);
+const AFTER: Duration = Duration::from_millis(300);
+/// Pre-copy's round limit here: a backend that has not converged by then
+/// is stopped and copied (the table says so).
+const MAX_ROUNDS: u32 = 12;
+
+/// One guest moved: what the migration, both runs and the memories showed.
+#[derive(Debug)]
+pub struct Moved {
+    /// The source's account.
+    pub migration: MigrationReport,
+    /// The source's run, handed over.
+    pub source: RunReport,
+    /// The destination's run, to the guest's end.
+    pub destination: RunReport,
+    /// Bytes that differed between the two memories at the switch-over,
+    /// where they were compared.
+    pub differing: Option<u64>,
+    /// vCPU 0's interrupt count when it moved.
+    pub irqs_at_switch: u64,
+}
+
+/// Runs the `migrate` guest of `config` and moves it, after
+/// `options.after`, to a VM that receives it on `address` in this process,
+/// which runs the guest to its end. With `compare`, the destination waits
+/// until both memories have been compared (its guest then sees that wait
+/// as part of its stall); without, it runs at once, as a destination
+/// process does.
+pub fn move_guest(
+    config: &VmConfig,
+    options: MigrateOptions,
+    address: &Address,
+    compare: bool,
+) -> Result<Moved, Error> {
+    let listener = address.listen()?;
+    let address = listener.address().map_err(|source| {
+        Error::Migration(migration::MigrationError::Connect {
+            what: address.to_string(),
+            source,
+        })
+    })?;
+    let timeout = config.timeout;
+    let destination = thread::spawn(move || {
+        let mut input = StreamReader::new(listener.accept()?).map_err(MigrationError::from)?;
+        let incoming = migration::receive(&mut input, timeout)?;
+        migration::answer(input.get_mut(), Ok(())).map_err(|e| MigrationError::Stream(e.into()))?;
+        match compare {
+            true => Ok(Err(incoming)),
+            false => Ok(Ok(incoming.vm.run(program(), Box::new(std::io::sink()))?)),
+        }
+    });
+    let mut vm = Vm::new(config)?;
+    let source_memory = vm.memory();
+    let moving = Migration::prepare(&mut vm, Target::Peer(address), options)?;
+    let (tx, migrated) = std::sync::mpsc::channel();
+    vm.on_start(Box::new(move |control| {
+        let _ = tx.send(moving.run(control));
+    }));
+    let source = vm.run(program(), Box::new(std::io::sink()))?;
+    let migration = migrated
+        .recv()
+        .map_err(|_| Error::ThreadPanicked("migration"))??;
+    let irqs_at_switch = source_memory
+        .read_obj::<u64>(GuestAddress(irq_record(0) + 8))
+        .map_err(migration::MigrationError::from)?;
+    let joined: Result<Result<RunReport, Incoming>, Error> = destination
+        .join()
+        .map_err(|_| Error::ThreadPanicked("destination"))?;
+    let (destination, differing) = match joined? {
+        Ok(report) => (report, None),
+        Err(incoming) => {
+            let differing = differing_bytes(&source_memory, &incoming.vm.memory())?;
+            let report = incoming.vm.run(program(), Box::new(std::io::sink()))?;
+            (report, Some(differing))
+        }
+    };
+    Ok(Moved {
+        migration,
+        source,
+        destination,
+        differing,
+        irqs_at_switch,
+    })
+}
+
+/// Compares two memories of the same size, a MiB at a time.
+fn differing_bytes(a: &VmMemory, b: &VmMemory) -> Result<u64, Error> {
+    let size = vm_memory::GuestMemoryBackend::last_addr(a).0 + 1;
+    let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    let mut differing = 0;
+    for at in (0..size).step_by(1 << 20) {
+        let n = ((size - at) as usize).min(x.len());
+        a.read_slice(&mut x[..n], GuestAddress(at))
+            .and_then(|()| b.read_slice(&mut y[..n], GuestAddress(at)))
+            .map_err(migration::MigrationError::from)?;
+        differing += x[..n].iter().zip(&y[..n]).filter(|(p, q)| p != q).count() as u64;
+    }
+    Ok(differing)
+}
+
+/// The `migrate` guest's configuration: `mem_mib` of memory, `pages` per
+/// vCPU rewritten `rate_us` apart for `run`, a 1 ms timer on vCPU 0.
+pub fn guest_config(mem_mib: u64, pages: u64, rate_us: u64, run: Duration) -> VmConfig {
+    let ticks = ticks_per_us();
+    let mut config = VmConfig {
+        vcpus: VCPUS,
+        mem_mib,
+        timeout: Some(Duration::from_secs(300)),
+        ..VmConfig::default()
+    };
+    config.params[..4].copy_from_slice(&[
+        pages,
+        (run.as_secs_f64() * 1e6 * ticks) as u64,
+        (rate_us as f64 * ticks) as u64,
+        (1000.0 * ticks) as u64,
+    ]);
+    config
+}
+
+/// The longest stall any vCPU saw, ms.
+fn guest_stall_ms(report: &RunReport) -> f64 {
+    (0..VCPUS)
+        .filter_map(|v| report.value(v, "max_stall_ticks"))
+        .max()
+        .unwrap_or(0) as f64
+        / ticks_per_us()
+        / 1000.0
+}
+
+const COLUMNS: [&str; 10] = [
+    "backend",
+    "dirtying",
+    "rounds",
+    "converged",
+    "pages sent",
+    "total ms",
+    "downtime ms (VMM)",
+    "longest guest stall ms",
+    "no-migration stall ms",
+    "differing bytes",
+];
+
+/// One backend's runs at one rate.
+#[derive(Default)]
+struct Cells {
+    rounds: Runs,
+    pages: Runs,
+    total_ms: Runs,
+    downtime_ms: Runs,
+    stall_ms: Runs,
+    converged: usize,
+    differing: u64,
+}
+
+impl Cells {
+    fn add(&mut self, moved: &Moved) {
+        if let Some(d) = moved.differing {
+            self.differing = self.differing.max(d);
+        }
+        let m = &moved.migration;
+        self.rounds.push(f64::from(m.rounds));
+        self.pages.push(m.pages_sent as f64);
+        self.total_ms.push(m.total.as_secs_f64() * 1e3);
+        self.downtime_ms.push(m.downtime.as_secs_f64() * 1e3);
+        self.stall_ms.push(guest_stall_ms(&moved.destination));
+        self.converged += usize::from(m.rounds < MAX_ROUNDS);
+    }
+}
+
+const BACKENDS: [DirtyLogBackend; 3] = [
+    DirtyLogBackend::Bitmap,
+    DirtyLogBackend::Manual,
+    DirtyLogBackend::Ring,
+];
+
+/// Runs the scenario: every backend at every rate, alternating, median of
+/// the repetitions, beside the same guest's longest stall without a move.
+pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
+    let (mem_mib, pages) = match opts.quick {
+        true => (64, 2048),
+        false => (MEM_MIB, PAGES_PER_VCPU),
+    };
+    let mut t = Table::new(
+        format!(
+            "migrate: {VCPUS} vCPUs, {mem_mib} MiB, each rewriting {} MiB of it, moved over a Unix socket",
+            (pages * PAGE_SIZE) >> 20
+        ),
+        &COLUMNS,
+    );
+    let socket =
+        Address::Unix(std::env::temp_dir().join(format!("rvmm-bench-{}.sock", std::process::id())));
+    let mut low_rate = Vec::new();
+    let mut differing = 0;
+    for (rate, rate_us) in RATES {
+        let config = guest_config(mem_mib, pages, rate_us, RUN);
+        let mut baseline = Runs::new();
+        let mut cells: Vec<Cells> = BACKENDS.iter().map(|_| Cells::default()).collect();
+        for rep in 1..=opts.reps() {
+            progress(&format!("migrate: {rate}, run {rep} without a move"));
+            let alone = Vm::new(&config)?.run(program(), Box::new(std::io::sink()))?;
+            baseline.push(guest_stall_ms(&alone));
+            for (backend, cell) in BACKENDS.iter().zip(&mut cells) {
+                progress(&format!("migrate: {rate}, {backend:?}, run {rep}"));
+                // --quick compares in its one run, and times that run.
+                cell.add(&move_with(&config, *backend, &socket, opts.quick)?);
+            }
+        }
+        for (backend, cell) in BACKENDS.iter().zip(&mut cells).filter(|_| !opts.quick) {
+            progress(&format!("migrate: {rate}, {backend:?}, memories compared"));
+            let moved = move_with(&config, *backend, &socket, true)?;
+            cell.differing = moved.differing.unwrap_or(u64::MAX);
+        }
+        for (backend, c) in BACKENDS.iter().zip(&cells) {
+            t.row(vec![
+                Cell::text(format!("{backend:?}").to_lowercase()),
+                Cell::text(rate),
+                Cell::num(c.rounds.median(), 0),
+                Cell::text(format!("{} of {}", c.converged, opts.reps())),
+                Cell::num(c.pages.median(), 0),
+                Cell::num(c.total_ms.median(), 1),
+                Cell::num(c.downtime_ms.median(), 2),
+                Cell::num(c.stall_ms.median(), 2),
+                Cell::num(baseline.median(), 2),
+                Cell::num(c.differing as f64, 0),
+            ]);
+            differing = differing.max(c.differing);
+        }
+        if low_rate.is_empty() {
+            low_rate = cells;
+        }
+    }
+    if let Address::Unix(path) = &socket {
+        let _ = std::fs::remove_file(path);
+    }
+    t.note(format!(
+        "The guest starts moving {} ms in; pre-copy stops once a round takes no longer than the \
+         20 ms downtime target, or after {MAX_ROUNDS} rounds (\"converged\": the runs that \
+         stopped by the target). Downtime (VMM) is from the pause to the destination's answer; \
+         the guest's longest stall is the longest gap between two of its TSC reads, on either \
+         host, beside the same guest's without a move. Medians of {} runs, where the destination \
+         runs as soon as it answers; in each, the guest checks every page against its \
+         generation. Differing bytes: one more run per cell whose destination waits until both \
+         memories are compared byte for byte at the switch-over.",
+        AFTER.as_millis(),
+        opts.reps()
+    ));
+    t.note(downtime_goal(&low_rate[1..]));
+    t.note(goal(
+        "0 differing bytes in every compared run",
+        &format!("at most {differing}"),
+        differing == 0,
+        &[],
+    ));
+    Ok(t)
+}
+
+fn move_with(
+    config: &VmConfig,
+    backend: DirtyLogBackend,
+    socket: &Address,
+    compare: bool,
+) -> Result<Moved, Error> {
+    let options = MigrateOptions {
+        backend,
+        after: AFTER,
+        max_rounds: MAX_ROUNDS,
+        ..MigrateOptions::default()
+    };
+    let config = VmConfig {
+        dirty_ring: options.dirty_ring(),
+        ..config.clone()
+    };
+    move_guest(&config, options, socket, compare)
+}
+
+/// Guest-seen downtime at most 20 ms at the lower rate, with the better of
+/// manual protect and the ring.
+fn downtime_goal(manual_and_ring: &[Cells]) -> String {
+    let best = manual_and_ring
+        .iter()
+        .zip(["manual", "ring"])
+        .min_by(|a, b| a.0.stall_ms.median().total_cmp(&b.0.stall_ms.median()));
+    match best {
+        Some((c, name)) => goal(
+            "the guest's longest stall at most 20 ms at the lower rate, with manual protect or the ring",
+            &format!("{name}, {:.2} ms", c.stall_ms.median()),
+            c.stall_ms.median() <= 20.0,
+            &c.stall_ms.each(|ms| ms <= 20.0),
+        ),
+        None => String::new(),
+    }
+}
+
+fn program() -> &'static guest::GuestProgram {
+    guest::find("migrate").expect("built in")
+}
