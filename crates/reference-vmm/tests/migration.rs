@@ -13,10 +13,10 @@ use std::thread;
 use std::time::Duration;
 
 use common::kvm_available;
-use reference_vmm::VmConfig;
 use reference_vmm::bench::migrate::{Moved, guest_config, move_guest};
 use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms};
 use reference_vmm::migration::{self, Address, DirtyLogBackend, MigrateOptions, StreamReader};
+use reference_vmm::{VmConfig, guest};
 
 const VCPUS: u32 = 2;
 /// The smallest memory with room for the guest's pages (from 32 MiB on).
@@ -51,7 +51,14 @@ fn migrate(irqchip: Irqchip, backend: DirtyLogBackend, address: Address) -> Move
         dirty_ring: options.dirty_ring(),
         ..config(irqchip)
     };
-    move_guest(&config, options, &address, true).unwrap()
+    move_guest(
+        &config,
+        guest::find("migrate").unwrap(),
+        options,
+        &address,
+        true,
+    )
+    .unwrap()
 }
 
 /// The guest's own checks passed at the destination (every page, timer and
@@ -138,6 +145,29 @@ fn a_guest_moves_over_loopback_tcp_with_either_apic() {
     for irqchip in [Irqchip::User, Irqchip::Kernel] {
         let what = format!("TCP, {irqchip}");
         check(&migrate(irqchip, DirtyLogBackend::Manual, tcp()), &what);
+    }
+}
+
+#[test]
+fn a_halted_vcpu_moves_halted_and_wakes_on_an_ipi_sent_after_the_move() {
+    if !kvm_available("a_halted_vcpu_moves_halted_and_wakes_on_an_ipi_sent_after_the_move") {
+        return;
+    }
+    for irqchip in [Irqchip::User, Irqchip::Kernel] {
+        let mut config = config(irqchip);
+        // The IPI 2 s in: long after the move, which starts 50 ms in.
+        config.params[0] = config.params[1] * 2 / 3;
+        let options = MigrateOptions {
+            after: Duration::from_millis(50),
+            ..MigrateOptions::default()
+        };
+        let halt_wake = guest::find("halt-wake").unwrap();
+        let moved = move_guest(&config, halt_wake, options, &socket("halt"), true).unwrap();
+        let d = &moved.destination;
+        assert_eq!(moved.migration.halted, 1, "{irqchip}: {}", moved.migration);
+        assert_eq!(moved.differing, Some(0), "{irqchip}");
+        assert!(d.vcpus.iter().all(|v| v.finished), "{irqchip}: {d}");
+        assert_eq!(d.value(0, "irqs"), Some(1), "{irqchip}: {d}");
     }
 }
 

@@ -9,7 +9,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::bench::{Cell, Options, Runs, Table, goal, ticks_per_us};
 use crate::error::Error;
-use crate::guest;
+use crate::guest::{self, GuestProgram};
 use crate::layout::{PAGE_SIZE, irq_record};
 use crate::migration::{
     self, Address, DirtyLogBackend, Incoming, MigrateOptions, Migration, MigrationError,
@@ -48,7 +48,7 @@ pub struct Moved {
     pub irqs_at_switch: u64,
 }
 
-/// Runs the `migrate` guest of `config` and moves it, after
+/// Runs `program` as `config` says and moves it, after
 /// `options.after`, to a VM that receives it on `address` in this process,
 /// which runs the guest to its end. With `compare`, the destination waits
 /// until both memories have been compared (its guest then sees that wait
@@ -56,6 +56,7 @@ pub struct Moved {
 /// process does.
 pub fn move_guest(
     config: &VmConfig,
+    program: &'static GuestProgram,
     options: MigrateOptions,
     address: &Address,
     compare: bool,
@@ -74,7 +75,7 @@ pub fn move_guest(
         migration::answer(input.get_mut(), Ok(())).map_err(|e| MigrationError::Stream(e.into()))?;
         match compare {
             true => Ok(Err(incoming)),
-            false => Ok(Ok(incoming.vm.run(program(), Box::new(std::io::sink()))?)),
+            false => Ok(Ok(incoming.vm.run(program, Box::new(std::io::sink()))?)),
         }
     });
     let mut vm = Vm::new(config)?;
@@ -84,7 +85,7 @@ pub fn move_guest(
     vm.on_start(Box::new(move |control| {
         let _ = tx.send(moving.run(control));
     }));
-    let source = vm.run(program(), Box::new(std::io::sink()))?;
+    let source = vm.run(program, Box::new(std::io::sink()))?;
     let migration = migrated
         .recv()
         .map_err(|_| Error::ThreadPanicked("migration"))??;
@@ -98,7 +99,7 @@ pub fn move_guest(
         Ok(report) => (report, None),
         Err(incoming) => {
             let differing = differing_bytes(&source_memory, &incoming.vm.memory())?;
-            let report = incoming.vm.run(program(), Box::new(std::io::sink()))?;
+            let report = incoming.vm.run(program, Box::new(std::io::sink()))?;
             (report, Some(differing))
         }
     };
@@ -298,7 +299,7 @@ fn move_with(
         dirty_ring: options.dirty_ring(),
         ..config.clone()
     };
-    move_guest(&config, options, socket, compare)
+    move_guest(&config, program(), options, socket, compare)
 }
 
 /// Guest-seen downtime at most 20 ms at the lower rate, with the better of

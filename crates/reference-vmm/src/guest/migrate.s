@@ -223,3 +223,46 @@ migrate_arm_timer:
     call rt_wrmsr
     inc qword ptr [rsp + 8 + 32]
     ret
+
+// halt-wake: vCPU 0 halts until an interrupt arrives; the others spin for
+// params[0] TSC ticks, then the last sends vCPU 0 an IPI (vector 0x42), and
+// each waits until vCPU 0 has taken it. Reports "irqs" (vCPU 0's: 1). For
+// a migration that must move a halted vCPU and wake it afterwards.
+    .globl reference_vmm_guest_halt_wake
+reference_vmm_guest_halt_wake:
+    lea r13, [rdx - {irq_record_below_data}]
+    mov r12, rdi                // index
+    mov r14, rsi                // count
+    mov rdi, rsi
+    call rt_apic_enable_all
+    test r12, r12
+    jnz 2f
+    lea rdi, [r13 + 8]
+    mov esi, 1
+    call rt_wait_count          // halted until the IPI
+    jmp 4f
+2:  tsc64
+    mov rbx, rax
+    add rbx, [{params}]
+3:  pause
+    tsc64
+    cmp rax, rbx
+    jb 3b
+    lea rax, [r14 - 1]
+    cmp r12, rax
+    jne 5f
+    xor edi, edi
+    mov esi, 0x42
+    call rt_send_ipi
+5:  imul rax, r12, {vcpu_area_size}
+    mov rcx, r13
+    sub rcx, rax                // vCPU 0's interrupt record
+6:  cmp qword ptr [rcx + 8], 1
+    jae 4f
+    pause
+    jmp 6b
+4:  lea rdi, [rip + 7f]
+    mov rsi, [r13 + 8]
+    call rt_report
+    call rt_done
+7:  .asciz "irqs"

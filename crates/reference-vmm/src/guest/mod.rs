@@ -151,6 +151,7 @@ unsafe extern "C" {
     safe static reference_vmm_guest_port_exits: u8;
     safe static reference_vmm_guest_dirty_writer: u8;
     safe static reference_vmm_guest_migrate: u8;
+    safe static reference_vmm_guest_halt_wake: u8;
     safe static reference_vmm_guest_report_flood: u8;
     safe static reference_vmm_guest_serial_flood: u8;
     safe static reference_vmm_guest_periodic_timer: u8;
@@ -412,6 +413,13 @@ pub static PROGRAMS: &[GuestProgram] = &[
         ],
         until_stopped: false,
         entry: &reference_vmm_guest_migrate,
+    },
+    GuestProgram {
+        name: "halt-wake",
+        about: "vCPU 0 halts until the last vCPU, after params[0] TSC ticks of spinning, sends it an IPI (2 vCPUs or more; for migrating a halted vCPU)",
+        params: &[count("ticks before the IPI")],
+        until_stopped: false,
+        entry: &reference_vmm_guest_halt_wake,
     },
     GuestProgram {
         name: "report-flood",

@@ -90,6 +90,8 @@ pub struct MigrationReport {
     pub pages_sent: u64,
     /// Pages sent with the guest paused.
     pub final_pages: u64,
+    /// vCPUs that were halted when the guest paused.
+    pub halted: usize,
     /// From the first byte sent to the hand-over.
     pub total: Duration,
     /// From the pause to the destination's answer (or the file's sync).
@@ -100,11 +102,12 @@ impl fmt::Display for MigrationReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "migration: {} round(s), {} pages sent ({} with the guest paused), {:.1} ms in all, \
-             downtime {:.3} ms",
+            "migration: {} round(s), {} pages sent ({} with the guest paused, {} vCPU(s) \
+             halted), {:.1} ms in all, downtime {:.3} ms",
             self.rounds,
             self.pages_sent,
             self.final_pages,
+            self.halted,
             self.total.as_secs_f64() * 1e3,
             self.downtime.as_secs_f64() * 1e3
         )
@@ -251,6 +254,7 @@ impl Migration {
         }
         let states = control.pause(PAUSE_TIMEOUT)?;
         let paused = Instant::now();
+        report.halted = states.iter().filter(|s| s.is_halted()).count();
         match self.stop_and_copy(out, &states, precopy) {
             Ok(pages) => {
                 report.final_pages = pages;

@@ -292,6 +292,13 @@ impl VcpuState {
         Ok(())
     }
 
+    /// Whether the vCPU was halted: in this VMM, or in KVM's LAPIC.
+    pub fn is_halted(&self) -> bool {
+        self.halted
+            || matches!(self.chip, ChipState::Kernel(_))
+                && self.mp_state == kvm_bindings::KVM_MP_STATE_HALTED
+    }
+
     /// The guest's TSC when it was captured, if KVM gave it.
     pub fn tsc(&self) -> Option<u64> {
         self.msrs.iter().find(|(i, _)| *i == MSR_TSC).map(|m| m.1)
