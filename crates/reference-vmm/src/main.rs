@@ -220,6 +220,7 @@ impl OutputArgs {
 
 /// Live migration and snapshots of a running guest.
 #[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("moving").args(["migrate_to", "snapshot_to"]))]
 struct MigrateArgs {
     /// Migrate the running guest to a `reference-vmm receive` listening at
     /// unix:<path> or tcp:<ip>:<port>; this process exits 0 once the
@@ -232,16 +233,17 @@ struct MigrateArgs {
     snapshot_to: Option<PathBuf>,
     /// How pre-copy tracks dirty pages: bitmap (KVM_GET_DIRTY_LOG), manual
     /// (manual protect, INITIALLY_SET, chunked clears), ring (the dirty ring).
-    #[arg(long, value_enum, default_value = "manual")]
+    #[arg(long, value_enum, default_value = "manual", requires = "migrate_to")]
     dirty_log: DirtyLogBackend,
     /// Start the migration or snapshot this long after the guest starts.
-    #[arg(long, value_name = "MS", default_value_t = 200)]
+    #[arg(long, value_name = "MS", default_value_t = 200, requires = "moving")]
     migrate_after_ms: u64,
     /// Pre-copy ends once a round takes no longer than this.
-    #[arg(long, value_name = "MS", default_value_t = 20)]
+    #[arg(long, value_name = "MS", default_value_t = 20, requires = "migrate_to")]
     downtime_ms: u64,
     /// Pre-copy ends after this many rounds (the full pass counts).
-    #[arg(long, value_name = "N", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 30, requires = "migrate_to",
+          value_parser = clap::value_parser!(u32).range(1..))]
     max_rounds: u32,
 }
 

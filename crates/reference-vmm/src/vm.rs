@@ -514,17 +514,23 @@ impl Vm {
             match spawned {
                 Ok(handle) => threads.push(handle),
                 Err(source) => {
-                    stop_all(&shared, &threads);
-                    threads.into_iter().for_each(|t| t.join().unwrap_or(()));
+                    abandon(&shared, threads);
                     return Err(Error::SpawnThread { vcpu: i, source });
                 }
             }
         }
         drop(tx);
-        let controller = self
+        let controller = match self
             .controller
             .map(|c| spawn_controller(c, RunControl::new(shared.clone(), description)))
-            .transpose()?;
+            .transpose()
+        {
+            Ok(controller) => controller,
+            Err(e) => {
+                abandon(&shared, threads);
+                return Err(e);
+            }
+        };
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         let (mut vcpus, ending, answered) = collect(&rx, &shared, &threads, &self.stop, timeout);
         let elapsed = start.elapsed();
@@ -727,6 +733,13 @@ fn join_or_leave(threads: Vec<JoinHandle<()>>, answered: &[u32]) -> Result<Vec<u
         Some(i) => Err(Error::VcpuPanicked(i)),
         None => Ok(left),
     }
+}
+
+/// Stops the vCPU threads started so far and waits for them: the run
+/// cannot go on.
+fn abandon(shared: &VmShared, threads: Vec<JoinHandle<()>>) {
+    stop_all(shared, &threads);
+    threads.into_iter().for_each(|t| t.join().unwrap_or(()));
 }
 
 fn stop_all(shared: &VmShared, threads: &[JoinHandle<()>]) {

@@ -107,44 +107,37 @@ fn tcp() -> Address {
     "tcp:127.0.0.1:0".parse().unwrap()
 }
 
-#[test]
-fn every_backend_moves_a_guest_with_its_own_apic_byte_for_byte() {
-    if !kvm_available("every_backend_moves_a_guest_with_its_own_apic_byte_for_byte") {
-        return;
-    }
-    for backend in [
-        DirtyLogBackend::Bitmap,
-        DirtyLogBackend::Manual,
-        DirtyLogBackend::Ring,
-    ] {
-        let what = format!("user APIC, {backend:?}");
-        check(&migrate(Irqchip::User, backend, socket(&what)), &what);
-    }
-}
-
-#[test]
-fn every_backend_moves_a_guest_on_kvms_lapic_byte_for_byte() {
-    if !kvm_available("every_backend_moves_a_guest_on_kvms_lapic_byte_for_byte") {
-        return;
-    }
-    for backend in [
-        DirtyLogBackend::Bitmap,
-        DirtyLogBackend::Manual,
-        DirtyLogBackend::Ring,
-    ] {
-        let what = format!("KVM's LAPIC, {backend:?}");
-        check(&migrate(Irqchip::Kernel, backend, socket(&what)), &what);
-    }
-}
-
-#[test]
-fn a_guest_moves_over_loopback_tcp_with_either_apic() {
-    if !kvm_available("a_guest_moves_over_loopback_tcp_with_either_apic") {
-        return;
-    }
+/// `backend` moves the guest byte for byte over a Unix socket and over
+/// loopback TCP, with either interrupt controller.
+fn moves_everywhere(backend: DirtyLogBackend) {
     for irqchip in [Irqchip::User, Irqchip::Kernel] {
-        let what = format!("TCP, {irqchip}");
-        check(&migrate(irqchip, DirtyLogBackend::Manual, tcp()), &what);
+        for address in [socket(&format!("{backend:?}-{irqchip}")), tcp()] {
+            let what = format!("{backend:?}, {irqchip} APIC, {address}");
+            check(&migrate(irqchip, backend, address), &what);
+        }
+    }
+}
+
+#[test]
+fn the_bitmap_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic() {
+    if kvm_available("the_bitmap_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic") {
+        moves_everywhere(DirtyLogBackend::Bitmap);
+    }
+}
+
+#[test]
+fn manual_protect_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic() {
+    if kvm_available(
+        "manual_protect_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic",
+    ) {
+        moves_everywhere(DirtyLogBackend::Manual);
+    }
+}
+
+#[test]
+fn the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic() {
+    if kvm_available("the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic") {
+        moves_everywhere(DirtyLogBackend::Ring);
     }
 }
 
@@ -426,9 +419,94 @@ fn a_destination_that_fails_leaves_the_guest_running_at_the_source() {
     }
 }
 
+/// Forwards a connection from a source to a destination, both ways, with
+/// the source's byte `at` flipped or, with `cut`, nothing from it on.
+fn damaging_proxy(listen: &Address, to: &str, at: usize, cut: bool) -> thread::JoinHandle<()> {
+    let listener = listen.listen().unwrap();
+    let to = to.strip_prefix("unix:").unwrap().to_owned();
+    thread::spawn(move || {
+        let migration::Connection::Unix(mut from_source) = listener.accept().unwrap() else {
+            panic!("a Unix connection")
+        };
+        let mut to_destination = std::os::unix::net::UnixStream::connect(&to).unwrap();
+        let (mut answer_in, mut answer_out) = (
+            to_destination.try_clone().unwrap(),
+            from_source.try_clone().unwrap(),
+        );
+        let answers = thread::spawn(move || std::io::copy(&mut answer_in, &mut answer_out));
+        let mut buf = vec![0u8; 1 << 16];
+        let mut seen = 0;
+        while let Ok(n @ 1..) = from_source.read(&mut buf) {
+            let chunk = &mut buf[..n];
+            let end = match (seen..seen + n).contains(&at) {
+                true if cut => at - seen,
+                true => {
+                    chunk[at - seen] ^= 0x08;
+                    n
+                }
+                false => n,
+            };
+            seen += n;
+            if to_destination.write_all(&chunk[..end]).is_err() || end < n {
+                break;
+            }
+        }
+        let _ = to_destination.shutdown(std::net::Shutdown::Both);
+        let _ = from_source.shutdown(std::net::Shutdown::Both);
+        let _ = answers.join();
+    })
+}
+
+#[test]
+fn a_stream_damaged_on_the_way_is_refused_and_the_source_runs_on() {
+    if !kvm_available("a_stream_damaged_on_the_way_is_refused_and_the_source_runs_on") {
+        return;
+    }
+    // Offsets inside the stream (a 64 MiB guest sends some 70 MB).
+    for (name, at, cut, error) in [
+        (
+            "flipped",
+            9_876_543,
+            false,
+            "is corrupted (its CRC32 does not match)",
+        ),
+        ("cut", 31_415_926, true, "cut off in the middle of"),
+    ] {
+        let mut destination = Background(
+            vmm()
+                .args(["receive", "--listen"])
+                .arg(socket(&format!("dst-{name}")).to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let to = destination.listening_on();
+        let proxy_at = socket(&format!("proxy-{name}"));
+        let proxy = damaging_proxy(&proxy_at, &to, at, cut);
+        let source = source(&["--migrate-to", &proxy_at.to_string()])
+            .wait_with_output()
+            .unwrap();
+        let refused = destination.output();
+        let (stdout, stderr) = (text(&source.stdout), text(&source.stderr));
+        let refusal = text(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{name}: {refusal}");
+        assert!(refusal.contains(error), "{name}: {refusal}");
+        assert!(refused.stdout.is_empty(), "{name}: the damaged guest ran");
+        assert_eq!(source.status.code(), Some(1), "{name}: {stdout}\n{stderr}");
+        assert!(stderr.contains("the guest ran on here"), "{name}: {stderr}");
+        assert_eq!(
+            stdout.matches("pages_checked = 256").count(),
+            2,
+            "{name}: {stdout}"
+        );
+        proxy.join().unwrap();
+    }
+}
+
 #[test]
 fn migration_arguments_get_clear_errors() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--migrate-to", "ftp:x"],
             "is not an address: give unix:<path> or tcp:<ip>:<port>",
@@ -442,6 +520,10 @@ fn migration_arguments_get_clear_errors() {
             "cannot be used with",
         ),
         (&["--dirty-log", "pml"], "invalid value 'pml'"),
+        (
+            &["--dirty-log", "ring"],
+            "required arguments were not provided",
+        ),
     ];
     for (args, error) in cases {
         let out = vmm()

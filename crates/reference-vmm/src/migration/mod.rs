@@ -1,5 +1,5 @@
 //! Live migration, snapshot and restore: a running VM's memory and vCPU
-//! state, sent as one [stream](stream) to another reference-vmm process
+//! state, sent as one [`stream`] to another reference-vmm process
 //! (`run --migrate-to`, `receive --listen`) or to a file
 //! (`run --snapshot-to`, `restore`).
 //!
@@ -11,7 +11,7 @@
 //! since, until one round's pages would take no longer than the downtime
 //! target at the bandwidth measured, or the round limit. Then it pauses the
 //! vCPUs ([`crate::pause`]), sends the last dirty pages (the VMM's own writes
-//! among them) and every vCPU's [state](state), and waits for the
+//! among them) and every vCPU's [`state`], and waits for the
 //! destination's answer: once the destination has restored everything it
 //! answers, the source's vCPU threads end and the destination's start; if
 //! anything fails before that, the source resumes its guest.

@@ -201,8 +201,17 @@ impl Migration {
     }
 
     /// Runs the migration beside the guest: waits `after`, sends the VM,
-    /// and hands it over. On failure the guest runs on here.
+    /// and hands it over. On failure the guest runs on here, without
+    /// dirty logging.
     pub fn run(mut self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
+        let moved = self.move_vm(control);
+        if moved.is_err() {
+            self.log.disable();
+        }
+        moved
+    }
+
+    fn move_vm(&mut self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
         if control.wait_for_end(self.options.after) {
             return Err(crate::pause::PauseError::Ended(control.ended_vcpu()).into());
         }
@@ -228,7 +237,6 @@ impl Migration {
             }
         };
         if let Err(e) = answered {
-            self.log.disable();
             control.resume();
             return Err(e);
         }
@@ -262,7 +270,6 @@ impl Migration {
                 Ok((report, paused))
             }
             Err(e) => {
-                self.log.disable();
                 control.resume();
                 Err(e)
             }
