@@ -304,30 +304,27 @@ pub fn migration_stream(data: &[u8]) {
     bytes.extend_from_slice(&VERSION.to_le_bytes());
     bytes.extend_from_slice(data);
     let mut input = StreamReader::new(&bytes[..]).expect("a valid header");
-    let mut described: Option<(u64, Vec<bool>)> = None;
-    loop {
-        let Ok(record) = input.next_record() else {
-            return;
-        };
-        match (record, &mut described) {
-            (Record::Config(d), None) => {
-                described = Some((d.mem_mib << 20, vec![false; d.vcpus as usize]));
-            }
-            (Record::Pages { gpa, data }, Some((mem, _))) => {
+    let Ok(described) = input.config() else {
+        return;
+    };
+    let mem = described.mem_mib << 20;
+    let mut seen = vec![false; described.vcpus as usize];
+    while let Ok(record) = input.next_record() {
+        match record {
+            Record::Pages { gpa, data } => {
                 let len = data.len() as u64;
                 assert!(gpa % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && len > 0);
-                assert!(gpa + len <= *mem, "{len} bytes at {gpa:#x} past {mem:#x}");
+                assert!(gpa + len <= mem, "{len} bytes at {gpa:#x} past {mem:#x}");
             }
-            (Record::Vcpu(state), Some((_, seen))) => {
+            Record::Vcpu(state) => {
                 let slot = &mut seen[state.index as usize];
                 assert!(!std::mem::replace(slot, true), "vCPU {} twice", state.index);
             }
-            (Record::End, Some((_, seen))) => {
+            Record::End => {
                 assert!(seen.iter().all(|&s| s));
                 assert!(input.next_record().is_err());
                 return;
             }
-            (record, described) => panic!("{record:?} accepted with {described:?}"),
         }
     }
 }

@@ -295,17 +295,6 @@ pub struct Vm {
     incoming: Option<Vec<(ChipState, bool)>>,
 }
 
-impl fmt::Debug for Vm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Vm")
-            .field("vcpus", &self.vcpus.len())
-            .field("mem_mib", &self.mem_mib)
-            .field("boot", &self.boot)
-            .field("mechanisms", &self.mechanisms)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Vm {
     /// Creates the VM on `/dev/kvm`.
     pub fn new(config: &VmConfig) -> Result<Self, Error> {

@@ -15,8 +15,11 @@ use std::time::Duration;
 use common::kvm_available;
 use reference_vmm::bench::migrate::{Moved, guest_config, move_guest};
 use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms};
-use reference_vmm::migration::{self, Address, DirtyLogBackend, MigrateOptions, StreamReader};
-use reference_vmm::{VmConfig, guest};
+use reference_vmm::migration::{
+    self, Address, ChipState, DirtyLogBackend, MigrateOptions, StreamReader, StreamWriter,
+    VcpuState, VmDescription,
+};
+use reference_vmm::{Boot, Vm, VmConfig, guest};
 
 const VCPUS: u32 = 2;
 /// The smallest memory with room for the guest's pages (from 32 MiB on).
@@ -393,6 +396,7 @@ fn a_destination_that_fails_leaves_the_guest_running_at_the_source() {
                 }
                 true => {
                     let mut input = StreamReader::new(&mut conn).unwrap();
+                    input.config().unwrap();
                     while !matches!(input.next_record().unwrap(), migration::Record::End) {}
                     migration::answer(&mut conn, Err("no room here")).unwrap();
                     conn.flush().unwrap();
@@ -548,4 +552,127 @@ fn migration_arguments_get_clear_errors() {
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused() {
+    if !kvm_available("a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused") {
+        return;
+    }
+    // A VM on this VMM's APIC, and a vCPU state with KVM's LAPIC page.
+    let description = VmDescription {
+        program: "hello".into(),
+        vcpus: 1,
+        mem_mib: 64,
+        params: [0; 16],
+        mechanisms: Mechanisms::default(),
+        min_timer_period_ns: 200_000,
+        tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
+    };
+    let state = VcpuState {
+        index: 0,
+        halted: false,
+        captured_at_ns: 0,
+        regs: Default::default(),
+        sregs: Default::default(),
+        xsave: Box::default(),
+        xcrs: Default::default(),
+        events: Default::default(),
+        mp_state: 0,
+        msrs: Vec::new(),
+        chip: ChipState::Kernel(Box::default()),
+    };
+    let mut out = StreamWriter::new(Vec::new()).unwrap();
+    out.config(&description).unwrap();
+    out.vcpu(&state).unwrap();
+    out.end().unwrap();
+    let bytes = std::mem::take(out.get_mut());
+    let mut input = StreamReader::new(&bytes[..]).unwrap();
+    let Err(e) = migration::receive(&mut input, None) else {
+        panic!("a mismatched state was accepted")
+    };
+    assert_eq!(
+        e.to_string(),
+        "vCPU 0's state is for the other interrupt controller than the VM's (user)"
+    );
+}
+
+#[test]
+fn a_vm_made_to_receive_a_stream_does_not_run_without_one() {
+    if !kvm_available("a_vm_made_to_receive_a_stream_does_not_run_without_one") {
+        return;
+    }
+    let config = VmConfig {
+        boot: Boot::Incoming,
+        ..VmConfig::default()
+    };
+    let e = Vm::new(&config)
+        .unwrap()
+        .run(guest::find("hello").unwrap(), Box::new(std::io::sink()))
+        .unwrap_err();
+    assert!(e.to_string().contains("Vm::set_incoming"), "{e}");
+}
+
+#[test]
+fn a_migration_that_cannot_start_leaves_the_guest_to_finish_here() {
+    if !kvm_available("a_migration_that_cannot_start_leaves_the_guest_to_finish_here") {
+        return;
+    }
+    let short = config(Irqchip::User).params[1] / 10; // 300 ms of writes
+    let params = format!("256,{short},100,0");
+    let cases: [(&[&str], &str); 3] = [
+        // The guest ends before the migration would start.
+        (
+            &[
+                "--migrate-to",
+                "unix:/nonexistent",
+                "--migrate-after-ms",
+                "10000",
+            ],
+            "cannot pause the guest: vCPU 0 is no longer running",
+        ),
+        (
+            &["--snapshot-to", "/nonexistent/dir/snap"],
+            "cannot reach /nonexistent/dir/snap",
+        ),
+        (
+            &[
+                "--migrate-to",
+                "tcp:127.0.0.1:1",
+                "--migrate-after-ms",
+                "10",
+            ],
+            "cannot reach tcp:127.0.0.1:1",
+        ),
+    ];
+    for (args, error) in cases {
+        let out = vmm()
+            .args([
+                "run",
+                "--guest",
+                "migrate",
+                "--vcpus",
+                "2",
+                "--mem-mib",
+                "64",
+            ])
+            .args(["--params", &params])
+            .args(args)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(error), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("the guest ran on here"),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(stdout.matches("pages_checked = 256").count(), 2, "{stdout}");
+    }
+    let out = vmm()
+        .args(["restore", "/nonexistent/snap"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("cannot open /nonexistent/snap"));
 }

@@ -8,14 +8,13 @@ use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::stream::{Kind, Record, StreamError, StreamReader};
+use super::stream::{Record, StreamReader};
 use super::{ChipState, MigrationError, VcpuState};
 use crate::guest::{self, GuestProgram};
 use crate::mechanisms::Irqchip;
 use crate::vm::{Boot, Vm, VmConfig};
 
 /// A VM received whole, ready to run its program where it left off.
-#[derive(Debug)]
 pub struct Incoming {
     /// The VM, its memory written and its vCPUs' KVM state restored.
     pub vm: Vm,
@@ -32,11 +31,7 @@ pub fn receive<R: Read>(
     input: &mut StreamReader<R>,
     timeout: Option<Duration>,
 ) -> Result<Incoming, MigrationError> {
-    let description = match input.next_record()? {
-        Record::Config(d) => d,
-        // The reader refuses anything else first.
-        _ => return Err(MigrationError::Stream(StreamError::Incomplete)),
-    };
+    let description = input.config()?;
     let program = guest::find(&description.program)
         .ok_or_else(|| MigrationError::UnknownGuest(description.program.clone()))?;
     let config = VmConfig {
@@ -62,14 +57,6 @@ pub fn receive<R: Read>(
             }
             Record::Vcpu(state) => states.push(*state),
             Record::End => break,
-            Record::Config(_) => {
-                return Err(StreamError::Order {
-                    seq: input.position().saturating_sub(1),
-                    kind: Kind::Config,
-                    why: "a second Config record",
-                }
-                .into());
-            }
         }
     }
     states.sort_by_key(|s| s.index);

@@ -317,3 +317,50 @@ fn read_answer(input: &mut impl Read) -> Result<(), MigrationError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_and_print_back() {
+        for text in ["unix:/tmp/x.sock", "tcp:127.0.0.1:4444", "tcp:[::1]:80"] {
+            assert_eq!(text.parse::<Address>().unwrap().to_string(), text);
+        }
+        for bad in ["unix:", "udp:1.2.3.4:5", "/tmp/x", "tcp:host:1"] {
+            assert!(bad.parse::<Address>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_source_waits_for_a_destination_that_starts_listening_late() {
+        let path = std::env::temp_dir().join(format!("rvmm-late-{}.sock", std::process::id()));
+        let address = Address::Unix(path.clone());
+        let late = address.clone();
+        let listener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let listener = late.listen().unwrap();
+            assert_eq!(listener.address().unwrap(), late);
+            listener.accept().map(|_| ())
+        });
+        let connected = address.connect();
+        listener.join().unwrap().unwrap();
+        assert!(connected.is_ok());
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_refusal_reaches_the_source_with_its_reason() {
+        let mut wire = Vec::new();
+        answer(&mut wire, Err("no room")).unwrap();
+        let e = read_answer(&mut &wire[..]).unwrap_err();
+        assert_eq!(e.to_string(), "the destination refused the VM: no room");
+        wire.clear();
+        answer(&mut wire, Ok(())).unwrap();
+        assert!(read_answer(&mut &wire[..]).is_ok());
+        assert!(matches!(
+            read_answer(&mut &[][..]),
+            Err(MigrationError::NoAnswer(_))
+        ));
+    }
+}

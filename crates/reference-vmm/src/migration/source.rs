@@ -161,15 +161,6 @@ pub struct Migration {
     memory: VmMemory,
 }
 
-impl fmt::Debug for Migration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Migration")
-            .field("target", &self.target)
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Migration {
     /// Sets up dirty tracking for `vm` (before it runs: the ring attaches
     /// to the vCPUs, and their threads drain it when it is full).

@@ -566,6 +566,33 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn bad_flags_kinds_and_structure_sizes_are_named() {
+        let mut bytes = user_vcpu(0).encode();
+        bytes[4] = 2; // the halted flag
+        assert_eq!(
+            VcpuState::decode(&bytes).unwrap_err(),
+            "2 where a flag (0 or 1) belongs"
+        );
+        let mut bytes = user_vcpu(0).encode();
+        let mut apic = Encoder::default();
+        encode_apic(&mut apic, &ApicState::default());
+        let chip_tag = bytes.len() - 4 * 8 - apic.0.len() - 1;
+        assert_eq!(bytes[chip_tag], 1);
+        bytes[chip_tag] = 7;
+        assert_eq!(
+            VcpuState::decode(&bytes).unwrap_err(),
+            "interrupt controller kind 7"
+        );
+        // Registers one byte short: the length says so, the size does not fit.
+        let mut e = Encoder::default();
+        e.u32(0).u8(0).u64(0).bytes(&[0; 143]);
+        assert_eq!(
+            VcpuState::decode(&e.0).unwrap_err(),
+            "registers: 143 bytes where KVM's structure has 144"
+        );
+    }
+
+    #[test]
     fn an_msr_count_past_the_payload_is_refused_before_allocating() {
         let mut bytes = user_vcpu(0).encode();
         // The count follows the index, flag, time, five structures and mp_state.

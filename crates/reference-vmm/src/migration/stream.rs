@@ -126,11 +126,9 @@ pub enum StreamError {
     },
 }
 
-/// A decoded record.
+/// A decoded record after the Config record ([`StreamReader::config`]).
 #[derive(Debug)]
 pub enum Record {
-    /// The VM's description.
-    Config(Box<VmDescription>),
     /// Guest memory at `gpa`: whole pages, inside the VM's memory.
     Pages {
         /// Guest physical address of the first page.
@@ -245,12 +243,33 @@ impl<R: Read> StreamReader<R> {
         })
     }
 
-    /// The next record, checked: its length, checksum, number, payload and
-    /// place in the order. After [`Record::End`] there is nothing more to read.
+    /// The first record, the VM's description, checked.
+    pub fn config(&mut self) -> Result<VmDescription, StreamError> {
+        let (kind, seq, payload) = self.read_raw()?;
+        let order = |why| StreamError::Order { seq, kind, why };
+        if self.order.vm.is_some() {
+            return Err(order("a second Config record"));
+        }
+        if kind != Kind::Config {
+            return Err(order("the Config record must come first"));
+        }
+        let description = VmDescription::decode(&payload).map_err(|why| StreamError::Payload {
+            seq,
+            kind,
+            why,
+        })?;
+        self.order.vm = Some((description.mem_mib << 20, description.vcpus));
+        self.order.vcpus = vec![false; description.vcpus as usize];
+        Ok(description)
+    }
+
+    /// The next record after the Config record, checked: its length,
+    /// checksum, number, payload and place in the order. After
+    /// [`Record::End`] there is nothing more to read.
     pub fn next_record(&mut self) -> Result<Record, StreamError> {
         let (kind, seq, payload) = self.read_raw()?;
         let record = decode(kind, seq, &payload)?;
-        self.order.check(seq, &record)?;
+        self.order.check(seq, kind, &record)?;
         Ok(record)
     }
 
@@ -321,7 +340,11 @@ fn decode(kind: Kind, seq: u32, payload: &[u8]) -> Result<Record, StreamError> {
     let malformed = |why: String| StreamError::Payload { seq, kind, why };
     Ok(match kind {
         Kind::Config => {
-            Record::Config(Box::new(VmDescription::decode(payload).map_err(malformed)?))
+            return Err(StreamError::Order {
+                seq,
+                kind,
+                why: "a Config record after the first record",
+            });
         }
         Kind::Pages => {
             let (gpa, data) = payload
@@ -344,27 +367,15 @@ fn decode(kind: Kind, seq: u32, payload: &[u8]) -> Result<Record, StreamError> {
 }
 
 impl Order {
-    fn check(&mut self, seq: u32, record: &Record) -> Result<(), StreamError> {
-        let kind = match record {
-            Record::Config(_) => Kind::Config,
-            Record::Pages { .. } => Kind::Pages,
-            Record::Vcpu(_) => Kind::Vcpu,
-            Record::End => Kind::End,
-        };
+    fn check(&mut self, seq: u32, kind: Kind, record: &Record) -> Result<(), StreamError> {
         let order = |why| StreamError::Order { seq, kind, why };
         if self.ended {
             return Err(order("a record after the End record"));
         }
         let Some((mem_size, vcpus)) = self.vm else {
-            let Record::Config(d) = record else {
-                return Err(order("the Config record must come first"));
-            };
-            self.vm = Some((d.mem_mib << 20, d.vcpus));
-            self.vcpus = vec![false; d.vcpus as usize];
-            return Ok(());
+            return Err(order("the Config record must come first"));
         };
         match record {
-            Record::Config(_) => Err(order("a second Config record")),
             Record::Pages { .. } if self.vcpus.iter().any(|&v| v) => {
                 Err(order("guest pages after a vCPU's state"))
             }
@@ -497,12 +508,13 @@ mod tests {
         out.out
     }
 
-    fn read_all(bytes: &[u8]) -> Result<Vec<Record>, StreamError> {
+    fn read_all(bytes: &[u8]) -> Result<(VmDescription, Vec<Record>), StreamError> {
         let mut input = StreamReader::new(bytes)?;
+        let config = input.config()?;
         let mut records = Vec::new();
         loop {
             match input.next_record()? {
-                Record::End => return Ok(records),
+                Record::End => return Ok((config, records)),
                 r => records.push(r),
             }
         }
@@ -527,22 +539,28 @@ mod tests {
 
     #[test]
     fn a_stream_reads_back_as_written() {
-        let records = read_all(&stream()).unwrap();
-        assert_eq!(records.len(), 5);
-        let Record::Config(d) = &records[0] else {
-            panic!("{records:?}")
-        };
-        assert_eq!(**d, description(2));
+        let (config, records) = read_all(&stream()).unwrap();
+        assert_eq!(config, description(2));
+        assert_eq!(records.len(), 4);
         assert!(
-            matches!(&records[1], Record::Pages { gpa: 0x1000, data } if data == &[0xab; 8192])
+            matches!(&records[0], Record::Pages { gpa: 0x1000, data } if data == &[0xab; 8192])
         );
         assert!(
-            matches!(&records[2], Record::Pages { gpa: 0x20_0000, data } if data.len() == 4096)
+            matches!(&records[1], Record::Pages { gpa: 0x20_0000, data } if data.len() == 4096)
         );
-        let Record::Vcpu(v) = &records[3] else {
+        let Record::Vcpu(v) = &records[2] else {
             panic!("{records:?}")
         };
         assert_eq!(v.encode(), user_vcpu(1).encode());
+        // A record read before the Config record breaks the order too.
+        let bytes = stream();
+        let mut input = StreamReader::new(&bytes[..]).unwrap();
+        let e = input.next_record().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "record 0 (Config) is out of order: a Config record after the first record"
+        );
+        assert_eq!(input.position(), 1);
     }
 
     #[test]
@@ -553,7 +571,7 @@ mod tests {
         assert_eq!(out.pages(0, &run).unwrap(), run.len() as u64 / PAGE_SIZE);
         assert_eq!(out.seq, 4);
         let mut input = StreamReader::new(&out.out[..]).unwrap();
-        input.next_record().unwrap();
+        input.config().unwrap();
         let mut next = 0;
         for _ in 0..3 {
             let Record::Pages { gpa, data } = input.next_record().unwrap() else {
@@ -639,7 +657,7 @@ mod tests {
         use Kind::*;
         let cases: &[(&[Kind], &str)] = &[
             (&[Pages], "the Config record must come first"),
-            (&[Config, Config], "a second Config record"),
+            (&[Config, Config], "a Config record after the first record"),
             (&[Config, Vcpu, Pages], "guest pages after a vCPU's state"),
             (&[Config, Vcpu, Vcpu], "a vCPU's state sent twice"),
             (&[Config, End], "the End record before every vCPU's state"),
