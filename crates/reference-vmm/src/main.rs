@@ -262,6 +262,7 @@ impl MigrateArgs {
             after: Duration::from_millis(self.migrate_after_ms),
             downtime: Duration::from_millis(self.downtime_ms),
             max_rounds: self.max_rounds,
+            ..MigrateOptions::default()
         }
     }
 }

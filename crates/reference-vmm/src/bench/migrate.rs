@@ -15,6 +15,7 @@ use crate::migration::{
     self, Address, DirtyLogBackend, Incoming, MigrateOptions, Migration, MigrationError,
     MigrationReport, StreamReader, Target,
 };
+use crate::pause::PauseError;
 use crate::vm::{RunReport, Vm, VmConfig, VmMemory};
 
 /// vCPUs of the guest.
@@ -28,9 +29,11 @@ const RATES: [(&str, u64); 2] = [("10k pages/s per vCPU", 100), ("flat out", 0)]
 /// How long the guest runs, and when the migration starts.
 const RUN: Duration = Duration::from_secs(4);
 const AFTER: Duration = Duration::from_millis(300);
-/// Pre-copy's round limit here: a backend that has not converged by then
-/// is stopped and copied (the table says so).
+/// Pre-copy's limits here, in rounds and in time: a backend that has not
+/// converged by then is stopped and copied (the table says so), well before
+/// the guest ends.
 const MAX_ROUNDS: u32 = 12;
+const MAX_PRECOPY: Duration = Duration::from_secs(2);
 
 /// One guest moved: what the migration, both runs and the memories showed.
 #[derive(Debug)]
@@ -178,11 +181,21 @@ struct Cells {
     downtime_ms: Runs,
     stall_ms: Runs,
     converged: usize,
+    /// Runs whose guest ended before the hand-over (pre-copy too slow).
+    unfinished: usize,
     differing: u64,
 }
 
 impl Cells {
-    fn add(&mut self, moved: &Moved) {
+    /// Adds a run; one whose guest ended first counts as unfinished.
+    fn add(&mut self, moved: Result<Moved, Error>) -> Result<(), Error> {
+        let moved = match moved {
+            Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
+                self.unfinished += 1;
+                return Ok(());
+            }
+            moved => moved?,
+        };
         if let Some(d) = moved.differing {
             self.differing = self.differing.max(d);
         }
@@ -192,7 +205,16 @@ impl Cells {
         self.total_ms.push(m.total.as_secs_f64() * 1e3);
         self.downtime_ms.push(m.downtime.as_secs_f64() * 1e3);
         self.stall_ms.push(guest_stall_ms(&moved.destination));
-        self.converged += usize::from(m.rounds < MAX_ROUNDS);
+        self.converged += usize::from(m.converged);
+        Ok(())
+    }
+
+    /// A median, or a dash where no run finished.
+    fn median(runs: &Runs, decimals: usize) -> Cell {
+        match runs.0.is_empty() {
+            true => Cell::text("-"),
+            false => Cell::num(runs.median(), decimals),
+        }
     }
 }
 
@@ -231,24 +253,33 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             for (backend, cell) in BACKENDS.iter().zip(&mut cells) {
                 progress(&format!("migrate: {rate}, {backend:?}, run {rep}"));
                 // --quick compares in its one run, and times that run.
-                cell.add(&move_with(&config, *backend, &socket, opts.quick)?);
+                cell.add(move_with(&config, *backend, &socket, opts.quick))?;
             }
         }
         for (backend, cell) in BACKENDS.iter().zip(&mut cells).filter(|_| !opts.quick) {
             progress(&format!("migrate: {rate}, {backend:?}, memories compared"));
-            let moved = move_with(&config, *backend, &socket, true)?;
-            cell.differing = moved.differing.unwrap_or(u64::MAX);
+            match move_with(&config, *backend, &socket, true) {
+                Ok(moved) => cell.differing = moved.differing.unwrap_or(u64::MAX),
+                Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
+                    cell.unfinished += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
         for (backend, c) in BACKENDS.iter().zip(&cells) {
+            let converged = match c.unfinished {
+                0 => format!("{} of {}", c.converged, opts.reps()),
+                n => format!("{} of {}; {n} unfinished", c.converged, opts.reps()),
+            };
             t.row(vec![
                 Cell::text(format!("{backend:?}").to_lowercase()),
                 Cell::text(rate),
-                Cell::num(c.rounds.median(), 0),
-                Cell::text(format!("{} of {}", c.converged, opts.reps())),
-                Cell::num(c.pages.median(), 0),
-                Cell::num(c.total_ms.median(), 1),
-                Cell::num(c.downtime_ms.median(), 2),
-                Cell::num(c.stall_ms.median(), 2),
+                Cells::median(&c.rounds, 0),
+                Cell::text(converged),
+                Cells::median(&c.pages, 0),
+                Cells::median(&c.total_ms, 1),
+                Cells::median(&c.downtime_ms, 2),
+                Cells::median(&c.stall_ms, 2),
                 Cell::num(baseline.median(), 2),
                 Cell::num(c.differing as f64, 0),
             ]);
@@ -262,15 +293,18 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         let _ = std::fs::remove_file(path);
     }
     t.note(format!(
-        "The guest starts moving {} ms in; pre-copy stops once a round takes no longer than the \
-         20 ms downtime target, or after {MAX_ROUNDS} rounds (\"converged\": the runs that \
-         stopped by the target). Downtime (VMM) is from the pause to the destination's answer; \
+        "The guest starts moving {} ms in and runs {} s; pre-copy stops once a round takes no \
+         longer than the 20 ms downtime target, or after {MAX_ROUNDS} rounds or {} s \
+         (\"converged\": the runs that stopped by the target; \"unfinished\": runs whose guest \
+         ended before the hand-over). Downtime (VMM) is from the pause to the destination's answer; \
          the guest's longest stall is the longest gap between two of its TSC reads, on either \
          host, beside the same guest's without a move. Medians of {} runs, where the destination \
          runs as soon as it answers; in each, the guest checks every page against its \
          generation. Differing bytes: one more run per cell whose destination waits until both \
          memories are compared byte for byte at the switch-over.",
         AFTER.as_millis(),
+        RUN.as_secs(),
+        MAX_PRECOPY.as_secs(),
         opts.reps()
     ));
     t.note(downtime_goal(&low_rate[1..]));
@@ -293,6 +327,7 @@ fn move_with(
         backend,
         after: AFTER,
         max_rounds: MAX_ROUNDS,
+        max_precopy: MAX_PRECOPY,
         ..MigrateOptions::default()
     };
     let config = VmConfig {

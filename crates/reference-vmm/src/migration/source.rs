@@ -60,6 +60,10 @@ pub struct MigrateOptions {
     pub downtime: Duration,
     /// Pre-copy stops after this many rounds (the full pass counts as one).
     pub max_rounds: u32,
+    /// Pre-copy stops once it has run this long (the full pass included),
+    /// whatever the rounds left: a guest that dirties faster than the copy
+    /// would otherwise keep it going for every round allowed.
+    pub max_precopy: Duration,
 }
 
 impl Default for MigrateOptions {
@@ -69,6 +73,7 @@ impl Default for MigrateOptions {
             after: Duration::from_millis(200),
             downtime: Duration::from_millis(20),
             max_rounds: 30,
+            max_precopy: Duration::from_secs(60),
         }
     }
 }
@@ -92,6 +97,9 @@ pub struct MigrationReport {
     pub final_pages: u64,
     /// vCPUs that were halted when the guest paused.
     pub halted: usize,
+    /// Whether pre-copy stopped because a round fit the downtime target
+    /// (not at its round or time limit).
+    pub converged: bool,
     /// From the first byte sent to the hand-over.
     pub total: Duration,
     /// From the pause to the destination's answer (or the file's sync).
@@ -102,9 +110,14 @@ impl fmt::Display for MigrationReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "migration: {} round(s), {} pages sent ({} with the guest paused, {} vCPU(s) \
+            "migration: {} round(s){}, {} pages sent ({} with the guest paused, {} vCPU(s) \
              halted), {:.1} ms in all, downtime {:.3} ms",
             self.rounds,
+            if self.converged {
+                ""
+            } else {
+                " (pre-copy stopped at its limit)"
+            },
             self.pages_sent,
             self.final_pages,
             self.halted,
@@ -249,7 +262,7 @@ impl Migration {
         let mut report = MigrationReport::default();
         if precopy {
             self.log.enable()?;
-            report.pages_sent = self.precopy(out, &mut report.rounds)?;
+            self.precopy(out, &mut report)?;
         }
         let states = control.pause(PAUSE_TIMEOUT)?;
         let paused = Instant::now();
@@ -271,25 +284,27 @@ impl Migration {
     fn precopy<W: Write>(
         &mut self,
         out: &mut StreamWriter<W>,
-        rounds: &mut u32,
-    ) -> Result<u64, MigrationError> {
-        let mut sent = 0;
+        report: &mut MigrationReport,
+    ) -> Result<(), MigrationError> {
+        let began = Instant::now();
         if !self.log.first_round_is_full() {
-            sent += self.send_all(out)?;
-            *rounds += 1;
+            report.pages_sent += self.send_all(out)?;
+            report.rounds += 1;
         }
-        while *rounds < self.options.max_rounds {
+        while report.rounds < self.options.max_rounds && began.elapsed() < self.options.max_precopy
+        {
             let start = Instant::now();
             let pages = self.dirty_round(out)?;
-            *rounds += 1;
-            sent += pages;
+            report.rounds += 1;
+            report.pages_sent += pages;
             // The final round, with the guest paused, will be about as big
             // as this one: once this one fit the downtime, so will that.
             if pages == 0 || start.elapsed() <= self.options.downtime {
+                report.converged = true;
                 break;
             }
         }
-        Ok(sent)
+        Ok(())
     }
 
     /// The last dirty pages (all memory for a snapshot) and every vCPU's state.
