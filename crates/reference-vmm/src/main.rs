@@ -245,6 +245,15 @@ struct MigrateArgs {
     #[arg(long, value_name = "N", default_value_t = 30, requires = "migrate_to",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_rounds: u32,
+    /// Pre-copy ends after this long, the full pass included, whatever the
+    /// rounds left.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 60_000,
+        requires = "migrate_to"
+    )]
+    max_precopy_ms: u64,
 }
 
 impl MigrateArgs {
@@ -262,7 +271,7 @@ impl MigrateArgs {
             after: Duration::from_millis(self.migrate_after_ms),
             downtime: Duration::from_millis(self.downtime_ms),
             max_rounds: self.max_rounds,
-            ..MigrateOptions::default()
+            max_precopy: Duration::from_millis(self.max_precopy_ms),
         }
     }
 }

@@ -28,6 +28,9 @@ const MEM_MIB: u64 = 64;
 /// timer: long enough to be moved mid-way.
 const PAGES: u64 = 256;
 const RUN: Duration = Duration::from_secs(3);
+/// Pre-copy's time limit: the move ends well inside the guest's run even
+/// on a busy host, leaving it time to run on at the destination.
+const MAX_PRECOPY: Duration = Duration::from_secs(1);
 
 fn config(irqchip: Irqchip) -> VmConfig {
     let mut config = guest_config(MEM_MIB, PAGES, 10, RUN);
@@ -48,6 +51,7 @@ fn migrate(irqchip: Irqchip, backend: DirtyLogBackend, address: Address) -> Move
     let options = MigrateOptions {
         backend,
         after: Duration::from_millis(50),
+        max_precopy: MAX_PRECOPY,
         ..MigrateOptions::default()
     };
     let config = VmConfig {
@@ -155,6 +159,7 @@ fn a_halted_vcpu_moves_halted_and_wakes_on_an_ipi_sent_after_the_move() {
         config.params[0] = config.params[1] * 2 / 3;
         let options = MigrateOptions {
             after: Duration::from_millis(50),
+            max_precopy: MAX_PRECOPY,
             ..MigrateOptions::default()
         };
         let halt_wake = guest::find("halt-wake").unwrap();
@@ -196,6 +201,13 @@ fn source(extra: &[&str]) -> Child {
         ])
         .args(["--params", &params, "--migrate-after-ms", "50"])
         .args(extra)
+        .args(
+            extra
+                .contains(&"--migrate-to")
+                .then_some(["--max-precopy-ms", "1000"])
+                .iter()
+                .flatten(),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -629,7 +641,7 @@ fn a_migration_that_cannot_start_leaves_the_guest_to_finish_here() {
                 "--migrate-after-ms",
                 "10000",
             ],
-            "cannot pause the guest: vCPU 0 is no longer running",
+            "is no longer running (its program ended or failed)",
         ),
         (
             &["--snapshot-to", "/nonexistent/dir/snap"],
