@@ -125,27 +125,22 @@ fn moves_everywhere(backend: DirtyLogBackend) {
     }
 }
 
-#[test]
-fn the_bitmap_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic() {
-    if kvm_available("the_bitmap_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic") {
-        moves_everywhere(DirtyLogBackend::Bitmap);
-    }
+/// A test per backend, so that they run in parallel: [`moves_everywhere`].
+macro_rules! moves_everywhere_tests {
+    ($($test:ident: $backend:ident),*) => {$(
+        #[test]
+        fn $test() {
+            if kvm_available(stringify!($test)) {
+                moves_everywhere(DirtyLogBackend::$backend);
+            }
+        }
+    )*};
 }
 
-#[test]
-fn manual_protect_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic() {
-    if kvm_available(
-        "manual_protect_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic",
-    ) {
-        moves_everywhere(DirtyLogBackend::Manual);
-    }
-}
-
-#[test]
-fn the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic() {
-    if kvm_available("the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic") {
-        moves_everywhere(DirtyLogBackend::Ring);
-    }
+moves_everywhere_tests! {
+    the_bitmap_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Bitmap,
+    manual_protect_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Manual,
+    the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Ring
 }
 
 #[test]
@@ -182,6 +177,22 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `run` of the migration guest on 2 vCPUs and 64 MiB with `params`.
+fn run_migrate(params: &str) -> Command {
+    let mut run = vmm();
+    run.args([
+        "run",
+        "--guest",
+        "migrate",
+        "--vcpus",
+        "2",
+        "--mem-mib",
+        "64",
+    ])
+    .args(["--params", params]);
+    run
+}
+
 /// `run --guest migrate` with `extra` arguments, in the background.
 fn source(extra: &[&str]) -> Child {
     let params = config(Irqchip::User).params[..4]
@@ -189,17 +200,8 @@ fn source(extra: &[&str]) -> Child {
         .map(u64::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    vmm()
-        .args([
-            "run",
-            "--guest",
-            "migrate",
-            "--vcpus",
-            "2",
-            "--mem-mib",
-            "64",
-        ])
-        .args(["--params", &params, "--migrate-after-ms", "50"])
+    run_migrate(&params)
+        .args(["--migrate-after-ms", "50"])
         .args(extra)
         .args(
             extra
@@ -658,20 +660,7 @@ fn a_migration_that_cannot_start_leaves_the_guest_to_finish_here() {
         ),
     ];
     for (args, error) in cases {
-        let out = vmm()
-            .args([
-                "run",
-                "--guest",
-                "migrate",
-                "--vcpus",
-                "2",
-                "--mem-mib",
-                "64",
-            ])
-            .args(["--params", &params])
-            .args(args)
-            .output()
-            .unwrap();
+        let out = run_migrate(&params).args(args).output().unwrap();
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains(error), "{args:?}: {stderr}");
