@@ -206,7 +206,7 @@ pub enum ConfigError {
     TunedNeedsKernelIrqchip,
     /// A VM created to receive a stream was run before it received one.
     #[error(
-        "a VM created with Boot::Incoming runs only once its vCPU states are set (Vm::set_incoming)"
+        "a VM created with Boot::Incoming runs only once every vCPU's state is set (Vm::set_incoming)"
     )]
     NoIncomingState,
     /// No built-in guest program has this name.

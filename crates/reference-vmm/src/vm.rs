@@ -437,7 +437,11 @@ impl Vm {
             fd.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))?;
         }
         let mut incoming = match (&self.boot, self.incoming.take()) {
-            (Boot::Incoming, None) => return Err(ConfigError::NoIncomingState.into()),
+            (Boot::Incoming, states)
+                if states.as_ref().is_none_or(|s| s.len() != count as usize) =>
+            {
+                return Err(ConfigError::NoIncomingState.into());
+            }
             (_, states) => states.map(|s| s.into_iter().map(Some).collect::<Vec<_>>()),
         };
         let description = self.description(program);
@@ -486,7 +490,10 @@ impl Vm {
         let mut threads = Vec::new();
         for (i, fd) in (0..count).zip(self.vcpus) {
             let mut runner = VcpuRunner::new(i, fd, shared.clone());
-            if let Some((chip, halted)) = incoming.as_mut().and_then(|v| v[i as usize].take()) {
+            if let Some((chip, halted)) = incoming
+                .as_mut()
+                .and_then(|v| v.get_mut(i as usize)?.take())
+            {
                 runner = runner.incoming(chip, halted);
             }
             let tx = tx.clone();

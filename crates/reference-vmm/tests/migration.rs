@@ -620,11 +620,16 @@ fn a_vm_made_to_receive_a_stream_does_not_run_without_one() {
         boot: Boot::Incoming,
         ..VmConfig::default()
     };
-    let e = Vm::new(&config)
-        .unwrap()
-        .run(guest::find("hello").unwrap(), Box::new(std::io::sink()))
-        .unwrap_err();
-    assert!(e.to_string().contains("Vm::set_incoming"), "{e}");
+    for states in [None, Some(Vec::new())] {
+        let mut vm = Vm::new(&config).unwrap();
+        if let Some(states) = states {
+            vm.set_incoming(states); // none for its one vCPU
+        }
+        let e = vm
+            .run(guest::find("hello").unwrap(), Box::new(std::io::sink()))
+            .unwrap_err();
+        assert!(e.to_string().contains("Vm::set_incoming"), "{e}");
+    }
 }
 
 #[test]
