@@ -144,10 +144,18 @@ impl<T: ThreadControl + 'static, E: SchedEvents + 'static> Booster<T, E> {
         let mut booster = Booster::manual(vcpus, control, events, MonotonicClock::new());
         let stop = Arc::new(StdAtomicBool::new(false));
         let (shared, flag) = (booster.shared.clone(), stop.clone());
+        let (raised, is_raised) = std::sync::mpsc::sync_channel(1);
         let thread = thread::Builder::new()
             .name("boost-revoker".into())
-            .spawn(move || shared.revoke_until(&flag))
+            .spawn(move || {
+                shared.raise_revoker();
+                let _ = raised.send(());
+                shared.revoke_until(&flag)
+            })
             .expect("spawning the boost revoker thread");
+        // No boost before the revoker is above the boosts: a boosted thread
+        // on the CPU the revoker starts on would keep it from getting there.
+        let _ = is_raised.recv();
         booster.revoker = Some(Revoker { stop, thread });
         booster
     }
@@ -380,12 +388,16 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
         next
     }
 
-    /// The revoker thread: above every boost, sleeps until the next deadline
-    /// and takes back what expired, until `stop`.
-    fn revoke_until(&self, stop: &StdAtomicBool) {
+    /// Puts the calling (revoker) thread above every boost.
+    fn raise_revoker(&self) {
         if let Err(e) = self.control.prepare_revoker(current_tid()) {
             self.events.revoker_failed(&e);
         }
+    }
+
+    /// The revoker thread: above every boost, sleeps until the next deadline
+    /// and takes back what expired, until `stop`.
+    fn revoke_until(&self, stop: &StdAtomicBool) {
         while !stop.load(SeqCst) {
             self.revoker_wakes_at.store(0, SeqCst);
             let next = self.revoke_expired_at(self.now_ns());
@@ -706,5 +718,50 @@ mod tests {
         assert_eq!(after, before, "restored");
         assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
         assert_eq!(stats.revoker_errors.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_boost_on_the_boosters_own_cpu_right_after_new_is_revoked_in_time() {
+        // The booster, its target and (by inheritance) its revoker start on
+        // one CPU, and the first boost comes at once: a revoker that had not
+        // yet raised itself would wait behind the target until the kernel's
+        // fair server ran it, most of a second later.
+        let cpu = crate::thread::available_cpus().unwrap()[0];
+        crate::thread::pin(0, &[cpu]).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(StdAtomicBool::new(false));
+        let spin = stop.clone();
+        let target = std::thread::spawn(move || {
+            crate::thread::pin(0, &[cpu]).unwrap();
+            tx.send(current_tid()).unwrap();
+            while !spin.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        let tid = rx.recv().unwrap();
+        let stats = Arc::new(SchedStats::default());
+        let b = Booster::with_events(1, crate::FifoBoost::default(), stats.clone());
+        b.register(0, tid);
+        let boosted = b.boost(0);
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        while b.is_boosted(0) && std::time::Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        target.join().unwrap();
+        if let Err(e) = &boosted
+            && e.kind() == io::ErrorKind::PermissionDenied
+        {
+            eprintln!(
+                "SKIPPED a_boost_on_the_boosters_own_cpu_right_after_new_is_revoked_in_time: no CAP_SYS_NICE: {e}"
+            );
+            return;
+        }
+        assert!(boosted.unwrap(), "boosted");
+        // The budget is 1 ms; the margin is for a loaded host, far below
+        // the fair server's wait.
+        let held = Duration::from_nanos(stats.longest_boost_ns.load(Relaxed));
+        assert!(held < Duration::from_millis(100), "held {held:?}");
+        assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
     }
 }
