@@ -7,6 +7,9 @@
 //! may end their spin early). For each policy in the same run, taking turns:
 //! rounds per second and the hogs' iterations per second, as ratios to `NoBoost`,
 //! and the CPUs the VM's own threads used (CPU seconds per second).
+//! `DirectedYield, 10x budget` is `DirectedYield` under ten times the default
+//! `BoostBudget` (10 ms per boost): the gap between the two is what the
+//! bound costs.
 //!
 //! `cargo run --release -p vcpu-sched --example overcommit [-- SECONDS_PER_RUN [VCPUS HOGS SPIN_US]]`:
 //! the whole table, or the one configuration named.
@@ -26,20 +29,34 @@ use hogs::Hogs;
 use crossbeam_utils::CachePadded;
 use vcpu_sched::thread::current_tid;
 use vcpu_sched::{
-    BoostPolicy, Booster, DirectedYield, FifoBoost, FifoOnDelivery, KvmReady, NoBoost, RunState,
-    SchedStats, Scheduler,
+    BoostBudget, BoostPolicy, Booster, DirectedYield, FifoBoost, FifoOnDelivery, KvmReady, NoBoost,
+    RunState, SchedStats, Scheduler,
 };
 
 const ROUNDS: usize = 5;
 /// How often a spinning sender "exits" to the policy.
 const PLE_WINDOW: Duration = Duration::from_micros(2);
 
-fn policies() -> Vec<(&'static str, Arc<dyn BoostPolicy>)> {
+/// Ten times the default budget: what the bound costs shows as the gap
+/// between `DirectedYield` under it and under this.
+const LOOSE: BoostBudget = BoostBudget {
+    max_boost: Duration::from_millis(10),
+    per_period: Duration::from_millis(20),
+    period: Duration::from_millis(10),
+};
+
+fn policies() -> Vec<(&'static str, Arc<dyn BoostPolicy>, BoostBudget)> {
+    let default = BoostBudget::default();
     vec![
-        ("NoBoost", Arc::new(NoBoost)),
-        ("KvmReady", Arc::new(KvmReady)),
-        ("FifoOnDelivery", Arc::new(FifoOnDelivery)),
-        ("DirectedYield", Arc::new(DirectedYield::default())),
+        ("NoBoost", Arc::new(NoBoost), default),
+        ("KvmReady", Arc::new(KvmReady), default),
+        ("FifoOnDelivery", Arc::new(FifoOnDelivery), default),
+        ("DirectedYield", Arc::new(DirectedYield::default()), default),
+        (
+            "DirectedYield, 10x budget",
+            Arc::new(DirectedYield::default()),
+            LOOSE,
+        ),
     ]
 }
 
@@ -140,14 +157,21 @@ fn thread_cpu() -> Duration {
     Duration::from_nanos(ns.unwrap_or(0))
 }
 
-fn run(policy: Arc<dyn BoostPolicy>, n: usize, window: Duration, secs: f64, hogs: &Hogs) -> Run {
+fn run(
+    policy: Arc<dyn BoostPolicy>,
+    budget: BoostBudget,
+    n: usize,
+    window: Duration,
+    secs: f64,
+    hogs: &Hogs,
+) -> Run {
     let stats = Arc::new(SchedStats::default());
     let pending = Arc::new(Pending(
         (0..n)
             .map(|_| CachePadded::new(AtomicBool::new(false)))
             .collect(),
     ));
-    let booster = Booster::with_events(n, FifoBoost::default(), stats.clone());
+    let booster = Booster::with_events(n, FifoBoost::default(), stats.clone()).with_budget(budget);
     let vm = Arc::new(Vm {
         sched: Scheduler::new(n, policy, booster, pending.clone()),
         pending,
@@ -281,15 +305,15 @@ fn rows((n, h, window_us): Config, secs: f64) -> String {
     let hogs = Hogs::start(h);
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); policies().len()];
     for _ in 0..ROUNDS {
-        for (i, (_, p)) in policies().into_iter().enumerate() {
-            runs[i].push(run(p, n, window, secs, &hogs));
+        for (i, (_, p, budget)) in policies().into_iter().enumerate() {
+            runs[i].push(run(p, budget, n, window, secs, &hogs));
         }
     }
     drop(hogs);
     let base_rounds = median(&runs[0].iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
     let base_hogs = median(&runs[0].iter().map(|r| r.hog_rate).collect::<Vec<_>>());
     let mut out = String::new();
-    for ((name, _), r) in policies().into_iter().zip(&runs) {
+    for ((name, _, _), r) in policies().into_iter().zip(&runs) {
         let rounds = median(&r.iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
         let hog = median(&r.iter().map(|r| r.hog_rate).collect::<Vec<_>>());
         let hog_ratio = if h == 0 {
