@@ -121,6 +121,9 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The host timer `bench timer` measures the host's wake-up with failed.
+    #[error("the bench's host timer failed: {0}")]
+    HostTimer(#[source] io::Error),
     /// A vCPU thread panicked: a bug in the VMM, never the guest's doing.
     #[error("the thread of vCPU {0} panicked")]
     VcpuPanicked(u32),
