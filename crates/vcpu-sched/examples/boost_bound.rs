@@ -3,11 +3,14 @@
 //! one (`SCHED_FIFO`) keeps the booster off that CPU and never returns to ask
 //! for its boost to end. Only the revoker can end each boost. A sampler
 //! thread, above everything and on another CPU, reads each target's
-//! scheduling policy from outside (`sched_getattr`) every 20 µs.
+//! scheduling policy from outside (`sched_getattr`) every 20 µs. Each run
+//! tries the default revoker (anywhere, `SCHED_DEADLINE`), then the same with
+//! a second revoker on the sampler's CPU, away from the targets
+//! (`FifoBoost::with_revoker_cpus`).
 //!
-//! `cargo run --release -p vcpu-sched --example boost_bound [-- --json] [--seconds N] [--runs N]`
+//! `cargo run --release -p vcpu-sched --example boost_bound [-- --json] [--seconds N] [--runs N] [--hogs N]`
 //!
-//! Prints `boosts`, `revoked_by_deadline`, `budget_us` (`max_boost`),
+//! Prints, per run and revoker placement, `boosts`, `revoked_by_deadline`, `budget_us` (`max_boost`),
 //! `max_boost_us` (the longest time a target may have been real-time: from
 //! the last sample before to the first sample after, over the stretches
 //! the sampler watched throughout), `max_boost_certain_us` (the longest it
@@ -25,10 +28,16 @@
 //! (`unwatched_stretches`, with `max_sampler_gap_us`), and only its certain
 //! length counts.
 //!
-//! `--runs N` repeats the run N times (default 1). The runs' table also goes
-//! to the crate's RESULTS.md, section "boost bound".
+//! `--seconds N` is per run and placement (default 5), `--runs N` repeats
+//! the runs (default 1), `--hogs N` keeps N CPU-hog threads running
+//! throughout (default 0), as other tenants would. The table also goes to
+//! the crate's RESULTS.md, section "boost bound" (or "boost bound beside
+//! hogs").
 
-// The workspace's RESULTS.md writer (test-support's), a copy of which ships with the crate.
+// The workspace's CPU hogs and RESULTS.md writer (test-support's), copies of which ship with the crate.
+#[path = "support/hogs.rs"]
+#[allow(dead_code, reason = "only the hogs' start and stop are used here")]
+mod hogs;
 #[path = "support/results.rs"]
 mod results;
 
@@ -79,34 +88,37 @@ struct Args {
     json: bool,
     seconds: u64,
     runs: u64,
+    hogs: u64,
 }
 
 fn args() -> Result<Args, String> {
     let mut args = Args {
         json: false,
-        seconds: 10,
+        seconds: 5,
         runs: 1,
+        hogs: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--json" => args.json = true,
-            "--seconds" | "--runs" => {
+            "--seconds" | "--runs" | "--hogs" => {
                 let n = it.next().ok_or(format!("{arg} needs a number"))?;
+                let least = u64::from(arg != "--hogs");
                 let n = n
                     .parse()
                     .ok()
-                    .filter(|&s| s > 0)
-                    .ok_or(format!("{arg} {n:?}: a whole number, at least 1"))?;
-                *if arg == "--runs" {
-                    &mut args.runs
-                } else {
-                    &mut args.seconds
+                    .filter(|&s| s >= least)
+                    .ok_or(format!("{arg} {n:?}: a whole number, at least {least}"))?;
+                *match arg.as_str() {
+                    "--runs" => &mut args.runs,
+                    "--hogs" => &mut args.hogs,
+                    _ => &mut args.seconds,
                 } = n;
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; use [--json] [--seconds N] [--runs N]"
+                    "unknown argument {other:?}; use [--json] [--seconds N] [--runs N] [--hogs N]"
                 ));
             }
         }
@@ -299,6 +311,8 @@ fn main() {
             std::process::exit(1);
         }
     };
+    // Started before this thread is pinned: the hogs may run anywhere.
+    let _hogs = hogs::Hogs::start(args.hogs as usize);
     pin(0, &[shared_cpu]).expect("pin the booster");
     if let Err(e) = FifoBoost::default().check() {
         eprintln!("error: this example boosts threads to SCHED_FIFO: {e}");
@@ -306,30 +320,42 @@ fn main() {
     }
     let budget = BoostBudget::default();
     let mut table = format!(
-        "{} s per run, {TARGETS} targets busy-looping on the booster's CPU, max_boost {} µs; \
+        "{} CPU hogs throughout; {} s per run, {TARGETS} targets busy-looping on the booster's CPU, max_boost {} µs; \
          goal: real-time at most max_boost + 1000 µs by both bounds, and no real-time sample without a record\n\n\
-         | run | boosts | revoked by deadline | longest real-time µs, at most | longest real-time µs, at least | most CPU in one boost µs | host took the shared CPU, ms | unrecorded samples | unwatched stretches | goal |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+         | run | revokers | boosts | revoked by deadline | longest real-time µs, at most | longest real-time µs, at least | most CPU in one boost µs | host took the shared CPU, ms | unrecorded samples | unwatched stretches | goal |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        args.hogs,
         args.seconds,
         budget.max_boost.as_micros()
     );
     for run in 1..=args.runs {
-        let (events, seen) = run_once(&args, budget, shared_cpu, sampler_cpu);
-        table.push_str(&report(&args, run, &events.stats, budget, &seen));
+        for placement in [Placement::Anywhere, Placement::AlsoAway] {
+            let control = match placement {
+                Placement::Anywhere => FifoBoost::default(),
+                Placement::AlsoAway => FifoBoost::default().with_revoker_cpus(&[sampler_cpu]),
+            };
+            let (events, seen) = run_once(&args, control, budget, shared_cpu, sampler_cpu);
+            let row = report(&args, (run, placement), &events.stats, budget, &seen);
+            table.push_str(&row);
+        }
     }
     let command = results::command("cargo run --release -p vcpu-sched --example boost_bound");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
-    results::write_section(&path, "vcpu-sched", "boost bound", &command, &table);
+    let section = match args.hogs {
+        0 => "boost bound",
+        _ => "boost bound beside hogs",
+    };
+    results::write_section(&path, "vcpu-sched", section, &command, &table);
 }
 
 /// One run: boosts the targets for `args.seconds` while the sampler watches.
 fn run_once(
     args: &Args,
+    fifo: FifoBoost,
     budget: BoostBudget,
     shared_cpu: usize,
     sampler_cpu: usize,
 ) -> (Arc<Events>, Seen) {
-    let fifo = FifoBoost::default();
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel();
     let targets: Vec<_> = (0..TARGETS)
@@ -392,8 +418,34 @@ fn run_once(
     (events, seen)
 }
 
+/// Where the revokers run.
+#[derive(Clone, Copy, Debug)]
+enum Placement {
+    /// The default: one, `SCHED_DEADLINE`, on any CPU (so mostly on the CPU
+    /// of the boost it ends, whose target it preempts).
+    Anywhere,
+    /// `FifoBoost::with_revoker_cpus`: that one, and a second on the
+    /// sampler's CPU, away from the targets.
+    AlsoAway,
+}
+
+impl Placement {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Anywhere => "one, anywhere",
+            Self::AlsoAway => "and one on another CPU",
+        }
+    }
+}
+
 /// Prints one run's result; returns its row of the RESULTS.md table.
-fn report(args: &Args, run: u64, stats: &SchedStats, budget: BoostBudget, seen: &Seen) -> String {
+fn report(
+    args: &Args,
+    (run, placement): (u64, Placement),
+    stats: &SchedStats,
+    budget: BoostBudget,
+    seen: &Seen,
+) -> String {
     let get = |a: &AtomicU64| a.load(SeqCst);
     let budget_us = budget.max_boost.as_micros();
     let max_us = seen.max_fifo.as_micros();
@@ -414,7 +466,8 @@ fn report(args: &Args, run: u64, stats: &SchedStats, budget: BoostBudget, seen: 
     };
     if args.json {
         println!(
-            "{{\"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"max_boost_certain_us\": {certain_us}, \"max_boost_cpu_us\": {max_cpu_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"shared_cpu_steal_ms\": {stolen_ms}, \"goal_met\": {met}, \"cpu_goal_met\": {cpu_met}}}",
+            "{{\"revoker\": \"{}\", \"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"max_boost_certain_us\": {certain_us}, \"max_boost_cpu_us\": {max_cpu_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"shared_cpu_steal_ms\": {stolen_ms}, \"goal_met\": {met}, \"cpu_goal_met\": {cpu_met}}}",
+            placement.name(),
             args.seconds,
             get(&stats.boosts),
             get(&stats.boosts_revoked),
@@ -427,11 +480,12 @@ fn report(args: &Args, run: u64, stats: &SchedStats, budget: BoostBudget, seen: 
         );
     } else {
         println!(
-            "{} boosts in {} s, {} revoked by their deadline; the most CPU a target ran \
+            "revokers: {}: {} boosts in {} s, {} revoked by their deadline; the most CPU a target ran \
              real-time in one boost: {max_cpu_us} µs, the longest it was real-time: \
              at most {max_us} µs, at least {certain_us} µs (max_boost {budget_us} µs; {} stretches not watched throughout, \
              the sampler's longest gap {} µs); {} of {} samples saw a real-time target with \
              no record; goal (at most {bound} µs, no such sample): {verdict}",
+            placement.name(),
             get(&stats.boosts),
             args.seconds,
             get(&stats.boosts_revoked),
@@ -442,7 +496,8 @@ fn report(args: &Args, run: u64, stats: &SchedStats, budget: BoostBudget, seen: 
         );
     }
     format!(
-        "| {run} | {} | {} | {max_us} | {certain_us} | {max_cpu_us} | {stolen_ms} | {} | {} | {verdict} |\n",
+        "| {run} | {} | {} | {} | {max_us} | {certain_us} | {max_cpu_us} | {stolen_ms} | {} | {} | {verdict} |\n",
+        placement.name(),
         get(&stats.boosts),
         get(&stats.boosts_revoked),
         seen.unrecorded,

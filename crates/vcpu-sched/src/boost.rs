@@ -103,9 +103,9 @@ struct Shared<T, E> {
     period_ns: AtomicU64,
     slots: Vec<CachePadded<Slot>>,
     clock: Box<dyn Clock>,
-    /// When the revoker wakes next (ns on the clock); `u64::MAX` while it
+    /// When each revoker wakes next (ns on the clock); `u64::MAX` while it
     /// waits for a boost, 0 while it looks at the records.
-    revoker_wakes_at: AtomicU64,
+    revoker_wakes_at: Vec<AtomicU64>,
 }
 
 /// Boosts vCPU threads and takes every boost back.
@@ -116,7 +116,7 @@ struct Shared<T, E> {
 /// simulated time.
 pub struct Booster<T: ThreadControl, E: SchedEvents = NoEvents> {
     shared: Arc<Shared<T, E>>,
-    revoker: Option<Revoker>,
+    revokers: Vec<Revoker>,
 }
 
 /// The revoker thread and its stop flag.
@@ -141,22 +141,29 @@ impl<T: ThreadControl + 'static, E: SchedEvents + 'static> Booster<T, E> {
     /// # Panics
     /// If the revoker thread cannot be spawned (the system is out of threads).
     pub fn with_events(vcpus: usize, control: T, events: E) -> Self {
-        let mut booster = Booster::manual(vcpus, control, events, MonotonicClock::new());
-        let stop = Arc::new(StdAtomicBool::new(false));
-        let (shared, flag) = (booster.shared.clone(), stop.clone());
-        let (raised, is_raised) = std::sync::mpsc::sync_channel(1);
-        let thread = thread::Builder::new()
-            .name("boost-revoker".into())
-            .spawn(move || {
-                shared.raise_revoker();
-                let _ = raised.send(());
-                shared.revoke_until(&flag)
-            })
-            .expect("spawning the boost revoker thread");
-        // No boost before the revoker is above the boosts: a boosted thread
-        // on the CPU the revoker starts on would keep it from getting there.
-        let _ = is_raised.recv();
-        booster.revoker = Some(Revoker { stop, thread });
+        let revokers = control.revokers().max(1);
+        let mut booster = Booster::build(vcpus, control, events, MonotonicClock::new(), revokers);
+        for which in 0..revokers {
+            let stop = Arc::new(StdAtomicBool::new(false));
+            let (shared, flag) = (booster.shared.clone(), stop.clone());
+            let (raised, is_raised) = std::sync::mpsc::sync_channel(1);
+            let name = match which {
+                0 => "boost-revoker".to_string(),
+                n => format!("boost-revoker-{n}"),
+            };
+            let thread = thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    shared.raise_revoker(which);
+                    let _ = raised.send(());
+                    shared.revoke_until(which, &flag)
+                })
+                .expect("spawning a boost revoker thread");
+            // No boost before the revoker is above the boosts: a boosted
+            // thread on the CPU it starts on would keep it from getting there.
+            let _ = is_raised.recv();
+            booster.revokers.push(Revoker { stop, thread });
+        }
         booster
     }
 }
@@ -167,6 +174,17 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
     /// does too). For tests in simulated time, or a VMM whose own timer loop
     /// runs above every boosted thread.
     pub fn manual(vcpus: usize, control: T, events: E, clock: impl Clock + 'static) -> Self {
+        Booster::build(vcpus, control, events, clock, 0)
+    }
+
+    /// A booster with room for `revokers` revoker threads, none started.
+    fn build(
+        vcpus: usize,
+        control: T,
+        events: E,
+        clock: impl Clock + 'static,
+        revokers: usize,
+    ) -> Self {
         let budget = BoostBudget::default();
         let ns = |d: Duration| AtomicU64::new(d.as_nanos() as u64);
         Self {
@@ -178,9 +196,9 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
                 period_ns: ns(budget.period),
                 slots: (0..vcpus).map(|_| CachePadded::default()).collect(),
                 clock: Box::new(clock),
-                revoker_wakes_at: AtomicU64::new(0),
+                revoker_wakes_at: (0..revokers).map(|_| AtomicU64::new(0)).collect(),
             }),
-            revoker: None,
+            revokers: Vec::new(),
         }
     }
 
@@ -221,7 +239,7 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
     /// The thread control's error, e.g. `PermissionDenied` without `CAP_SYS_NICE`.
     pub fn boost(&self, vcpu: usize) -> io::Result<bool> {
         let s = &*self.shared;
-        if self.revoker.is_none() {
+        if self.revokers.is_empty() {
             s.revoke_expired_at(s.now_ns());
         }
         let Some(slot) = s.slots.get(vcpu) else {
@@ -292,20 +310,23 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
             .is_some_and(|s| s.record.load(SeqCst) != 0)
     }
 
-    /// Has the revoker look at the records again.
+    /// Has the revokers look at the records again.
     fn wake_revoker(&self) {
-        if let Some(r) = &self.revoker {
+        for r in &self.revokers {
             r.thread.thread().unpark();
         }
     }
 
-    /// Makes sure the revoker wakes by `deadline`: it looks at the records
-    /// after storing when it wakes next, and this reads that after recording
-    /// the boost, so either it saw the record or this sees a wake-up to move.
+    /// Makes sure every revoker wakes by `deadline`: each looks at the
+    /// records after storing when it wakes next, and this reads that after
+    /// recording the boost, so either it saw the record or this sees a
+    /// wake-up to move.
     fn wake_revoker_by(&self, deadline: u64) {
-        let wakes_at = self.shared.revoker_wakes_at.load(SeqCst);
-        if wakes_at == 0 || deadline < wakes_at {
-            self.wake_revoker();
+        for (r, wakes_at) in self.revokers.iter().zip(&self.shared.revoker_wakes_at) {
+            let wakes_at = wakes_at.load(SeqCst);
+            if wakes_at == 0 || deadline < wakes_at {
+                r.thread.thread().unpark();
+            }
         }
     }
 }
@@ -388,21 +409,21 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
         next
     }
 
-    /// Puts the calling (revoker) thread above every boost.
-    fn raise_revoker(&self) {
-        if let Err(e) = self.control.prepare_revoker(current_tid()) {
+    /// Puts the calling thread, revoker `which`, above every boost.
+    fn raise_revoker(&self, which: usize) {
+        if let Err(e) = self.control.prepare_revoker(current_tid(), which) {
             self.events.revoker_failed(&e);
         }
     }
 
     /// The revoker thread: above every boost, sleeps until the next deadline
     /// and takes back what expired, until `stop`.
-    fn revoke_until(&self, stop: &StdAtomicBool) {
+    fn revoke_until(&self, which: usize, stop: &StdAtomicBool) {
+        let wakes_at = &self.revoker_wakes_at[which];
         while !stop.load(SeqCst) {
-            self.revoker_wakes_at.store(0, SeqCst);
+            wakes_at.store(0, SeqCst);
             let next = self.revoke_expired_at(self.now_ns());
-            self.revoker_wakes_at
-                .store(next.unwrap_or(u64::MAX), SeqCst);
+            wakes_at.store(next.unwrap_or(u64::MAX), SeqCst);
             if stop.load(SeqCst) {
                 break;
             }
@@ -430,7 +451,7 @@ impl<T: ThreadControl, E: SchedEvents> std::fmt::Debug for Booster<T, E> {
                     period: ns(&s.period_ns),
                 },
             )
-            .field("revoker", &self.revoker.is_some())
+            .field("revokers", &self.revokers.len())
             .finish()
     }
 }
@@ -438,7 +459,7 @@ impl<T: ThreadControl, E: SchedEvents> std::fmt::Debug for Booster<T, E> {
 impl<T: ThreadControl, E: SchedEvents> Drop for Booster<T, E> {
     /// The revoker stops, and nothing stays boosted.
     fn drop(&mut self) {
-        if let Some(r) = self.revoker.take() {
+        for r in self.revokers.drain(..) {
             r.stop.store(true, SeqCst);
             r.thread.thread().unpark();
             let _ = r.thread.join();
@@ -467,6 +488,10 @@ mod tests {
         refuse: bool,
         refuse_restore: bool,
         during_boost: Mutex<Option<Hook>>,
+        /// Revoker threads wanted (0: the default, 1).
+        revokers: usize,
+        /// The revokers raised, by index.
+        raised: Mutex<Vec<usize>>,
     }
 
     impl ThreadControl for Fake {
@@ -485,6 +510,13 @@ mod tests {
             if self.refuse_restore {
                 return Err(io::Error::from(io::ErrorKind::PermissionDenied));
             }
+            Ok(())
+        }
+        fn revokers(&self) -> usize {
+            self.revokers.max(1)
+        }
+        fn prepare_revoker(&self, _tid: Tid, revoker: usize) -> io::Result<()> {
+            self.raised.lock().unwrap().push(revoker);
             Ok(())
         }
     }
@@ -675,6 +707,39 @@ mod tests {
         assert!(!b.is_boosted(0), "never revoked");
         assert_eq!(fake.calls.lock().unwrap().last(), Some(&("restore", 7)));
         assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn with_two_revokers_both_are_raised_and_a_boost_ends_once() {
+        let fake = Arc::new(Fake {
+            revokers: 2,
+            ..Fake::default()
+        });
+        let stats = Arc::new(SchedStats::default());
+        let b = Booster::with_events(1, fake.clone(), stats.clone());
+        let mut raised = fake.raised.lock().unwrap().clone();
+        raised.sort_unstable();
+        assert_eq!(
+            raised,
+            [0, 1],
+            "each revoker raised, before the booster exists"
+        );
+        b.register(0, 7);
+        for _ in 0..20 {
+            assert!(b.boost(0).unwrap());
+            let give_up = std::time::Instant::now() + Duration::from_secs(10);
+            while b.is_boosted(0) && std::time::Instant::now() < give_up {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            assert!(!b.is_boosted(0), "never revoked");
+            // Nothing used, so the budget per period never refuses.
+            b.shared.slots[0].used.store(0, SeqCst);
+        }
+        let calls = fake.calls.lock().unwrap().clone();
+        let restores = calls.iter().filter(|c| c.0 == "restore").count();
+        assert_eq!(restores, 20, "one restore per boost: {calls:?}");
+        assert_eq!(stats.boosts_revoked.load(Relaxed), 20);
+        drop(b);
     }
 
     #[test]

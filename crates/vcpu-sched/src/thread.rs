@@ -94,10 +94,17 @@ pub trait ThreadControl: Send + Sync {
     fn yield_now(&self) {
         std::thread::yield_now();
     }
-    /// Raises thread `tid`, the booster's revoker, above every boost, so that
-    /// it runs even on a CPU a boosted thread holds. The default does
-    /// nothing: right for a control whose boosts cannot starve other threads.
-    fn prepare_revoker(&self, _tid: Tid) -> io::Result<()> {
+    /// How many revoker threads a booster acting through this control runs:
+    /// each ends every boost at its deadline, so a boost ends on time while
+    /// any of them gets its CPU. 1 by default.
+    fn revokers(&self) -> usize {
+        1
+    }
+    /// Raises thread `tid`, the booster's revoker number `revoker` (from 0),
+    /// above every boost, so that it runs even on a CPU a boosted thread
+    /// holds. The default does nothing: right for a control whose boosts
+    /// cannot starve other threads.
+    fn prepare_revoker(&self, _tid: Tid, _revoker: usize) -> io::Result<()> {
         Ok(())
     }
 }
@@ -109,8 +116,11 @@ impl<T: ThreadControl + ?Sized> ThreadControl for std::sync::Arc<T> {
     fn restore(&self, tid: Tid) -> io::Result<()> {
         (**self).restore(tid)
     }
-    fn prepare_revoker(&self, tid: Tid) -> io::Result<()> {
-        (**self).prepare_revoker(tid)
+    fn revokers(&self) -> usize {
+        (**self).revokers()
+    }
+    fn prepare_revoker(&self, tid: Tid, revoker: usize) -> io::Result<()> {
+        (**self).prepare_revoker(tid, revoker)
     }
     fn yield_now(&self) {
         (**self).yield_now()
@@ -132,6 +142,8 @@ pub struct FifoBoost {
     /// updating it must not hold up the revoker), and still there for a
     /// restore that comes twice or before the boost took effect.
     originals: ArcSwap<HashMap<Tid, SchedAttr>>,
+    /// Where a second revoker runs; empty: there is none.
+    revoker_cpus: Vec<usize>,
 }
 
 impl FifoBoost {
@@ -140,7 +152,21 @@ impl FifoBoost {
         Self {
             priority,
             originals: ArcSwap::default(),
+            revoker_cpus: Vec::new(),
         }
+    }
+
+    /// Adds a second revoker, kept on `cpus` at `SCHED_FIFO` 99 (a deadline
+    /// task may not have a narrower affinity than the machine). Give it CPUs
+    /// the boosted threads do not run on. The first revoker mostly sleeps
+    /// on the CPU of the boost it ends, and is stopped with the boosted
+    /// thread whenever the host takes that CPU away (a virtual machine's
+    /// steal time, a timer interrupt the host delivers late); the second
+    /// still ends the boost on time, unless its own CPU stalls at once.
+    /// An empty list (the default) means no second revoker.
+    pub fn with_revoker_cpus(mut self, cpus: &[usize]) -> Self {
+        self.revoker_cpus = cpus.to_vec();
+        self
     }
 }
 
@@ -221,8 +247,22 @@ impl ThreadControl for FifoBoost {
     /// behind it). Where the kernel refuses a deadline task (its admission
     /// control, a cpuset narrower than the machine), the revoker runs
     /// `SCHED_FIFO` one priority above the boosts and the refusal is the
-    /// error returned.
-    fn prepare_revoker(&self, tid: Tid) -> io::Result<()> {
+    /// error returned. The second revoker of
+    /// [`FifoBoost::with_revoker_cpus`]: `SCHED_FIFO` 99 on those CPUs.
+    fn revokers(&self) -> usize {
+        1 + usize::from(!self.revoker_cpus.is_empty())
+    }
+
+    fn prepare_revoker(&self, tid: Tid, revoker: usize) -> io::Result<()> {
+        if revoker > 0 {
+            pin(tid, &self.revoker_cpus)?;
+            let top = SchedAttr {
+                policy: libc::SCHED_FIFO as u32,
+                priority: 99,
+                ..Default::default()
+            };
+            return set_attr(tid, &top);
+        }
         // A deadline task must be allowed on every CPU of its root domain;
         // the revoker may have inherited a narrower affinity.
         let _ = online_cpus().and_then(|all| pin(tid, &all));
