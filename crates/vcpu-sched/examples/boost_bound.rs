@@ -10,7 +10,8 @@
 //!
 //! `cargo run --release -p vcpu-sched --example boost_bound [-- --json] [--seconds N] [--runs N] [--hogs N]`
 //!
-//! Prints, per run and revoker placement, `boosts`, `revoked_by_deadline`, `budget_us` (`max_boost`),
+//! Prints, per run and revoker placement (with `--json`, one object per run:
+//! two revokers, and `one_revoker` inside), `boosts`, `revoked_by_deadline`, `budget_us` (`max_boost`),
 //! `max_boost_us` (the longest time a target may have been real-time: from
 //! the last sample before to the first sample after, over the stretches
 //! the sampler watched throughout), `max_boost_certain_us` (the longest it
@@ -329,14 +330,23 @@ fn main() {
         budget.max_boost.as_micros()
     );
     for run in 1..=args.runs {
+        let mut json = Vec::new();
         for placement in [Placement::Anywhere, Placement::AlsoAway] {
             let control = match placement {
                 Placement::Anywhere => FifoBoost::default(),
                 Placement::AlsoAway => FifoBoost::default().with_revoker_cpus(&[sampler_cpu]),
             };
             let (events, seen) = run_once(&args, control, budget, shared_cpu, sampler_cpu);
-            let row = report(&args, (run, placement), &events.stats, budget, &seen);
+            let (row, fields) = report(&args, (run, placement), &events.stats, budget, &seen);
             table.push_str(&row);
+            json.push(fields);
+        }
+        if args.json {
+            // One object per run: two revokers, with one revoker's run inside.
+            println!(
+                "{{\"revokers\": 2, {}, \"one_revoker\": {{{}}}}}",
+                json[1], json[0]
+            );
         }
     }
     let command = results::command("cargo run --release -p vcpu-sched --example boost_bound");
@@ -438,14 +448,15 @@ impl Placement {
     }
 }
 
-/// Prints one run's result; returns its row of the RESULTS.md table.
+/// Prints one run's result unless `--json`; returns its row of the
+/// RESULTS.md table and its JSON fields.
 fn report(
     args: &Args,
     (run, placement): (u64, Placement),
     stats: &SchedStats,
     budget: BoostBudget,
     seen: &Seen,
-) -> String {
+) -> (String, String) {
     let get = |a: &AtomicU64| a.load(SeqCst);
     let budget_us = budget.max_boost.as_micros();
     let max_us = seen.max_fifo.as_micros();
@@ -464,21 +475,19 @@ fn report(
         }
         (false, false) => "not met".to_string(),
     };
-    if args.json {
-        println!(
-            "{{\"revoker\": \"{}\", \"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"max_boost_certain_us\": {certain_us}, \"max_boost_cpu_us\": {max_cpu_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"shared_cpu_steal_ms\": {stolen_ms}, \"goal_met\": {met}, \"cpu_goal_met\": {cpu_met}}}",
-            placement.name(),
-            args.seconds,
-            get(&stats.boosts),
-            get(&stats.boosts_revoked),
-            seen.unrecorded,
-            seen.samples,
-            seen.unwatched,
-            seen.max_gap.as_micros(),
-            get(&stats.restore_errors),
-            get(&stats.revoker_errors),
-        );
-    } else {
+    let json = format!(
+        "\"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"max_boost_certain_us\": {certain_us}, \"max_boost_cpu_us\": {max_cpu_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"shared_cpu_steal_ms\": {stolen_ms}, \"goal_met\": {met}, \"cpu_goal_met\": {cpu_met}",
+        args.seconds,
+        get(&stats.boosts),
+        get(&stats.boosts_revoked),
+        seen.unrecorded,
+        seen.samples,
+        seen.unwatched,
+        seen.max_gap.as_micros(),
+        get(&stats.restore_errors),
+        get(&stats.revoker_errors),
+    );
+    if !args.json {
         println!(
             "revokers: {}: {} boosts in {} s, {} revoked by their deadline; the most CPU a target ran \
              real-time in one boost: {max_cpu_us} µs, the longest it was real-time: \
@@ -495,12 +504,13 @@ fn report(
             seen.samples,
         );
     }
-    format!(
+    let row = format!(
         "| {run} | {} | {} | {} | {max_us} | {certain_us} | {max_cpu_us} | {stolen_ms} | {} | {} | {verdict} |\n",
         placement.name(),
         get(&stats.boosts),
         get(&stats.boosts_revoked),
         seen.unrecorded,
         seen.unwatched,
-    )
+    );
+    (row, json)
 }
