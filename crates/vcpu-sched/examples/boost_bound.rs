@@ -29,7 +29,7 @@
 //! (`unwatched_stretches`, with `max_sampler_gap_us`), and only its certain
 //! length counts.
 //!
-//! `--seconds N` is per run and placement (default 5), `--runs N` repeats
+//! `--seconds N` is per run and placement (default 6), `--runs N` repeats
 //! the runs (default 1), `--hogs N` keeps N CPU-hog threads running
 //! throughout (default 0), as other tenants would. The table also goes to
 //! the crate's RESULTS.md, section "boost bound" (or "boost bound beside
@@ -95,7 +95,7 @@ struct Args {
 fn args() -> Result<Args, String> {
     let mut args = Args {
         json: false,
-        seconds: 5,
+        seconds: 6,
         runs: 1,
         hogs: 0,
     };
