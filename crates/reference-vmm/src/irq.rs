@@ -126,6 +126,20 @@ pub struct IrqStats {
     pub dropped: AtomicU64,
 }
 
+/// `FifoBoost` with a second revoker on this process's last CPU: the first
+/// sleeps on the CPU of the boost it ends and stalls with it when the host
+/// takes that CPU away, and the second, elsewhere whenever the boosted vCPU
+/// is not on that last CPU, ends the boost meanwhile (vcpu-sched's README).
+fn boost_control() -> FifoBoost {
+    let last = vcpu_sched::thread::available_cpus()
+        .ok()
+        .and_then(|cpus| cpus.last().copied());
+    match last {
+        Some(cpu) => FifoBoost::default().with_revoker_cpus(&[cpu]),
+        None => FifoBoost::default(),
+    }
+}
+
 /// Every vCPU's pending interrupts and the way to reach its thread, with
 /// the VM's scheduler (run states, boosts), told of every delivery.
 pub struct Interrupts {
@@ -141,7 +155,7 @@ impl Interrupts {
     pub fn new(vcpus: usize, policy: Box<dyn BoostPolicy>) -> Self {
         let pending = Arc::new(Pending::new(vcpus));
         let stats = Arc::new(SchedStats::default());
-        let booster = Booster::with_events(vcpus, FifoBoost::default(), stats);
+        let booster = Booster::with_events(vcpus, boost_control(), stats);
         Self {
             links: (0..vcpus)
                 .map(|_| Link {
