@@ -94,19 +94,27 @@ struct BenchArgs {
     /// Markdown report (not with --quick).
     #[arg(long)]
     update_benchmarks_md: bool,
+    /// The QEMU binary for the peer rows [default: qemu-system-x86_64 on
+    /// PATH; without it those rows are skipped, saying how to install it].
+    #[arg(long, value_name = "PATH")]
+    qemu: Option<PathBuf>,
 }
 
 impl BenchArgs {
     /// What a reader would type to rerun this.
     fn command(&self) -> String {
         format!(
-            "cargo run --release -p reference-vmm -- bench {}{}{}",
+            "cargo run --release -p reference-vmm -- bench {}{}{}{}",
             self.scenario.name(),
             if self.quick { " --quick" } else { "" },
             if self.update_benchmarks_md {
                 " --update-benchmarks-md"
             } else {
                 ""
+            },
+            match &self.qemu {
+                Some(path) => format!(" --qemu {}", path.display()),
+                None => String::new(),
             }
         )
     }
@@ -127,6 +135,9 @@ impl BenchArgs {
         }
         if self.update_benchmarks_md && self.quick {
             return Err("--update-benchmarks-md takes a full run, not --quick".into());
+        }
+        if let Some(path) = self.qemu.as_ref().filter(|p| !p.is_file()) {
+            return Err(format!("--qemu {}: no such file", path.display()));
         }
         Ok(())
     }
@@ -708,7 +719,10 @@ fn bench(args: BenchArgs) -> ExitCode {
     if let Err(e) = args.check() {
         return usage_error(&e);
     }
-    let opts = bench::Options { quick: args.quick };
+    let opts = bench::Options {
+        quick: args.quick,
+        qemu: args.qemu.as_deref(),
+    };
     let start = std::time::Instant::now();
     let whole_run = bench::HostLoad::start();
     let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());

@@ -97,11 +97,18 @@ pub enum QemuError {
         /// What the guest wrote until then.
         serial: String,
     },
-    /// QEMU ended without the guest's debug-exit (a QEMU error).
-    #[error("QEMU exited with status {status} before the guest finished; its stderr: {stderr}")]
+    /// QEMU ended without the guest's debug-exit after every vCPU was done
+    /// (a QEMU error).
+    #[error(
+        "QEMU exited with status {status} before the guest finished ({done} of {vcpus} vCPUs done); its stderr: {stderr}"
+    )]
     Exited {
         /// Its exit status (-1: killed by a signal).
         status: i32,
+        /// The vCPUs that said they were done.
+        done: usize,
+        /// The vCPUs the guest had.
+        vcpus: u32,
         /// Its standard error.
         stderr: String,
     },
@@ -190,13 +197,19 @@ impl Qemu {
             Some(ended) => ended,
             None => return Err(QemuError::Timeout { timeout, serial }),
         };
-        let (serial, reports, failure) = split_output(&serial)?;
+        let (serial, reports, failure, done) = split_output(&serial)?;
         if let Some(failure) = failure {
             return Err(QemuError::Guest(failure));
         }
-        // isa-debug-exit with 0: status 1. Anything else is QEMU's own end.
-        if status != 1 {
-            return Err(QemuError::Exited { status, stderr });
+        // isa-debug-exit with 0: status 1, after every vCPU said it was
+        // done. Anything else is QEMU's own end (or not QEMU at all).
+        if status != 1 || done < vcpus as usize {
+            return Err(QemuError::Exited {
+                status,
+                done,
+                vcpus,
+                stderr,
+            });
         }
         Ok(QemuRun {
             serial,
@@ -264,8 +277,9 @@ fn wait_with_usage(
     }
 }
 
-/// The program's own text, the values it reported, and its first failure.
-type Output = (String, Vec<(u32, Report)>, Option<String>);
+/// The program's own text, the values it reported, its first failure, and
+/// how many vCPUs said they were done.
+type Output = (String, Vec<(u32, Report)>, Option<String>, usize);
 
 /// Splits QEMU's COM1 output into the program's own text, the values it
 /// reported, and the first failure it reported, if any.
@@ -273,6 +287,7 @@ fn split_output(text: &str) -> Result<Output, QemuError> {
     let mut serial = String::new();
     let mut reports = Vec::new();
     let mut failure = None;
+    let mut done = std::collections::BTreeSet::new();
     for line in text.split_inclusive('\n') {
         let Some(call) = line.trim_end().strip_prefix(TEXT_TAG) else {
             serial.push_str(line);
@@ -284,13 +299,15 @@ fn split_output(text: &str) -> Result<Output, QemuError> {
         })?;
         match call {
             Ucall::Report { name, value } => reports.push((vcpu, Report { name, value })),
-            Ucall::Done => {}
+            Ucall::Done => {
+                done.insert(vcpu);
+            }
             other => {
                 failure.get_or_insert(format!("vCPU {vcpu}: {other:?}"));
             }
         }
     }
-    Ok((serial, reports, failure))
+    Ok((serial, reports, failure, done.len()))
 }
 
 #[cfg(test)]
@@ -300,7 +317,8 @@ mod tests {
     #[test]
     fn output_splits_into_serial_reports_and_failures() {
         let text = "hello from vcpu 0\n@ucall 0 1 4096 7 0 0 tsc\n@ucall 0 3 0 0 0 0\n";
-        let (serial, reports, failure) = split_output(text).unwrap();
+        let (serial, reports, failure, done) = split_output(text).unwrap();
+        assert_eq!(done, 1);
         assert_eq!(serial, "hello from vcpu 0\n");
         assert_eq!(
             reports,
@@ -313,7 +331,8 @@ mod tests {
             )]
         );
         assert_eq!(failure, None);
-        let (_, _, failure) = split_output("@ucall 1 4 13 0 4096 0\n").unwrap();
+        let (_, _, failure, done) = split_output("@ucall 1 4 13 0 4096 0\n").unwrap();
+        assert_eq!(done, 0);
         assert!(failure.unwrap().starts_with("vCPU 1: Exception"));
         assert!(matches!(
             split_output("@ucall 1 zz\n"),

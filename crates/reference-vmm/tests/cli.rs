@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 22] = [
+    let cases: [(&[&str], &str); 23] = [
         (&["run"], "--guest or --image is needed"),
         (
             &["run", "--guest", "nope"],
@@ -127,6 +127,10 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
             &["bench", "all", "--quick", "--update-benchmarks-md"],
             "takes a full run, not --quick",
         ),
+        (
+            &["bench", "sched", "--qemu", "/nonexistent/qemu"],
+            "--qemu /nonexistent/qemu: no such file",
+        ),
     ];
     for (args, expected) in cases {
         let out = vmm(args);
@@ -183,6 +187,30 @@ fn a_bench_writes_its_report_where_asked_and_leaves_benchmarks_md_alone() {
     assert!(written.starts_with("[{\"title\": \"rcu:"), "{written}");
     assert!(written.contains("Host: other processes kept"), "{written}");
     assert_eq!(std::fs::read(tracked).ok(), before, "BENCHMARKS.md changed");
+}
+
+#[test]
+fn a_bench_runs_the_qemu_it_is_given() {
+    if !kvm_available("a_bench_runs_the_qemu_it_is_given") {
+        return;
+    }
+    // A "QEMU" that fails at once: its peer rows give no result, and the
+    // report says why, so the binary given is the one that ran.
+    let out = vmm(&["bench", "sched", "--quick", "--qemu", "/bin/false"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report = text(&out.stdout);
+    for apic in ["kernel-irqchip=off", "kernel-irqchip=on"] {
+        assert!(
+            report.contains(&format!(
+                "({apic}): no result, not run again: QEMU exited with status 1"
+            )),
+            "{apic}: {report}"
+        );
+    }
+    assert!(
+        report.contains("--qemu /bin/false"),
+        "the command: {report}"
+    );
 }
 
 #[test]

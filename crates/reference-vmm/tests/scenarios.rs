@@ -12,7 +12,10 @@ use reference_vmm::bench::{self, Options, Table};
 use reference_vmm::mechanisms::{Boost, Irqchip, Mechanisms, TimerAdvance};
 use vm_memory::{Bytes, GuestAddress};
 
-const QUICK: Options = Options { quick: true };
+const QUICK: Options = Options {
+    quick: true,
+    qemu: None,
+};
 
 /// Every cell that has a number has a finite one: nothing was left unmeasured.
 fn all_measured(t: &Table, rows: usize) {

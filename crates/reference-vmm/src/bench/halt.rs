@@ -353,7 +353,7 @@ fn index(v: Variant) -> usize {
 
 /// Runs the suite; `progress` hears about each run.
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
-    let qemu = Qemu::find();
+    let qemu = opts.qemu();
     let mut cells = vec![Cells::new(); WORKLOADS.len()];
     let mut qemu_failures: Vec<(Workload, Variant, String)> = Vec::new();
     for rep in 0..opts.reps() {
@@ -473,10 +473,12 @@ fn notes(t: &mut Table, opts: Options, cells: &[Cells]) {
     t.note(user_goal(cells));
     t.note(kernel_goal(cells));
     t.note(peer_goal(
+        opts,
         Workload::XapicPingPong,
         &cells[index_of(Workload::XapicPingPong)],
     ));
     t.note(peer_goal(
+        opts,
         Workload::XapicSpinning,
         &cells[index_of(Workload::XapicSpinning)],
     ));
@@ -500,7 +502,7 @@ fn index_of(workload: Workload) -> usize {
 /// This VMM's APIC against QEMU's on the same guest, through the same
 /// xAPIC page: the faster of block-only and predictive, run by run (the
 /// spinning receivers do not halt: predictive alone).
-fn peer_goal(workload: Workload, c: &Cells) -> String {
+fn peer_goal(opts: Options, workload: Workload, c: &Cells) -> String {
     let (off, _) = c.of(Variant::Vmm(HaltPoll::Off));
     let (predictive, _) = c.of(Variant::Vmm(HaltPoll::Predictive));
     let ours = match workload {
@@ -508,6 +510,7 @@ fn peer_goal(workload: Workload, c: &Cells) -> String {
         _ => off.zip(predictive, f64::min),
     };
     goal_against_qemu(
+        opts,
         &format!(
             "on the {}, this VMM's APIC at most 0.7x QEMU's own APIC's round trip",
             workload.name()

@@ -16,6 +16,7 @@ pub mod sched;
 pub mod table;
 pub mod timer;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::vm::VmMemory;
@@ -26,17 +27,28 @@ pub use table::{Cell, Table};
 
 use crate::error::Error;
 use crate::mechanisms::Mechanisms;
+use crate::qemu::Qemu;
 use crate::vm::{RunReport, Vm, VmConfig};
 use crate::{guest, layout::PARAMS};
 
-/// How much to measure.
+/// How much to measure, and with which peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Options {
+pub struct Options<'a> {
     /// Few rounds, one repetition: a check that everything runs, in seconds.
     pub quick: bool,
+    /// The QEMU binary for the peer rows; `None`: `qemu-system-x86_64` on
+    /// `PATH`, if there is one.
+    pub qemu: Option<&'a Path>,
 }
 
-impl Options {
+impl Options<'_> {
+    /// QEMU for the peer rows: the binary given, else the one on `PATH`;
+    /// without either the rows are skipped, with a note saying how to
+    /// install it.
+    pub fn qemu(&self) -> Option<Qemu> {
+        self.qemu.map(Qemu::at).or_else(Qemu::find)
+    }
+
     /// Repetitions of each variant.
     pub fn reps(&self) -> usize {
         if self.quick { 1 } else { 3 }

@@ -49,6 +49,7 @@ pub fn run_image(
 /// (`user`), met where `met` holds for the ratio; QEMU on KVM's LAPIC
 /// (`kernel`) is given beside it. Says why where QEMU gave no result.
 pub fn goal_against_qemu(
+    opts: Options,
     what: &str,
     ours: &Runs,
     user: &Runs,
@@ -63,7 +64,7 @@ pub fn goal_against_qemu(
         ),
     };
     if user.0.is_empty() {
-        let why = match Qemu::find() {
+        let why = match opts.qemu() {
             None => format!("no qemu-system-x86_64 on PATH (install it with `{INSTALL_HINT}`)"),
             Some(_) => "QEMU's own APIC gave no result (see below)".into(),
         };

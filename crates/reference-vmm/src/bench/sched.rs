@@ -108,7 +108,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let vcpus = 2 * cores as u32;
     let rounds = opts.rounds(ROUNDS);
-    let qemu = Qemu::find();
+    let qemu = opts.qemu();
     let mut rate = vec![Runs::new(); VARIANTS.len()];
     let mut hog_rate = vec![Runs::new(); VARIANTS.len()];
     let mut longest_boost_us = vec![Runs::new(); VARIANTS.len()];
@@ -188,6 +188,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     ));
     let ours = &rate[index(Variant::VmmXapic(Boost::DirectedYield))];
     t.note(goal_against_qemu(
+        opts,
         "through the xAPIC page, this VMM (directed-yield) at least QEMU's own APIC's rounds per second",
         ours,
         &rate[index(Variant::Qemu(QemuApic::User))],
