@@ -175,7 +175,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     }
     t.better("more rounds per second for the VM, with the hog keeping its iterations");
     t.note(format!(
-        "{rounds} rounds per run, {} runs per variant, alternating; the sender exits every {PAUSES_PER_EXIT} pause instructions while it waits (a pause-loop exit: the boost policy's on_wait; under QEMU a write to a port nothing serves); the others halt between IPIs. Longest boost: the longest any vCPU thread stayed boosted in any run (the budget is 1000 µs; 0: no boost). The xAPIC rows run the same guest through the xAPIC page, as QEMU's own APIC has it; QEMU boots it from an image file, and its wall time, for the hog's rate, includes its start-up.",
+        "{rounds} rounds per run, {} runs per variant, alternating; the sender exits every {PAUSES_PER_EXIT} pause instructions while it waits (a pause-loop exit: the boost policy's on_wait; under QEMU a write to a port nothing serves); the others halt between IPIs. Longest boost: the longest any boost stayed on the booster's record in any run, from just before it is applied until it is taken back (the budget is 1000 µs; 0: no boost); a boost whose booster is preempted while applying it has its thread restored at the deadline and its record cleared up to one budget later, which vcpu-sched's boost_bound example measures from outside. The xAPIC rows run the same guest through the xAPIC page, as QEMU's own APIC has it; QEMU boots it from an image file, and its wall time, for the hog's rate, includes its start-up.",
         opts.reps()
     ));
     let index = |v: Variant| VARIANTS.iter().position(|&x| x == v).unwrap_or(0);
