@@ -66,6 +66,15 @@ pub struct QemuRun {
 }
 
 impl QemuRun {
+    /// Every value vCPU `vcpu` reported under `name`, in order.
+    pub fn values(&self, vcpu: u32, name: &str) -> Vec<u64> {
+        self.reports
+            .iter()
+            .filter(|(v, r)| *v == vcpu && r.name == name)
+            .map(|(_, r)| r.value)
+            .collect()
+    }
+
     /// The value vCPU `vcpu` reported under `name`, if any.
     pub fn value(&self, vcpu: u32, name: &str) -> Option<u64> {
         self.reports

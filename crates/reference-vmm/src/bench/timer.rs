@@ -2,17 +2,19 @@
 //! halts until each fires, and records how late its interrupt entry ran; each
 //! timer-advance policy in turn, then KVM's in-kernel LAPIC timer, then the
 //! host's own timer wake-up with no guest, which every userspace timer starts
-//! from.
+//! from, then QEMU, the peer VMM, booting the same guest on KVM's LAPIC.
 
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::timerfd::TimerFd;
 
+use crate::bench::peer::run_image;
 use crate::bench::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
 use crate::layout::SAMPLES_ADDR;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance};
+use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuError};
 
 /// Timers per run, without `--quick`.
 const SAMPLES: u64 = 2000;
@@ -63,6 +65,11 @@ const HOST: usize = 6;
 
 /// The row of the host's own timer wake-up, after the variants.
 const HOST_ROW: &str = "host: a thread on a timerfd, no guest";
+/// The row of QEMU, after the host's.
+const QEMU_ROW: &str = "qemu, KVM's LAPIC (kernel-irqchip=on)";
+const QEMU: usize = 7;
+/// Why QEMU's own APIC has no row.
+const QEMU_OWN_APIC: &str = "qemu, its own APIC (kernel-irqchip=off): no result, not run: on this KVM it stops at the guest's first HLT (bench halt and bench sched show it), and this guest halts between timers.";
 
 /// One run of one variant.
 struct Run {
@@ -99,27 +106,19 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         ],
     );
     let mut goals = Vec::new();
+    let qemu = opts.qemu();
+    let mut qemu_failure = None;
     for period_us in [1000u64, 200] {
-        let period_ticks = (period_us as f64 * ticks_per_us()) as u64;
-        let mut runs: Vec<Vec<Run>> = (0..=variants().len()).map(|_| Vec::new()).collect();
-        for rep in 0..opts.reps() {
-            for (i, (name, m)) in variants().into_iter().enumerate() {
-                progress(&format!(
-                    "timer: {period_us} µs, {name} ({}/{})",
-                    rep + 1,
-                    opts.reps()
-                ));
-                runs[i].push(lateness(m, samples, period_ticks)?);
-            }
-            progress(&format!("timer: {period_us} µs, {HOST_ROW}"));
-            runs[HOST].push(Run {
-                lateness: host_wakeups(samples, period_us)?,
-                spin_us: None,
-            });
-        }
+        let mut peer = Peer {
+            qemu: qemu.as_ref(),
+            failure: &mut qemu_failure,
+            opts,
+        };
+        let runs = measure_period(opts, period_us, &mut peer, progress)?;
         let (p50, p99) = (per_run(&runs, 0.5), per_run(&runs, 0.99));
         let names = variants().map(|(name, _)| name);
-        for (i, name) in names.into_iter().chain([HOST_ROW.into()]).enumerate() {
+        let rows = names.into_iter().chain([HOST_ROW.into(), QEMU_ROW.into()]);
+        for (i, name) in rows.enumerate().filter(|(i, _)| !runs[*i].is_empty()) {
             // The percentiles of the run with the median p50.
             let median_run = runs[i]
                 .iter()
@@ -150,6 +149,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             .collect();
         goals.push(timer_goal(period_us, &p50, &p99, &early_percentile));
         goals.push(host_floor(period_us, &p50, &p99));
+        goals.push(peer_line(period_us, &p50, &p99, qemu.is_some()));
     }
     t.better("lateness near 0 and never below it (an early timer is a bug: the early column counts them over every run), less spin per expiry (the CPU the advance costs), a lower p50 vs none; the percentiles are those of the run with the median p50, the spin the median over runs");
     t.note(format!(
@@ -159,7 +159,101 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for line in goals {
         t.note(line);
     }
+    if let Some(failure) = qemu_failure {
+        t.note(format!("{QEMU_ROW}: no result, not run again: {failure}"));
+    }
+    t.note(QEMU_OWN_APIC);
     Ok(t)
+}
+
+/// QEMU for the peer row, and why it stopped giving results, if it did.
+struct Peer<'a> {
+    qemu: Option<&'a Qemu>,
+    failure: &'a mut Option<String>,
+    opts: Options<'a>,
+}
+
+/// Every row's runs at one period, taking turns: the variants, the host's
+/// wake-up, and QEMU on KVM's LAPIC while it gives results (no runs: not
+/// measured).
+fn measure_period(
+    opts: Options,
+    period_us: u64,
+    peer: &mut Peer,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Vec<Run>>, Error> {
+    let samples = opts.rounds(SAMPLES);
+    let period_ticks = (period_us as f64 * ticks_per_us()) as u64;
+    let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+    for rep in 0..opts.reps() {
+        for (i, (name, m)) in variants().into_iter().enumerate() {
+            progress(&format!(
+                "timer: {period_us} µs, {name} ({}/{})",
+                rep + 1,
+                opts.reps()
+            ));
+            runs[i].push(lateness(m, samples, period_ticks)?);
+        }
+        progress(&format!("timer: {period_us} µs, {HOST_ROW}"));
+        runs[HOST].push(Run {
+            lateness: host_wakeups(samples, period_us)?,
+            spin_us: None,
+        });
+        let Some(qemu) = peer.qemu.filter(|_| peer.failure.is_none()) else {
+            continue;
+        };
+        progress(&format!("timer: {period_us} µs, {QEMU_ROW}"));
+        match qemu_lateness(qemu, samples, period_ticks, peer.opts) {
+            Ok(lateness) => runs[QEMU].push(Run {
+                lateness,
+                spin_us: None,
+            }),
+            Err(e) => *peer.failure = Some(e.to_string()),
+        }
+    }
+    Ok(runs)
+}
+
+/// The same guest booted by QEMU on KVM's LAPIC, reporting each lateness.
+fn qemu_lateness(
+    qemu: &Qemu,
+    samples: u64,
+    period_ticks: u64,
+    opts: Options,
+) -> Result<Vec<f64>, Error> {
+    let params = [samples, period_ticks, 1];
+    let run = run_image(qemu, "cyclictest", 1, &params, QemuApic::Kernel, opts)?;
+    let us = ticks_per_us();
+    let lateness: Vec<f64> = run
+        .values(0, "lateness")
+        .into_iter()
+        .map(|ticks| ticks as i64 as f64 / us)
+        .collect();
+    if lateness.len() as u64 != samples {
+        return Err(QemuError::Guest(format!(
+            "cyclictest reported {} of its {samples} timers",
+            lateness.len()
+        ))
+        .into());
+    }
+    Ok(lateness)
+}
+
+/// The row of QEMU on KVM's LAPIC beside the in-kernel timer of this VMM.
+fn peer_line(period_us: u64, p50: &[Runs], p99: &[Runs], installed: bool) -> String {
+    if p50[QEMU].0.is_empty() {
+        let why = match installed {
+            false => format!("no qemu-system-x86_64 on PATH (install it with `{INSTALL_HINT}`)"),
+            true => "QEMU gave no result (see below)".into(),
+        };
+        return format!("At {period_us} µs, {QEMU_ROW}: not measured: {why}.");
+    }
+    format!(
+        "At {period_us} µs, this VMM's percentile advance against {QEMU_ROW}: p50 {}, p99 {}; this VMM on KVM's LAPIC (--irqchip kernel) against it: p50 {}.",
+        p50[PERCENTILE].ratio_to(&p50[QEMU]).ratio_text(),
+        p99[PERCENTILE].ratio_to(&p99[QEMU]).ratio_text(),
+        p50[KERNEL[0]].ratio_to(&p50[QEMU]).ratio_text(),
+    )
 }
 
 /// Timers whose interrupt entry ran before their deadline.

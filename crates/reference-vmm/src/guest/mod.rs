@@ -354,8 +354,12 @@ pub static PROGRAMS: &[GuestProgram] = &[
     },
     GuestProgram {
         name: "cyclictest",
-        about: "vCPU 0 arms params[0] TSC deadlines params[1] ticks apart and records each lateness",
-        params: &[count("timers"), any("period, TSC ticks")],
+        about: "vCPU 0 arms params[0] TSC deadlines params[1] ticks apart and records each lateness (params[2] = 1: reports each too)",
+        params: &[
+            count("timers"),
+            any("period, TSC ticks"),
+            any("1: report each lateness"),
+        ],
         until_stopped: false,
         entry: &reference_vmm_guest_cyclictest,
     },

@@ -2,7 +2,8 @@
 // ticks apart (each deadline the previous one plus the period), halting until
 // each interrupt; stores each lateness (the TSC the interrupt entry read minus
 // the deadline, in ticks, signed) at the samples area, and reports "samples"
-// and the interrupts it took ("irqs").
+// and the interrupts it took ("irqs"); with params[2] = 1 it also reports
+// each lateness ("lateness", in order), for a VMM that cannot read its memory.
 // Only vCPU 0 measures; the others finish at once.
     .globl reference_vmm_guest_cyclictest
 reference_vmm_guest_cyclictest:
@@ -35,9 +36,21 @@ reference_vmm_guest_cyclictest:
     lea rdi, [rip + 11f]
     mov rsi, [r13 + 8]
     call rt_report
+    cmp qword ptr [{params} + 16], 0
+    je 9f
+    xor r12d, r12d
+7:  cmp r12, rbx
+    jae 9f
+    mov rcx, {samples}
+    mov rsi, [rcx + r12 * 8]
+    lea rdi, [rip + 12f]
+    call rt_report
+    inc r12
+    jmp 7b
 9:  call rt_done
 10: .asciz "samples"
 11: .asciz "irqs"
+12: .asciz "lateness"
 
 // timer-spin: every vCPU arms its TSC-deadline timer params[0] times, each
 // deadline params[1] ticks after the arming plus up to 16383 ticks of jitter
