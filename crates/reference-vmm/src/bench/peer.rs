@@ -66,7 +66,7 @@ pub fn goal_against_qemu(
     if user.0.is_empty() {
         let why = match opts.qemu() {
             None => format!("no qemu-system-x86_64 on PATH (install it with `{INSTALL_HINT}`)"),
-            Some(_) => "QEMU's own APIC gave no result (see below)".into(),
+            Some(_) => "QEMU's own APIC gave no result (see below; on PVM, QEMU 7.2 was seen to stop at the guest's first HLT, its vCPU thread spinning in qemu_wait_io_event with the BQL held)".into(),
         };
         return format!("Goal: {what}. Not measured: {why}{beside_kernel}.");
     }

@@ -69,7 +69,7 @@ const HOST_ROW: &str = "host: a thread on a timerfd, no guest";
 const QEMU_ROW: &str = "qemu, KVM's LAPIC (kernel-irqchip=on)";
 const QEMU: usize = 7;
 /// Why QEMU's own APIC has no row.
-const QEMU_OWN_APIC: &str = "qemu, its own APIC (kernel-irqchip=off): no result, not run: on this KVM it stops at the guest's first HLT (bench halt and bench sched show it), and this guest halts between timers.";
+const QEMU_OWN_APIC: &str = "qemu, its own APIC (kernel-irqchip=off): no result, not run: on PVM, QEMU 7.2 was seen to stop at the guest's first HLT (bench halt and bench sched show it), this guest halts between timers, and QEMU's own APIC offers no TSC-deadline mode.";
 
 /// One run of one variant.
 struct Run {
