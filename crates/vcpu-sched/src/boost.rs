@@ -745,43 +745,77 @@ mod tests {
         drop(b);
     }
 
-    #[test]
-    fn a_real_thread_that_spins_once_boosted_is_restored_by_the_revoker() {
-        // The target never comes back to ask: it spins on the booster's CPU
-        // at SCHED_FIFO. Only the revoker, one priority higher, can end it.
-        let cpu = crate::thread::available_cpus().unwrap()[0];
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stop = Arc::new(StdAtomicBool::new(false));
-        let spin = stop.clone();
-        let target = std::thread::spawn(move || {
-            crate::thread::pin(0, &[cpu]).unwrap();
-            tx.send(current_tid()).unwrap();
-            while !spin.load(std::sync::atomic::Ordering::Relaxed) {
-                std::hint::spin_loop();
-            }
-        });
-        let tid = rx.recv().unwrap();
-        let before = crate::thread::get_attr(tid).unwrap();
-        let stats = Arc::new(SchedStats::default());
-        let b = Booster::with_events(1, crate::FifoBoost::default(), stats.clone());
+    /// A thread pinned to `cpu` that spins until stopped: a vCPU spinning
+    /// in guest mode, which never comes back to ask for its boost to end.
+    struct Spinner {
+        tid: Tid,
+        stop: Arc<StdAtomicBool>,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    impl Spinner {
+        fn on(cpu: usize) -> Self {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let stop = Arc::new(StdAtomicBool::new(false));
+            let spin = stop.clone();
+            let thread = std::thread::spawn(move || {
+                crate::thread::pin(0, &[cpu]).unwrap();
+                tx.send(current_tid()).unwrap();
+                while !spin.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+            let tid = rx.recv().unwrap();
+            Self { tid, stop, thread }
+        }
+
+        fn stop(self) {
+            self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.thread.join().unwrap();
+        }
+    }
+
+    /// Boosts vCPU 0 (thread `tid`) and waits (a hang detector, not a
+    /// bound) until the boost is gone; `None` (printed) without
+    /// `CAP_SYS_NICE`.
+    fn boost_and_wait(
+        b: &Booster<crate::FifoBoost, Arc<SchedStats>>,
+        tid: Tid,
+        test: &str,
+    ) -> Option<()> {
         b.register(0, tid);
         let boosted = b.boost(0);
         let give_up = std::time::Instant::now() + Duration::from_secs(10);
         while b.is_boosted(0) && std::time::Instant::now() < give_up {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let after = crate::thread::get_attr(tid).unwrap();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        target.join().unwrap();
         match boosted {
-            Ok(true) => {}
+            Ok(true) => Some(()),
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                eprintln!(
-                    "SKIPPED a_real_thread_that_spins_once_boosted_is_restored_by_the_revoker: no CAP_SYS_NICE: {e}"
-                );
-                return;
+                eprintln!("SKIPPED {test}: no CAP_SYS_NICE: {e}");
+                None
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_real_thread_that_spins_once_boosted_is_restored_by_the_revoker() {
+        // The target spins on the booster's CPU at SCHED_FIFO. Only the
+        // revoker, above it, can end its boost.
+        let target = Spinner::on(crate::thread::available_cpus().unwrap()[0]);
+        let before = crate::thread::get_attr(target.tid).unwrap();
+        let stats = Arc::new(SchedStats::default());
+        let b = Booster::with_events(1, crate::FifoBoost::default(), stats.clone());
+        let done = boost_and_wait(
+            &b,
+            target.tid,
+            "a_real_thread_that_spins_once_boosted_is_restored_by_the_revoker",
+        );
+        let after = crate::thread::get_attr(target.tid).unwrap();
+        target.stop();
+        if done.is_none() {
+            return;
         }
         assert_eq!(after, before, "restored");
         assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
@@ -796,36 +830,18 @@ mod tests {
         // fair server ran it, most of a second later.
         let cpu = crate::thread::available_cpus().unwrap()[0];
         crate::thread::pin(0, &[cpu]).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stop = Arc::new(StdAtomicBool::new(false));
-        let spin = stop.clone();
-        let target = std::thread::spawn(move || {
-            crate::thread::pin(0, &[cpu]).unwrap();
-            tx.send(current_tid()).unwrap();
-            while !spin.load(std::sync::atomic::Ordering::Relaxed) {
-                std::hint::spin_loop();
-            }
-        });
-        let tid = rx.recv().unwrap();
+        let target = Spinner::on(cpu);
         let stats = Arc::new(SchedStats::default());
         let b = Booster::with_events(1, crate::FifoBoost::default(), stats.clone());
-        b.register(0, tid);
-        let boosted = b.boost(0);
-        let give_up = std::time::Instant::now() + Duration::from_secs(10);
-        while b.is_boosted(0) && std::time::Instant::now() < give_up {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        target.join().unwrap();
-        if let Err(e) = &boosted
-            && e.kind() == io::ErrorKind::PermissionDenied
-        {
-            eprintln!(
-                "SKIPPED a_boost_on_the_boosters_own_cpu_right_after_new_is_revoked_in_time: no CAP_SYS_NICE: {e}"
-            );
+        let done = boost_and_wait(
+            &b,
+            target.tid,
+            "a_boost_on_the_boosters_own_cpu_right_after_new_is_revoked_in_time",
+        );
+        target.stop();
+        if done.is_none() {
             return;
         }
-        assert!(boosted.unwrap(), "boosted");
         // The budget is 1 ms; the margin is for a loaded host, far below
         // the fair server's wait.
         let held = Duration::from_nanos(stats.longest_boost_ns.load(Relaxed));
