@@ -318,7 +318,8 @@ fn host_wakeups(samples: u64, period_us: u64) -> Result<Vec<f64>, Error> {
     let mut fired = 0u32;
     let mut lateness = Vec::with_capacity(samples as usize);
     while (lateness.len() as u64) < samples {
-        fired += u32::try_from(timer.wait().map_err(failed)?).unwrap_or(u32::MAX);
+        let expired = u32::try_from(timer.wait().map_err(failed)?).unwrap_or(u32::MAX);
+        fired = fired.saturating_add(expired);
         let due = start + period * fired;
         lateness.push(Instant::now().saturating_duration_since(due).as_secs_f64() * 1e6);
     }
