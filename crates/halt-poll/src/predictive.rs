@@ -32,11 +32,12 @@
 //!   Where nearly every poll succeeds, polling works and is left alone.
 //! - A sleep ends late: the lateness of past sleeps is learned, and a sleep is
 //!   planned to end that much before the poll start.
-//! - If a poll was cut short because the thread was preempted, it stops polling
-//!   for 2, 4, 8... halts (up to 256), then probes again: on 2 busy cores a
-//!   poller can starve the very thread that would wake it. (While the CPU is
-//!   contended, the [`HaltPoller`](crate::HaltPoller) does not poll at all; such
-//!   halts, and cut-short ones, are not learned from: their times are distorted.)
+//! - If a poll was cut short because the thread was preempted, or skipped
+//!   because the CPU was contended (the [`HaltPoller`](crate::HaltPoller) does
+//!   not poll then), it stops polling for 2, 4, 8... halts (up to 256), then
+//!   probes again: on 2 busy cores a poller can starve the very thread that
+//!   would wake it, and a CPU hog outlasts one contention verdict. Such halts
+//!   are not learned from: their times are distorted.
 
 use std::time::Duration;
 
@@ -497,10 +498,11 @@ impl Predictive {
     }
 
     /// Returns whether the halt says nothing about wake times: its poll was cut
-    /// short by a preemption (back off), or skipped because the CPU was
-    /// contended (the mechanism already stops polling then).
+    /// short by a preemption, or skipped because the CPU was contended. Either
+    /// backs off: a poller on a contended CPU delays the thread that would wake
+    /// it, and the contention outlasts the probe's verdict.
     fn learn_preemption(&mut self, o: &HaltOutcome) -> bool {
-        if o.preempted && o.polled > Duration::ZERO {
+        if o.preempted {
             self.backoff_level = (self.backoff_level + 1).min(8);
             self.backoff_left = 1 << self.backoff_level;
             return true;
@@ -649,6 +651,26 @@ mod tests {
             HaltOutcome::woken_after_blocking(Duration::ZERO, 20 * US),
         );
         assert_eq!(p.window(), Duration::ZERO, "the second back-off is longer");
+    }
+
+    #[test]
+    fn a_halt_skipped_on_a_contended_cpu_backs_off_too() {
+        let mut p = Predictive::default();
+        learn_n(&mut p, 64, HaltOutcome::woken_while_polling(5 * US));
+        let window = p.window();
+        assert!(window > Duration::ZERO);
+        let contended = HaltOutcome {
+            preempted: true,
+            ..HaltOutcome::woken_after_blocking(Duration::ZERO, 80 * US)
+        };
+        p.learn(&contended);
+        assert_eq!(p.window(), Duration::ZERO, "no poll right after contention");
+        learn_n(
+            &mut p,
+            2,
+            HaltOutcome::woken_after_blocking(Duration::ZERO, 20 * US),
+        );
+        assert_eq!(p.window(), window, "probes again, with what it had learned");
     }
 
     #[test]
