@@ -13,11 +13,14 @@
 //! vCPU, a cheap read of a few stats files), with every vCPU's statistics:
 //! 1. **Halt lengths**, from the histograms' growth since the last call, all
 //!    vCPUs together: a halt a poll caught lasted its poll time
-//!    (`halt_poll_success_hist`), a halt that blocked at least its block time
-//!    (`halt_wait_hist`). Where KVM has no histograms (before Linux 5.15), each
-//!    count goes in the bucket of its mean (`halt_poll_success_ns` over
-//!    `halt_successful_poll`, `halt_wait_ns` over `halt_wakeup`, which counts
-//!    only the blocks an interrupt or another vCPU ended, not a signal).
+//!    (`halt_poll_success_hist`), a halt that blocked its block time
+//!    (`halt_wait_hist`, which KVM counts from the end of the poll) plus the
+//!    poll that failed before it: the interval's failed polling
+//!    (`halt_poll_fail_ns`) shared out over its blocked halts. Where KVM has no
+//!    histograms (before Linux 5.15), each count goes in the bucket of its mean
+//!    (`halt_poll_success_ns` over `halt_successful_poll`, `halt_wait_ns` over
+//!    `halt_wakeup`, which counts only the blocks an interrupt or another vCPU
+//!    ended, not a signal).
 //! 2. They join a histogram of KVM's log2 buckets whose counts keep
 //!    [`keep`](TunerConfig::keep) of their weight per interval, so it follows
 //!    the workload.
@@ -213,30 +216,42 @@ fn add_halts(halts: &mut [f64; HIST_BUCKETS], now: &KvmHaltStats, last: &KvmHalt
         &last.halt_poll_success_hist,
         caught,
         polled,
+        0,
     );
     let blocked = now.halt_wakeup.saturating_sub(last.halt_wakeup);
     let waited = now.halt_wait_ns.saturating_sub(last.halt_wait_ns);
+    let failed = now.halt_poll_fail_ns.saturating_sub(last.halt_poll_fail_ns);
+    let poll_before_block = failed.checked_div(blocked).unwrap_or(0);
     add_hist(
         halts,
         &now.halt_wait_hist,
         &last.halt_wait_hist,
         blocked,
         waited,
+        poll_before_block,
     );
 }
 
 /// Adds a histogram's growth, or, without one, `count` halts at the mean
-/// `total_ns / count`.
-fn add_hist(halts: &mut [f64; HIST_BUCKETS], now: &[u64], last: &[u64], count: u64, total_ns: u64) {
+/// `total_ns / count`; each halt `extra_ns` longer than it was recorded.
+fn add_hist(
+    halts: &mut [f64; HIST_BUCKETS],
+    now: &[u64],
+    last: &[u64],
+    count: u64,
+    total_ns: u64,
+    extra_ns: u64,
+) {
     if now.is_empty() {
         if count > 0 {
-            halts[bucket_of(total_ns / count)] += count as f64;
+            halts[bucket_of(total_ns / count + extra_ns)] += count as f64;
         }
         return;
     }
     for (i, &n) in now.iter().enumerate() {
         let before = last.get(i).copied().unwrap_or(0);
-        halts[i.min(HIST_BUCKETS - 1)] += n.saturating_sub(before) as f64;
+        let bucket = bucket_of(typical_ns(i.min(HIST_BUCKETS - 1)) as u64 + extra_ns);
+        halts[bucket] += n.saturating_sub(before) as f64;
     }
 }
 
@@ -334,6 +349,17 @@ mod tests {
         let mut t = WindowTuner::default();
         let w = t.update(&[stats(&[20 * US; 2], &[1000 * US; 200])]);
         assert_eq!(w, Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_blocked_halt_counts_the_poll_that_failed_before_it() {
+        // KVM polled 200 µs, then blocked 20 µs: 220 µs halts, too long for
+        // the 32.8 µs window that 20 µs halts would get.
+        let mut s = stats(&[], &[20 * US; 32]);
+        s.halt_attempted_poll = 32;
+        s.halt_poll_fail_ns = 32 * 200 * US;
+        let w = WindowTuner::default().update(&[s]);
+        assert_eq!(w, Some(Duration::from_nanos(1 << 18)), "262 µs > 220 µs");
     }
 
     #[test]
