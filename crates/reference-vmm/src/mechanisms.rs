@@ -12,7 +12,7 @@ use clap::ValueEnum;
 use halt_poll::{
     AioPoll, Fixed as FixedPoll, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive,
 };
-use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile};
+use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, PercentileConfig};
 use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
 
 /// A choice given on the command line that names nothing.
@@ -163,9 +163,13 @@ pub enum TimerAdvance {
     Fixed(Duration),
     /// KVM's adaptive `lapic_timer_advance`.
     Kvm,
-    /// lapic-timer's `Percentile`: a high quantile of recent lateness.
+    /// lapic-timer's `Percentile`: a high quantile of recent lateness (its
+    /// default, p91).
     #[default]
     Percentile,
+    /// `Percentile` aimed at another quantile, in percent (50 to 99): a
+    /// higher one covers more of the host's late wake-ups, for more spin.
+    PercentileAt(u8),
 }
 
 impl TimerAdvance {
@@ -176,6 +180,11 @@ impl TimerAdvance {
             Self::Fixed(d) => Box::new(Fixed(d)),
             Self::Kvm => Box::new(KvmAdaptive::new(tsc_khz)),
             Self::Percentile => Box::new(Percentile::default()),
+            Self::PercentileAt(q) => Box::new(Percentile::new(PercentileConfig {
+                // It aims at the 1 / (1 + spin_weight) quantile.
+                spin_weight: 100.0 / f64::from(q) - 1.0,
+                ..PercentileConfig::default()
+            })),
         }
     }
 }
@@ -183,13 +192,18 @@ impl TimerAdvance {
 impl FromStr for TimerAdvance {
     type Err = ChoiceError;
     fn from_str(s: &str) -> Result<Self, ChoiceError> {
-        const CHOICES: &str = "none, fixed:NS (NS up to 1000000), kvm, percentile";
+        const CHOICES: &str =
+            "none, fixed:NS (NS up to 1000000), kvm, percentile, percentile:Q (Q from 50 to 99)";
         Ok(match s {
             "none" => Self::None,
             "kvm" => Self::Kvm,
             "percentile" => Self::Percentile,
-            _ => match s.strip_prefix("fixed:").map(str::parse::<u64>) {
-                Some(Ok(ns)) if ns <= 1_000_000 => Self::Fixed(Duration::from_nanos(ns)),
+            _ => match (
+                s.strip_prefix("fixed:").map(str::parse::<u64>),
+                s.strip_prefix("percentile:").map(str::parse::<u8>),
+            ) {
+                (Some(Ok(ns)), _) if ns <= 1_000_000 => Self::Fixed(Duration::from_nanos(ns)),
+                (_, Some(Ok(q))) if (50..=99).contains(&q) => Self::PercentileAt(q),
                 _ => return choice("--timer-advance", CHOICES, Some("percentile"), s),
             },
         })
@@ -203,6 +217,7 @@ impl fmt::Display for TimerAdvance {
             Self::Fixed(d) => write!(f, "fixed:{}", d.as_nanos()),
             Self::Kvm => f.write_str("kvm"),
             Self::Percentile => f.write_str("percentile"),
+            Self::PercentileAt(q) => write!(f, "percentile:{q}"),
         }
     }
 }
@@ -358,8 +373,21 @@ mod tests {
             TimerAdvance::Fixed(Duration::from_micros(20)),
             TimerAdvance::Kvm,
             TimerAdvance::Percentile,
+            TimerAdvance::PercentileAt(99),
         ] {
             assert_eq!(t.to_string().parse::<TimerAdvance>(), Ok(t));
+        }
+        for bad in [
+            "percentile:49",
+            "percentile:100",
+            "percentile:",
+            "fixed:1000001",
+        ] {
+            let err = bad.parse::<TimerAdvance>().unwrap_err().to_string();
+            assert!(
+                err.contains("percentile:Q (Q from 50 to 99)"),
+                "{bad}: {err}"
+            );
         }
         for b in [Boost::None, Boost::Ready, Boost::DirectedYield] {
             assert_eq!(b.to_string().parse::<Boost>(), Ok(b));
