@@ -244,13 +244,14 @@ fn add_hist(
 ) {
     if now.is_empty() {
         if count > 0 {
-            halts[bucket_of(total_ns / count + extra_ns)] += count as f64;
+            halts[bucket_of((total_ns / count).saturating_add(extra_ns))] += count as f64;
         }
         return;
     }
     for (i, &n) in now.iter().enumerate() {
         let before = last.get(i).copied().unwrap_or(0);
-        let bucket = bucket_of(typical_ns(i.min(HIST_BUCKETS - 1)) as u64 + extra_ns);
+        let bucket =
+            bucket_of((typical_ns(i.min(HIST_BUCKETS - 1)) as u64).saturating_add(extra_ns));
         halts[bucket] += n.saturating_sub(before) as f64;
     }
 }

@@ -329,10 +329,11 @@ fn catch_up_line(period_us: u64, runs: &[Vec<Run>]) -> String {
     };
     let (own_stalls, own) = pooled(&[PERCENTILE]);
     let (kernel_stalls, kernel) = pooled(&KERNEL);
-    let rate = |stalls: usize, drop: f64| match stalls {
-        0 => "no timer over two periods late".to_string(),
-        n => format!(
-            "{n} times a timer over two periods late, then each timer {drop:.1} µs less late than the one before (so {:.1} µs of work per timer, and {:.0} late timers per ms of stall)",
+    let rate = |stalls: usize, drop: f64| match (stalls, drop.is_nan()) {
+        (0, _) => "no timer over two periods late".to_string(),
+        (n, true) => format!("{n} stall(s) (a timer over two periods late), none caught up from"),
+        (n, false) => format!(
+            "{n} stall(s) (a timer over two periods late), then each timer {drop:.1} µs less late than the one before (so {:.1} µs of work per timer, and {:.0} late timers per ms of stall)",
             period - drop,
             1000.0 / drop
         ),
@@ -465,6 +466,23 @@ mod tests {
         assert_eq!(catch_up(&lateness, 200.0), vec![80.0, 80.0, 80.0]);
         assert_eq!(stalls_in(&[900.0, 20.0], 200.0), 1, "behind from the start");
         assert!(catch_up(&[20.0, 30.0, 25.0], 200.0).is_empty());
+        let run = |lateness: &[f64]| Run {
+            lateness: lateness.to_vec(),
+            spin_us: None,
+        };
+        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        runs[PERCENTILE].push(run(&lateness));
+        runs[KERNEL[0]].push(run(&[30.0, 900.0]));
+        let line = catch_up_line(200, &runs);
+        assert!(line.contains("percentile advance: 2 stall(s)"), "{line}");
+        assert!(line.contains("80.0 µs less late"), "{line}");
+        assert!(
+            line.contains(
+                "KVM's LAPIC: 1 stall(s) (a timer over two periods late), none caught up from"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains("NaN"), "{line}");
     }
 
     #[test]
