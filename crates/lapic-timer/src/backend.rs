@@ -13,7 +13,8 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -32,6 +33,27 @@ pub enum SpinAt {
     /// On the receiver: the sink gets the expiry early, and the receiver
     /// calls [`TimerThread::receive`] where delivery starts.
     Receiver,
+}
+
+/// Where the timer thread runs.
+///
+/// KVM keeps a vCPU's LAPIC hrtimer on the CPU the vCPU runs on, and moves it
+/// when the vCPU moves (`kvm_migrate_timers`): the expiry then finds the
+/// vCPU's CPU awake and the vCPU close. A timer thread left to the scheduler
+/// instead often sleeps on the other CPU, which an idle host (or the
+/// hypervisor under it) may take long to wake.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TimerPlacement {
+    /// Wherever the host's scheduler puts it.
+    #[default]
+    Anywhere,
+    /// On the CPU of the thread that last armed it (in a VMM, the vCPU
+    /// thread): each [`TimerThread::arm`] from another CPU than the last one
+    /// moves the timer thread there (one `sched_getcpu`, and a
+    /// `pthread_setaffinity_np` only when the CPU changed). A thread of
+    /// higher priority that keeps that CPU (a `SCHED_FIFO` boost of the
+    /// vCPU thread) delays the timer thread until it lets go.
+    ArmingCpu,
 }
 
 /// A deadline whose time has come.
@@ -181,6 +203,9 @@ fn wakeup(advance: Duration, delta_ns: i128) -> Wakeup {
 pub struct TimerThread {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    placement: TimerPlacement,
+    /// The CPU the timer thread was last moved to (-1: none yet).
+    cpu: AtomicI32,
 }
 
 /// Shows the advance and lead in use: the policy and sink are trait objects.
@@ -189,6 +214,7 @@ impl std::fmt::Debug for TimerThread {
         f.debug_struct("TimerThread")
             .field("advance", &self.advance())
             .field("lead_ns", &self.shared.lead_ns.load(Relaxed))
+            .field("placement", &self.placement)
             .field("running", &self.thread.is_some())
             .finish_non_exhaustive()
     }
@@ -234,12 +260,52 @@ impl TimerThread {
         Ok(Self {
             shared,
             thread: Some(thread),
+            placement: TimerPlacement::Anywhere,
+            cpu: AtomicI32::new(-1),
         })
+    }
+
+    /// Sets where the timer thread runs ([`TimerPlacement::Anywhere`] unless
+    /// set).
+    pub fn with_placement(mut self, placement: TimerPlacement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Moves the timer thread to the calling thread's CPU, if the placement
+    /// asks for it and it is not there already. A move that fails leaves the
+    /// thread where it was, to be tried at the next arming.
+    fn follow_caller(&self) {
+        if self.placement != TimerPlacement::ArmingCpu {
+            return;
+        }
+        // SAFETY: sched_getcpu has no preconditions.
+        let cpu = unsafe { libc::sched_getcpu() };
+        if cpu < 0 || cpu == self.cpu.load(Relaxed) {
+            return;
+        }
+        let Some(thread) = &self.thread else { return };
+        // SAFETY: an all-zero cpu_set_t is a valid empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is a CPU number the kernel gave, below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+        // SAFETY: the thread is alive (joined only on drop) and the set is valid.
+        let ret = unsafe {
+            libc::pthread_setaffinity_np(
+                thread.as_pthread_t(),
+                std::mem::size_of::<libc::cpu_set_t>(),
+                &set,
+            )
+        };
+        if ret == 0 {
+            self.cpu.store(cpu, Relaxed);
+        }
     }
 
     /// Arms the deadline `deadline_ns` (host `CLOCK_MONOTONIC` ns), replacing any
     /// armed one; the sink will get `payload` back.
     pub fn arm(&self, deadline_ns: u64, payload: u64) -> io::Result<()> {
+        self.follow_caller();
         let lead_ns = self.shared.lead_ns.load(Relaxed);
         let advance_ns = self.shared.advance_ns.load(Relaxed);
         let mut armed = self

@@ -69,7 +69,7 @@ pub mod time;
 pub use advance::{
     AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, PercentileConfig, Wakeup,
 };
-pub use backend::{Expiry, NoSink, SpinAt, TimerSink, TimerThread};
+pub use backend::{Expiry, NoSink, SpinAt, TimerPlacement, TimerSink, TimerThread};
 pub use events::{NoEvents, TimerEvents, TimerStats};
 pub use lead::DeliveryLead;
 pub use model::{Fired, KVM_MIN_TIMER_PERIOD_NS, LapicTimer, LapicTimerState, TimerError};

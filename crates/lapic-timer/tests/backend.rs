@@ -1,6 +1,6 @@
 //! The timer thread on real host timers: deliveries never start before their
-//! target, re-arming replaces, disarming cancels, and a receiver can do the
-//! spin itself.
+//! target, re-arming replaces, disarming cancels, a receiver can do the
+//! spin itself, and the thread can follow the CPU of the one that arms it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -8,8 +8,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use lapic_timer::{
-    Clock, Expiry, Fixed, MonotonicClock, NoEvents, Percentile, SpinAt, TimerSink, TimerStats,
-    TimerThread,
+    Clock, Expiry, Fixed, MonotonicClock, NoAdvance, NoEvents, Percentile, SpinAt, TimerPlacement,
+    TimerSink, TimerStats, TimerThread,
 };
 
 /// Forwards each expiry with the time the sink saw it.
@@ -188,4 +188,113 @@ fn the_own_policy_learns_an_advance_on_real_timers() {
     }
     // Host timers always wake somewhat late, so the learned advance is positive.
     assert!(timer.advance() > Duration::ZERO);
+}
+
+/// Says why `test` did not run, on stderr and in `SKIPPED_TESTS_LOG` if set.
+fn skip(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Some(log) = std::env::var_os("SKIPPED_TESTS_LOG") {
+        let line = format!("lapic-timer::{test}: {reason}\n");
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    }
+}
+
+/// The CPUs the calling thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for this thread.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid set of the size given, for the calling thread (0).
+    let ret =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    assert_eq!(
+        ret,
+        0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: CPU_ISSET reads inside the set for every index below CPU_SETSIZE.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Keeps the calling thread on `cpu` alone.
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes inside the set: `cpu` came from allowed_cpus,
+    // below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: a valid set of the size given, for the calling thread (0).
+    let ret = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(
+        ret,
+        0,
+        "sched_setaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A sink that reports the CPUs the timer thread may run on at each expiry.
+struct ReportCpus(mpsc::Sender<Vec<usize>>);
+
+impl TimerSink for ReportCpus {
+    fn expired(&self, _: Expiry) {
+        let _ = self.0.send(allowed_cpus());
+    }
+}
+
+/// Arms a timer 100 µs out and returns the CPUs its thread could run on
+/// when it fired.
+fn cpus_at_expiry(timer: &TimerThread, rx: &mpsc::Receiver<Vec<usize>>) -> Vec<usize> {
+    timer.arm(MonotonicClock.now_ns() + 100_000, 0).unwrap();
+    rx.recv_timeout(WAIT).unwrap()
+}
+
+#[test]
+fn the_timer_thread_follows_the_cpu_of_the_thread_that_arms_it() {
+    let cpus = std::thread::spawn(allowed_cpus).join().unwrap();
+    let &[first, second, ..] = cpus.as_slice() else {
+        skip(
+            "the_timer_thread_follows_the_cpu_of_the_thread_that_arms_it",
+            &format!("this process may run on one CPU only ({cpus:?})"),
+        );
+        return;
+    };
+    // The arming happens on a thread of the test's own, pinned as it goes;
+    // both timer threads start before it is (a new thread inherits the
+    // CPUs of the one that started it).
+    std::thread::spawn(move || {
+        let (tx, rx) = mpsc::channel();
+        let timer = TimerThread::start(NoAdvance, ReportCpus(tx), NoEvents, SpinAt::TimerThread)
+            .unwrap()
+            .with_placement(TimerPlacement::ArmingCpu);
+        let (tx, anywhere_rx) = mpsc::channel();
+        let anywhere =
+            TimerThread::start(NoAdvance, ReportCpus(tx), NoEvents, SpinAt::TimerThread).unwrap();
+        pin_to(first);
+        assert_eq!(cpus_at_expiry(&timer, &rx), [first]);
+        assert_eq!(
+            cpus_at_expiry(&timer, &rx),
+            [first],
+            "stays while the armer does"
+        );
+        pin_to(second);
+        assert_eq!(
+            cpus_at_expiry(&timer, &rx),
+            [second],
+            "moves with the armer"
+        );
+        assert_eq!(
+            cpus_at_expiry(&anywhere, &anywhere_rx),
+            cpus,
+            "the default leaves it alone"
+        );
+    })
+    .join()
+    .unwrap();
 }

@@ -12,7 +12,9 @@ use clap::{Parser, Subcommand};
 use reference_vmm::bench;
 use reference_vmm::guest::{self, GuestProgram, PROGRAMS};
 use reference_vmm::layout::{MAX_VCPUS, PARAMS};
-use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Irqchip, Mechanisms, TimerAdvance};
+use reference_vmm::mechanisms::{
+    Boost, BusAccess, HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement,
+};
 use reference_vmm::migration::{
     self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, MigrationReport,
     StreamReader, Target,
@@ -349,6 +351,11 @@ struct MechanismArgs {
     /// [default: percentile].
     #[arg(long)]
     timer_advance: Option<TimerAdvance>,
+    /// Where each vCPU's timer thread runs: vcpu-cpu (on its vCPU thread's
+    /// CPU, following it, as KVM keeps a vCPU's timer) or anywhere (where the
+    /// host's scheduler puts it) [default: vcpu-cpu].
+    #[arg(long, value_parser = <TimerPlacement as FromStr>::from_str)]
+    timer_placement: Option<TimerPlacement>,
     /// What interrupt delivery does for the target's thread: none, ready,
     /// directed-yield [default: directed-yield].
     #[arg(long, value_parser = <Boost as FromStr>::from_str)]
@@ -389,6 +396,7 @@ impl MechanismArgs {
         Ok(Mechanisms {
             halt_poll: self.halt_poll.unwrap_or(kernel_default),
             timer_advance: self.timer_advance.unwrap_or(defaults.timer_advance),
+            timer_placement: self.timer_placement.unwrap_or(defaults.timer_placement),
             boost: self.boost.unwrap_or(defaults.boost),
             bus: self.bus,
             extended_qs: !self.no_extended_qs,
@@ -402,6 +410,7 @@ impl MechanismArgs {
     fn check_kernel(&self) -> Result<(), String> {
         let unused = [
             ("--timer-advance", self.timer_advance.is_some()),
+            ("--timer-placement", self.timer_placement.is_some()),
             ("--boost", self.boost.is_some()),
             ("--guest-poll", self.guest_poll),
             (

@@ -1,6 +1,6 @@
 //! The latency mechanisms on the vCPU exit path, each with its baseline, as
-//! the command line chooses them: `--halt-poll`, `--timer-advance`, `--boost`
-//! and `--bus`; and `--irqchip`, which can hand the whole local APIC to KVM
+//! the command line chooses them: `--halt-poll`, `--timer-advance` and
+//! `--timer-placement`, `--boost` and `--bus`; and `--irqchip`, which can hand the whole local APIC to KVM
 //! to measure the family against the kernel's own mechanisms.
 
 use std::fmt;
@@ -93,6 +93,7 @@ switch!(HaltPoll, "--halt-poll", Some("predictive"));
 switch!(Boost, "--boost", Some("directed-yield"));
 switch!(BusAccess, "--bus", None);
 switch!(Irqchip, "--irqchip", None);
+switch!(TimerPlacement, "--timer-placement", None);
 
 /// How a halted vCPU waits (`halt-poll`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -222,6 +223,27 @@ impl fmt::Display for TimerAdvance {
     }
 }
 
+/// Where a vCPU's timer thread runs (`lapic-timer`'s `TimerPlacement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum TimerPlacement {
+    /// On its vCPU thread's CPU, moved when the vCPU thread has moved, as
+    /// KVM keeps a vCPU's hrtimer on the vCPU's CPU.
+    #[default]
+    VcpuCpu,
+    /// Wherever the host's scheduler puts it: the baseline.
+    Anywhere,
+}
+
+impl TimerPlacement {
+    /// The placement for lapic-timer's `TimerThread`, which the vCPU thread arms.
+    pub fn placement(self) -> lapic_timer::TimerPlacement {
+        match self {
+            Self::VcpuCpu => lapic_timer::TimerPlacement::ArmingCpu,
+            Self::Anywhere => lapic_timer::TimerPlacement::Anywhere,
+        }
+    }
+}
+
 /// What delivering an interrupt does for its target's thread (`vcpu-sched`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Boost {
@@ -280,6 +302,9 @@ pub struct Mechanisms {
     pub halt_poll: HaltPoll,
     /// `--timer-advance`.
     pub timer_advance: TimerAdvance,
+    /// `--timer-placement` (a host matter: a migration does not carry it,
+    /// and the destination runs the default).
+    pub timer_placement: TimerPlacement,
     /// `--boost`.
     pub boost: Boost,
     /// `--bus`.
@@ -302,6 +327,7 @@ impl Default for Mechanisms {
         Self {
             halt_poll: HaltPoll::default(),
             timer_advance: TimerAdvance::default(),
+            timer_placement: TimerPlacement::default(),
             boost: Boost::default(),
             bus: BusAccess::default(),
             extended_qs: true,
@@ -398,6 +424,11 @@ mod tests {
         for i in [Irqchip::User, Irqchip::Kernel] {
             assert_eq!(i.to_string().parse::<Irqchip>(), Ok(i));
         }
+        for &p in TimerPlacement::value_variants() {
+            assert_eq!(p.to_string().parse::<TimerPlacement>(), Ok(p));
+        }
+        let err = "cpu0".parse::<TimerPlacement>().unwrap_err().to_string();
+        assert!(err.contains("vcpu-cpu, anywhere"), "{err}");
         let err = "fast".parse::<HaltPoll>().unwrap_err().to_string();
         assert!(
             err.contains("kvm, haltpoll, aio, predictive, off, always, tuned"),

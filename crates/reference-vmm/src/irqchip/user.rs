@@ -63,7 +63,8 @@ impl IrqChip for UserIrqChip {
         .map_err(|source| Error::SpawnThread {
             vcpu: index,
             source,
-        })?;
+        })?
+        .with_placement(m.timer_placement.placement());
         let policies = m.halt_poll_per_source().map(HaltPoll::policy).into();
         let poller = HaltPoller::with_policies(shared.irqs.wake_source(vcpu), policies)
             .with_events(shared.halt_stats.clone());

@@ -82,6 +82,9 @@ impl VmDescription {
         let mechanisms = Mechanisms {
             halt_poll: choice(&mut d)?.parse().map_err(text)?,
             timer_advance: choice(&mut d)?.parse().map_err(text)?,
+            // Where a timer thread runs is the host's business, not the
+            // guest's: not sent, the destination places its own.
+            timer_placement: Default::default(),
             boost: choice(&mut d)?.parse().map_err(text)?,
             bus: choice(&mut d)?.parse().map_err(text)?,
             irqchip: choice(&mut d)?.parse().map_err(text)?,
