@@ -341,10 +341,11 @@ impl Mechanisms {
     /// The halt-poll policy of each wake source of a halted vCPU, indexed by
     /// source (`irq::WAKE_INTERRUPT`, then `irq::WAKE_TIMER`), so each learns
     /// its own wake times. With guest-side polling the VMM blocks at once. A
-    /// timer with an advance needs no polling: its host timer fires early
-    /// enough to cover the vCPU thread's wake-up too (the advance learns where
-    /// the receiver arrives), and a poll would only take the CPU the timer
-    /// thread needs to wake on time.
+    /// timer with an advance needs no polling of its own: its host timer
+    /// fires early enough to cover the vCPU thread's wake-up too (the advance
+    /// learns where the receiver arrives). A halt that polls anyway (for an
+    /// interrupt, or with `always`) fires the timer itself once its deadline
+    /// comes, as KVM's poll loop checks the vCPU's timer.
     pub fn halt_poll_per_source(self) -> [HaltPoll; 2] {
         let interrupts = if self.guest_poll {
             HaltPoll::Off

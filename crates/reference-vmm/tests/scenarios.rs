@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use common::kvm_available;
 use reference_vmm::bench::{self, Options, Table};
-use reference_vmm::mechanisms::{Boost, Irqchip, Mechanisms, TimerAdvance, TimerPlacement};
+use reference_vmm::mechanisms::{
+    Boost, HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement,
+};
 use vm_memory::{Bytes, GuestAddress};
 
 const QUICK: Options = Options {
@@ -60,7 +62,7 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     let halt = bench::halt::run(QUICK, &mut quiet).unwrap();
     all_measured(&halt, 51 + qemu_rows(&halt, 1));
     let timer = bench::timer::run(QUICK, &mut quiet).unwrap();
-    all_measured(&timer, 18 + qemu_rows(&timer, 1));
+    all_measured(&timer, 20 + qemu_rows(&timer, 1));
     let sched = bench::sched::run(QUICK, &mut quiet).unwrap();
     all_measured(&sched, 4 + qemu_rows(&sched, 0));
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 7);
@@ -156,11 +158,16 @@ fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
             timer_placement: TimerPlacement::Anywhere,
             ..Mechanisms::default()
         },
+        // The halted vCPU polls and fires its own timer at the deadline.
+        Mechanisms {
+            halt_poll: HaltPoll::Always,
+            ..Mechanisms::default()
+        },
         kernel,
     ] {
         let variant = format!(
-            "{} / {} / {}",
-            m.irqchip, m.timer_advance, m.timer_placement
+            "{} / {} / {} / {}",
+            m.irqchip, m.timer_advance, m.timer_placement, m.halt_poll
         );
         let (report, memory) = program::run("cyclictest", 1, m, &[SAMPLES, period]).unwrap();
         assert_eq!(report.value(0, "samples"), Some(SAMPLES), "{variant}");

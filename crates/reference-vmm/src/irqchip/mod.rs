@@ -4,6 +4,7 @@
 //! [`KernelIrqChip`] is KVM's in-kernel LAPIC, the baseline.
 
 mod kernel;
+mod timer_wake;
 mod user;
 
 pub use kernel::{KernelIrqChip, TUNE_INTERVAL, TunerThread, set_window};

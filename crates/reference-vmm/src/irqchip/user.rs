@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use halt_poll::{FutexWake, HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy};
+use halt_poll::{HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPolicy};
 use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::VcpuFd;
 use lapic_timer::time::rdtsc;
@@ -13,6 +13,7 @@ use lapic_timer::{Clock, GuestTime, MonotonicClock, SpinAt, TimerThread, TscCloc
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
 use super::IrqChip;
+use super::timer_wake::TimerWake;
 use crate::apic::{Action, LocalApic, XAPIC_BASE, XAPIC_SIZE};
 use crate::error::Error;
 use crate::exit::ApicExits;
@@ -43,7 +44,7 @@ pub struct UserIrqChip {
     apic: LocalApic,
     timer: TimerThread,
     lead: TimerLead,
-    poller: HaltPoller<Box<dyn PollPolicy + Send>, Arc<FutexWake>, MonotonicPoll, Arc<HaltStats>>,
+    poller: HaltPoller<Box<dyn PollPolicy + Send>, TimerWake, MonotonicPoll, Arc<HaltStats>>,
 }
 
 impl IrqChip for UserIrqChip {
@@ -66,8 +67,9 @@ impl IrqChip for UserIrqChip {
         })?
         .with_placement(m.timer_placement.placement());
         let policies = m.halt_poll_per_source().map(HaltPoll::policy).into();
-        let poller = HaltPoller::with_policies(shared.irqs.wake_source(vcpu), policies)
-            .with_events(shared.halt_stats.clone());
+        let wake = TimerWake::new(shared.irqs.wake_source(vcpu), WAKE_TIMER);
+        let poller =
+            HaltPoller::with_policies(wake, policies).with_events(shared.halt_stats.clone());
         Ok(Self {
             apic: LocalApic::new(index, time).with_min_timer_period_ns(shared.min_timer_period_ns),
             timer,
@@ -139,20 +141,24 @@ impl IrqChip for UserIrqChip {
     }
 
     /// Waits, polling or blocked as the halt-poll policy says, until an
-    /// interrupt can be delivered, the timer fires, a stop or a pause.
+    /// interrupt can be delivered, the timer fires (its thread's expiry, or
+    /// its deadline seen while polling), a stop or a pause.
     fn halt(&mut self) -> bool {
-        let (irqs, vcpu) = (&self.shared.irqs, self.vcpu);
-        let sched = irqs.scheduler();
+        let vcpu = self.vcpu;
         loop {
             // Published before the look for work (see `crate::irq`).
-            sched.halted(vcpu);
-            let work = self.apic.deliverable(&irqs.pending(vcpu)).is_some() || irqs.has_timer(vcpu);
+            self.shared.irqs.scheduler().halted(vcpu);
+            let timer_due = self.due_now();
+            let irqs = &self.shared.irqs;
+            let work = timer_due
+                || self.apic.deliverable(&irqs.pending(vcpu)).is_some()
+                || irqs.has_timer(vcpu);
             if work || self.shared.stop_requested() || self.shared.pause.requested() {
-                sched.woken(vcpu);
+                irqs.scheduler().woken(vcpu);
                 return work;
             }
             self.poller.halt();
-            sched.woken(vcpu);
+            self.shared.irqs.scheduler().woken(vcpu);
         }
     }
 
@@ -303,7 +309,12 @@ impl UserIrqChip {
         // checks). A masked timer delivers nothing, so it needs no host timer:
         // its expiries are spent at the next entry (`due_now`) or when it is
         // unmasked.
-        let _ = match self.apic.timer().next_delivery_ns() {
+        let next = self.apic.timer().next_delivery_ns();
+        let lead = self.lead.current().as_nanos() as u64;
+        self.poller
+            .source()
+            .set_due(next.map(|at| at.saturating_sub(lead)));
+        let _ = match next {
             Some(at) => self.timer.arm(at, 0),
             None => self.timer.disarm(),
         };
