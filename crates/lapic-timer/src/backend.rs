@@ -281,13 +281,13 @@ impl TimerThread {
         }
         // SAFETY: sched_getcpu has no preconditions.
         let cpu = unsafe { libc::sched_getcpu() };
-        if cpu < 0 || cpu == self.cpu.load(Relaxed) {
+        if cpu < 0 || cpu as usize >= libc::CPU_SETSIZE as usize || cpu == self.cpu.load(Relaxed) {
             return;
         }
         let Some(thread) = &self.thread else { return };
         // SAFETY: an all-zero cpu_set_t is a valid empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `cpu` is a CPU number the kernel gave, below CPU_SETSIZE.
+        // SAFETY: `cpu` is below CPU_SETSIZE (checked above).
         unsafe { libc::CPU_SET(cpu as usize, &mut set) };
         // SAFETY: the thread is alive (joined only on drop) and the set is valid.
         let ret = unsafe {

@@ -1,7 +1,8 @@
 //! The latency mechanisms on the vCPU exit path, each with its baseline, as
 //! the command line chooses them: `--halt-poll`, `--timer-advance` and
-//! `--timer-placement`, `--boost` and `--bus`; and `--irqchip`, which can hand the whole local APIC to KVM
-//! to measure the family against the kernel's own mechanisms.
+//! `--timer-placement`, `--boost` and `--bus`; and `--irqchip`, which can
+//! hand the whole local APIC to KVM to measure the family against the
+//! kernel's own mechanisms.
 
 use std::fmt;
 use std::str::FromStr;

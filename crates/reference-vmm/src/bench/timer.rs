@@ -191,7 +191,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     }
     t.better("lateness near 0 and never below it (an early timer is a bug: the early column counts them over every run), less spin per expiry (the CPU the advance costs) and less halt polling per timer (the CPU a waiting vCPU burns: with --halt-poll always most of the period), a lower p50 vs none; the percentiles are those of the run with the median p50, the spin the median over runs");
     t.note(format!(
-        "{samples} timers per run, {} runs per variant, alternating; the guest halts between timers (the userspace APIC's vCPUs wait through halt-poll's predictive policy, which with an advance leaves the timer to the advance; KVM's LAPIC halts in the kernel, with its halt polling and lapic_timer_advance).",
+        "{samples} timers per run, {} runs per variant, alternating; the guest halts between timers (the userspace APIC's vCPUs wait through halt-poll's predictive policy, which with an advance leaves the timer to the advance, or with --halt-poll always poll and fire the timer at its deadline; KVM's LAPIC halts in the kernel, with its halt polling and lapic_timer_advance).",
         opts.reps()
     ));
     for line in goals {

@@ -134,6 +134,9 @@ impl IrqChip for UserIrqChip {
         self.shared.irqs.scheduler().left_guest(self.vcpu);
         if let Some(lead) = self.lead.learn(&self.shared.memory) {
             self.timer.set_lead(lead);
+            // The halt's own look at the deadline moves with the lead, as
+            // `due_now` does: a stale one would end halts that find no work.
+            self.publish_due();
         }
         if let Some(poll) = &mut self.guest_poll {
             poll.learn(&self.shared.memory);
@@ -302,6 +305,18 @@ impl UserIrqChip {
         self.rearm();
     }
 
+    /// Tells the halt's wake source when delivery of the LVT timer's next
+    /// expiry starts (its deadline less the lead, when `due_now` turns true);
+    /// returns that expiry.
+    fn publish_due(&mut self) -> Option<u64> {
+        let next = self.apic.timer().next_delivery_ns();
+        let lead = self.lead.current().as_nanos() as u64;
+        self.poller
+            .source()
+            .set_due(next.map(|at| at.saturating_sub(lead)));
+        next
+    }
+
     /// Arms the host timer for the LVT timer's next expiry, or disarms it.
     fn rearm(&mut self) {
         // A timerfd that cannot be set is out of the guest's reach and of
@@ -309,12 +324,7 @@ impl UserIrqChip {
         // checks). A masked timer delivers nothing, so it needs no host timer:
         // its expiries are spent at the next entry (`due_now`) or when it is
         // unmasked.
-        let next = self.apic.timer().next_delivery_ns();
-        let lead = self.lead.current().as_nanos() as u64;
-        self.poller
-            .source()
-            .set_due(next.map(|at| at.saturating_sub(lead)));
-        let _ = match next {
+        let _ = match self.publish_due() {
             Some(at) => self.timer.arm(at, 0),
             None => self.timer.disarm(),
         };
