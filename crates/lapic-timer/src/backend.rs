@@ -115,8 +115,9 @@ impl<S: TimerSink + ?Sized> TimerSink for Arc<S> {
     }
 }
 
+/// A deadline as it was armed: with the lead and advance of that moment.
 #[derive(Clone, Copy, Debug)]
-struct Armed {
+pub(crate) struct Armed {
     deadline_ns: u64,
     payload: u64,
     lead_ns: u64,
@@ -124,10 +125,32 @@ struct Armed {
     armed_ns: u64,
 }
 
-struct Shared {
-    timerfd: OwnedFd,
-    stop: EventFd,
-    armed: Mutex<Option<Armed>>,
+impl Armed {
+    /// When the host timer fires for it: `advance + lead` before the deadline
+    /// (never 0, which disarms a host timer).
+    pub(crate) fn fire_at_ns(&self) -> u64 {
+        self.deadline_ns
+            .saturating_sub(self.lead_ns)
+            .saturating_sub(self.advance_ns)
+            .max(1)
+    }
+
+    /// The expiry of a host timer that woke at `woke_ns`.
+    pub(crate) fn expiry(&self, woke_ns: u64) -> Expiry {
+        Expiry {
+            payload: self.payload,
+            deadline_ns: self.deadline_ns,
+            target_ns: self.deadline_ns.saturating_sub(self.lead_ns),
+            woke_ns,
+            armed_ns: self.armed_ns,
+            max_spin: Duration::from_nanos(self.advance_ns),
+        }
+    }
+}
+
+/// What both backends share: the advance policy, the advance and lead in
+/// use, and the events.
+pub(crate) struct Tuning {
     /// The advance policy, taught by whoever spins (see [`SpinAt`]).
     policy: Mutex<Box<dyn AdvancePolicy + Send>>,
     /// The policy's current advance, published after each lesson.
@@ -137,10 +160,34 @@ struct Shared {
     events: Box<dyn TimerEvents>,
 }
 
-impl Shared {
+impl Tuning {
+    pub(crate) fn new<P, E>(policy: P, events: E) -> Self
+    where
+        P: AdvancePolicy + Send + 'static,
+        E: TimerEvents + 'static,
+    {
+        Self {
+            advance_ns: AtomicU64::new(policy.advance().as_nanos() as u64),
+            policy: Mutex::new(Box::new(policy)),
+            lead_ns: AtomicU64::new(0),
+            events: Box::new(events),
+        }
+    }
+
+    /// `deadline_ns` armed now, with the current lead and advance.
+    pub(crate) fn arm(&self, deadline_ns: u64, payload: u64) -> Armed {
+        Armed {
+            deadline_ns,
+            payload,
+            lead_ns: self.lead_ns.load(Relaxed),
+            advance_ns: self.advance_ns.load(Relaxed),
+            armed_ns: MonotonicClock.now_ns(),
+        }
+    }
+
     /// Teaches the policy what `expiry` measured at `now_ns`, if anything,
     /// and publishes its new advance.
-    fn learn(&self, expiry: &Expiry, now_ns: u64) {
+    pub(crate) fn learn(&self, expiry: &Expiry, now_ns: u64) {
         let Some(wakeup) = expiry.wakeup_at(now_ns) else {
             return;
         };
@@ -150,9 +197,21 @@ impl Shared {
             .store(policy.advance().as_nanos() as u64, Relaxed);
     }
 
+    /// Reports the host timer's wake-up for `expiry`.
+    pub(crate) fn woke(&self, expiry: &Expiry) {
+        let delta_ns = i128::from(expiry.woke_ns) - i128::from(expiry.target_ns);
+        self.events.woke(&wakeup(expiry.max_spin, delta_ns));
+    }
+
+    /// The receiver's side of an expiry (see [`TimerThread::receive`]).
+    pub(crate) fn receive(&self, expiry: &Expiry) -> Duration {
+        self.learn(expiry, MonotonicClock.now_ns());
+        self.spin_to_target(expiry, &MonotonicClock)
+    }
+
     /// Busy-waits to `expiry`'s target and reports the spin and the
     /// delivery's lateness; returns the time spun.
-    fn spin_to_target(&self, expiry: &Expiry, clock: &impl Clock) -> Duration {
+    pub(crate) fn spin_to_target(&self, expiry: &Expiry, clock: &impl Clock) -> Duration {
         let spun = expiry.spin(clock);
         self.events.spun(spun);
         let lateness = i128::from(clock.now_ns()) - i128::from(expiry.target_ns);
@@ -161,19 +220,30 @@ impl Shared {
         spun
     }
 
+    pub(crate) fn advance(&self) -> Duration {
+        Duration::from_nanos(self.advance_ns.load(Relaxed))
+    }
+
+    pub(crate) fn lead_ns(&self) -> u64 {
+        self.lead_ns.load(Relaxed)
+    }
+
+    pub(crate) fn set_lead(&self, lead: Duration) {
+        self.lead_ns.store(lead.as_nanos() as u64, Relaxed);
+    }
+}
+
+struct Shared {
+    timerfd: OwnedFd,
+    stop: EventFd,
+    armed: Mutex<Option<Armed>>,
+    tuning: Tuning,
+}
+
+impl Shared {
     /// Sets the timerfd to fire at `at_ns` (`CLOCK_MONOTONIC`), or disarms it (0).
     fn set_timer(&self, at_ns: u64) -> io::Result<()> {
-        let at_ns = if at_ns == 0 { 0 } else { at_ns.max(1) };
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: (at_ns / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
-                tv_nsec: (at_ns % 1_000_000_000) as libc::c_long,
-            },
-        };
+        let spec = itimerspec_at(at_ns);
         // SAFETY: a valid timerfd and a valid itimerspec; the old value is not wanted.
         let ret = unsafe {
             libc::timerfd_settime(
@@ -188,6 +258,20 @@ impl Shared {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+}
+
+/// A one-shot timer setting for `CLOCK_MONOTONIC` ns `at_ns` (0: disarmed).
+pub(crate) fn itimerspec_at(at_ns: u64) -> libc::itimerspec {
+    libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: (at_ns / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: (at_ns % 1_000_000_000) as libc::c_long,
+        },
     }
 }
 
@@ -213,7 +297,7 @@ impl std::fmt::Debug for TimerThread {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TimerThread")
             .field("advance", &self.advance())
-            .field("lead_ns", &self.shared.lead_ns.load(Relaxed))
+            .field("lead_ns", &self.shared.tuning.lead_ns())
             .field("placement", &self.placement)
             .field("running", &self.thread.is_some())
             .finish_non_exhaustive()
@@ -243,10 +327,7 @@ impl TimerThread {
             timerfd: unsafe { OwnedFd::from_raw_fd(fd) },
             stop: EventFd::new(EFD_NONBLOCK)?,
             armed: Mutex::new(None),
-            advance_ns: AtomicU64::new(policy.advance().as_nanos() as u64),
-            policy: Mutex::new(Box::new(policy)),
-            lead_ns: AtomicU64::new(0),
-            events: Box::new(events),
+            tuning: Tuning::new(policy, events),
         });
         let worker = Worker {
             shared: shared.clone(),
@@ -306,24 +387,13 @@ impl TimerThread {
     /// armed one; the sink will get `payload` back.
     pub fn arm(&self, deadline_ns: u64, payload: u64) -> io::Result<()> {
         self.follow_caller();
-        let lead_ns = self.shared.lead_ns.load(Relaxed);
-        let advance_ns = self.shared.advance_ns.load(Relaxed);
-        let mut armed = self
+        let armed = self.shared.tuning.arm(deadline_ns, payload);
+        *self
             .shared
             .armed
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *armed = Some(Armed {
-            deadline_ns,
-            payload,
-            lead_ns,
-            advance_ns,
-            armed_ns: MonotonicClock.now_ns(),
-        });
-        let at = deadline_ns
-            .saturating_sub(lead_ns)
-            .saturating_sub(advance_ns);
-        self.shared.set_timer(at.max(1))
+            .unwrap_or_else(PoisonError::into_inner) = Some(armed);
+        self.shared.set_timer(armed.fire_at_ns())
     }
 
     /// Disarms the deadline, if any.
@@ -338,7 +408,7 @@ impl TimerThread {
 
     /// The advance the policy chose most recently.
     pub fn advance(&self) -> Duration {
-        Duration::from_nanos(self.shared.advance_ns.load(Relaxed))
+        self.shared.tuning.advance()
     }
 
     /// The receiver's half of [`SpinAt::Receiver`], where delivery starts:
@@ -347,13 +417,12 @@ impl TimerThread {
     /// reporting the spin and the delivery to the events. Returns the time
     /// spun.
     pub fn receive(&self, expiry: &Expiry) -> Duration {
-        self.shared.learn(expiry, MonotonicClock.now_ns());
-        self.shared.spin_to_target(expiry, &MonotonicClock)
+        self.shared.tuning.receive(expiry)
     }
 
     /// Sets the delivery lead for deadlines armed from now on.
     pub fn set_lead(&self, lead: Duration) {
-        self.shared.lead_ns.store(lead.as_nanos() as u64, Relaxed);
+        self.shared.tuning.set_lead(lead);
     }
 }
 
@@ -421,11 +490,7 @@ impl<S: TimerSink> Worker<S> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let armed = (*slot)?;
-        let armed_for = armed
-            .deadline_ns
-            .saturating_sub(armed.lead_ns)
-            .saturating_sub(armed.advance_ns);
-        if now < armed_for {
+        if now < armed.fire_at_ns() {
             return None; // re-armed later; the timerfd will fire again
         }
         *slot = None;
@@ -433,25 +498,15 @@ impl<S: TimerSink> Worker<S> {
     }
 
     fn expire(&mut self, armed: Armed) {
-        let woke_ns = self.clock.now_ns();
-        let target_ns = armed.deadline_ns.saturating_sub(armed.lead_ns);
-        let advance = Duration::from_nanos(armed.advance_ns);
-        let delta_ns = i128::from(woke_ns) - i128::from(target_ns);
-        let expiry = Expiry {
-            payload: armed.payload,
-            deadline_ns: armed.deadline_ns,
-            target_ns,
-            woke_ns,
-            armed_ns: armed.armed_ns,
-            max_spin: advance,
-        };
+        let expiry = armed.expiry(self.clock.now_ns());
+        let tuning = &self.shared.tuning;
         // The receiver teaches the policy itself, from where it spins.
         if self.spin_at == SpinAt::TimerThread {
-            self.shared.learn(&expiry, woke_ns);
+            tuning.learn(&expiry, expiry.woke_ns);
         }
-        self.shared.events.woke(&wakeup(advance, delta_ns));
+        tuning.woke(&expiry);
         if self.spin_at == SpinAt::TimerThread {
-            self.shared.spin_to_target(&expiry, &self.clock);
+            tuning.spin_to_target(&expiry, &self.clock);
         }
         self.sink.expired(expiry);
     }

@@ -22,6 +22,9 @@
 //! - [`TimerThread`]: a timerfd armed `advance + lead` early, an expiry path
 //!   that spins to the target ([`SpinAt`]), a [`TimerSink`], and [`TimerEvents`]
 //!   metrics ([`TimerStats`]).
+//! - [`SignalTimer`]: the same deadlines with no timer thread: a POSIX timer
+//!   signals the receiving thread itself (in a VMM, the vCPU thread, out of
+//!   `KVM_RUN`), from the timer interrupt, as KVM's hrtimer kicks its vCPU.
 //!
 //! # Example: the guest arms a TSC deadline; the VMM fires it on time
 //! ```
@@ -62,6 +65,7 @@ pub mod invariants;
 pub mod lead;
 pub mod model;
 pub mod registers;
+pub mod signal;
 #[doc(hidden)]
 pub mod sim;
 pub mod time;
@@ -74,6 +78,7 @@ pub use events::{NoEvents, TimerEvents, TimerStats};
 pub use lead::DeliveryLead;
 pub use model::{Fired, KVM_MIN_TIMER_PERIOD_NS, LapicTimer, LapicTimerState, TimerError};
 pub use registers::{LvtTimer, TimerMode, TimerRegister};
+pub use signal::SignalTimer;
 pub use time::{Clock, FakeClock, GuestTime, MonotonicClock, TscClock};
 
 // The README's examples are doctests too.
