@@ -19,9 +19,11 @@
 //! - The signal is only the interrupt. [`SignalTimer::take_due`] reads the
 //!   clock, so a thread that checks it before each wait never misses a
 //!   deadline, whether or not the signal was delivered, blocked or consumed.
-//! - Give it a signal of its own: `take_due`, `arm` and `disarm` consume
-//!   that signal if it is pending (a stale one would interrupt every wait
-//!   until the next deadline), and keep it blocked except where the thread
+//! - Give it a signal of its own: `take_due`, `disarm` and a re-`arm` stop
+//!   the timer and consume that signal if it is pending (a stale one would
+//!   interrupt every wait until the next deadline), while a deadline armed
+//!   already due keeps its signal pending, so a thread that checked before
+//!   arming is still interrupted. Keep the signal blocked except where the thread
 //!   wants to be interrupted (a VMM: inside `KVM_RUN`, with
 //!   `KVM_SET_SIGNAL_MASK`), with a handler installed if it is ever
 //!   unblocked (a real-time signal's default action ends the process).
@@ -84,17 +86,21 @@ impl SignalTimer {
     }
 
     /// Arms the deadline `deadline_ns` (host `CLOCK_MONOTONIC` ns), replacing
-    /// any armed one; its expiry carries `payload`.
+    /// any armed one; its expiry carries `payload`. A deadline whose time has
+    /// come already signals at once.
     pub fn arm(&mut self, deadline_ns: u64, payload: u64) -> io::Result<()> {
+        if self.armed.is_some() {
+            self.clear()?;
+        }
         let armed = self.tuning.arm(deadline_ns, payload);
         self.armed = Some(armed);
         self.set_timer(armed.fire_at_ns())
     }
 
-    /// Disarms the deadline, if any.
+    /// Disarms the deadline, if any, and takes its signal if it was sent.
     pub fn disarm(&mut self) -> io::Result<()> {
         self.armed = None;
-        self.set_timer(0)
+        self.clear()
     }
 
     /// When the host timer fires for the armed deadline (`advance + lead`
@@ -112,7 +118,9 @@ impl SignalTimer {
         let now = MonotonicClock.now_ns();
         let armed = self.armed.filter(|a| now >= a.fire_at_ns())?;
         self.armed = None;
-        self.consume_signal();
+        // The signal may be a moment behind the clock: stopping the timer
+        // first means none comes after it is taken.
+        let _ = self.clear();
         let expiry = armed.expiry(now);
         self.tuning.woke(&expiry);
         Some(expiry)
@@ -136,15 +144,23 @@ impl SignalTimer {
         self.tuning.set_lead(lead);
     }
 
-    /// Sets the POSIX timer to fire at `at_ns`, or disarms it (0), then
-    /// consumes a signal the previous setting left pending.
+    /// Stops the POSIX timer, then takes the signal it sent, if any: after
+    /// this no signal of an earlier setting is pending or can come, so one
+    /// from the next setting is never taken for a stale one.
+    fn clear(&self) -> io::Result<()> {
+        let stopped = self.set_timer(0);
+        self.consume_signal();
+        stopped
+    }
+
+    /// Sets the POSIX timer to fire at `at_ns` (at once if that has passed),
+    /// or stops it (0).
     fn set_timer(&self, at_ns: u64) -> io::Result<()> {
         let spec = itimerspec_at(at_ns);
         // SAFETY: our live timer and a valid itimerspec; the old value is not wanted.
         let ret = unsafe {
             libc::timer_settime(self.timer, libc::TIMER_ABSTIME, &spec, std::ptr::null_mut())
         };
-        self.consume_signal();
         if ret == 0 {
             Ok(())
         } else {

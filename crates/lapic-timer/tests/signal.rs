@@ -144,6 +144,30 @@ fn rearming_and_disarming_leave_no_stale_signal() {
     assert_eq!((timer.take_due(), timer.fire_at_ns()), (None, None));
 }
 
+/// A thread that took what was due, then re-armed a deadline whose time has
+/// come (a guest's next timer already late), is about to enter a wait that
+/// only the signal ends: the signal of that arming must stay pending, while
+/// a taken expiry's own signal, however late it comes, never does.
+#[test]
+fn a_deadline_armed_already_due_stays_signalled() {
+    let sig = signal(5);
+    mask(libc::SIG_BLOCK, sig);
+    let mut timer = SignalTimer::new(Fixed(Duration::ZERO), NoEvents, sig).unwrap();
+    for round in 0..50 {
+        timer.arm(MonotonicClock.now_ns() + 20_000, round).unwrap();
+        while timer.take_due().is_none() {}
+        assert!(!pending(sig), "round {round}: taken with its signal");
+        timer.arm(MonotonicClock.now_ns() - 1_000, round).unwrap();
+        timer.arm(MonotonicClock.now_ns() - 1_000, round).unwrap();
+        assert_eq!(
+            wait_for(sig, Duration::from_secs(5)),
+            Some(libc::SI_TIMER),
+            "round {round}: the re-arm kept the due deadline's signal"
+        );
+        assert!(timer.take_due().is_some(), "round {round}");
+    }
+}
+
 #[test]
 fn the_own_policy_learns_an_advance_from_the_receivers_lateness() {
     let sig = signal(4);
