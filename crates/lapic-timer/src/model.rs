@@ -84,6 +84,20 @@ pub struct LapicTimerState {
 }
 
 /// One vCPU's LAPIC timer.
+///
+/// The register model alone, by MSR or xAPIC offset, with time passed in:
+/// ```
+/// use lapic_timer::{GuestTime, LapicTimer, TimerRegister};
+///
+/// let mut lapic = LapicTimer::new(GuestTime { tsc_khz: 2_000_000, ns: 0, tsc_at_ns: 0 });
+/// lapic.write_msr(0x832, 0x2_0030, 0)?; // periodic, vector 0x30
+/// lapic.write_msr(0x83e, 0b1011, 0)?; // divide by 1
+/// lapic.write(TimerRegister::InitialCount, 1_000_000, 0)?; // 1 ms at KVM's 1 GHz bus
+/// assert_eq!(lapic.read(TimerRegister::CurrentCount, 250_000), 750_000);
+/// let fired = lapic.expire(1_000_000).expect("due"); // periodic: reloads
+/// assert_eq!((fired.vector, lapic.next_expiry_ns()), (0x30, Some(2_000_000)));
+/// # Ok::<(), lapic_timer::TimerError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LapicTimer {
     lvt: u32,

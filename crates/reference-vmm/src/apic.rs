@@ -11,7 +11,7 @@
 //! to xAPIC) are not supported and #GP.
 //!
 //! The model is plain data owned by its vCPU's thread: only that vCPU reads
-//! and writes its registers. Interrupts posted by other threads (IPIs, the
+//! and writes its registers. Interrupts posted by other threads (IPIs, a
 //! timer thread) arrive as IRR bits in [`crate::irq`]; the vCPU thread moves
 //! the highest deliverable one into service here when it injects it.
 //!

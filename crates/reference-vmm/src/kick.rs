@@ -56,6 +56,14 @@ pub fn kick_signal() -> c_int {
     SIGRTMIN()
 }
 
+/// The signal a vCPU's own host timer kicks it with (`--timer-placement
+/// vcpu-thread`): a signal of its own, blocked and unblocked in `KVM_RUN` as
+/// the kick is, which the timer consumes when it takes its expiry, so
+/// taking one never consumes a kick.
+pub fn timer_signal() -> c_int {
+    SIGRTMIN() + 1
+}
+
 /// Why a vCPU thread cannot be kicked, or a kick cannot be consumed: the
 /// host refused a signal operation, never the guest's doing.
 #[derive(Debug, thiserror::Error)]
@@ -86,19 +94,24 @@ pub enum KickError {
     Signal(#[source] Errno),
 }
 
-/// Prepares the calling thread, which runs `vcpu`, to be kicked.
+/// Prepares the calling thread, which runs `vcpu`, to be kicked, by other
+/// threads ([`kick_signal`]) and by its own host timer ([`timer_signal`]).
 ///
 /// Call it on the vCPU's own thread before its first `KVM_RUN`.
 pub fn prepare_vcpu_thread(vcpu: &VcpuFd) -> Result<(), KickError> {
-    install_handler()?;
-    let sig = kick_signal();
-    match signal::block_signal(sig) {
-        Ok(()) | Err(signal::Error::SignalAlreadyBlocked(_)) => {}
-        Err(cause) => return Err(KickError::Block { signal: sig, cause }),
+    install_handlers()?;
+    let signals = [kick_signal(), timer_signal()];
+    for sig in signals {
+        match signal::block_signal(sig) {
+            Ok(()) | Err(signal::Error::SignalAlreadyBlocked(_)) => {}
+            Err(cause) => return Err(KickError::Block { signal: sig, cause }),
+        }
     }
     let mut mask = current_blocked_signals()?;
-    // SAFETY: `mask` is a valid, initialized sigset and `sig` a valid signal.
-    unsafe { libc::sigdelset(&mut mask, sig) };
+    for sig in signals {
+        // SAFETY: `mask` is a valid, initialized sigset and `sig` a valid signal.
+        unsafe { libc::sigdelset(&mut mask, sig) };
+    }
     set_run_signal_mask(vcpu, &mask)
 }
 
@@ -158,14 +171,18 @@ unsafe impl Killable for Pthread {
     }
 }
 
-/// The handler never runs on a prepared vCPU thread (the signal is blocked outside
-/// `KVM_RUN`); it only replaces the default action, which would end the process.
+/// The handler never runs on a prepared vCPU thread (the signals are blocked
+/// outside `KVM_RUN`); it only replaces the default action, which would end
+/// the process.
 extern "C" fn ignore_kick(_: c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
-fn install_handler() -> Result<(), KickError> {
+fn install_handlers() -> Result<(), KickError> {
     static INSTALLED: OnceLock<Result<(), Errno>> = OnceLock::new();
-    (*INSTALLED.get_or_init(|| signal::register_signal_handler(kick_signal(), ignore_kick)))
-        .map_err(KickError::InstallHandler)
+    (*INSTALLED.get_or_init(|| {
+        signal::register_signal_handler(kick_signal(), ignore_kick)?;
+        signal::register_signal_handler(timer_signal(), ignore_kick)
+    }))
+    .map_err(KickError::InstallHandler)
 }
 
 fn current_blocked_signals() -> Result<libc::sigset_t, KickError> {
@@ -210,7 +227,7 @@ mod tests {
         let (registered, kicked) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
         std::thread::scope(|s| {
             s.spawn(|| {
-                install_handler().expect("handler");
+                install_handlers().expect("handler");
                 signal::block_signal(kick_signal()).expect("block");
                 target.register_current();
                 registered.wait();

@@ -351,9 +351,10 @@ struct MechanismArgs {
     /// [default: percentile].
     #[arg(long)]
     timer_advance: Option<TimerAdvance>,
-    /// Where each vCPU's timer thread runs: vcpu-cpu (on its vCPU thread's
-    /// CPU, following it, as KVM keeps a vCPU's timer) or anywhere (where the
-    /// host's scheduler puts it) [default: vcpu-cpu].
+    /// Where each vCPU's host timer expires: vcpu-thread (a POSIX timer
+    /// signals the vCPU thread itself, as KVM's hrtimer kicks its vCPU), or a
+    /// timer thread on vcpu-cpu (its vCPU thread's CPU, following it) or
+    /// anywhere (where the host's scheduler puts it) [default: vcpu-thread].
     #[arg(long, value_parser = <TimerPlacement as FromStr>::from_str)]
     timer_placement: Option<TimerPlacement>,
     /// What interrupt delivery does for the target's thread: none, ready,

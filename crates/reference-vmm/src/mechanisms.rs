@@ -224,23 +224,30 @@ impl fmt::Display for TimerAdvance {
     }
 }
 
-/// Where a vCPU's timer thread runs (`lapic-timer`'s `TimerPlacement`).
+/// Where a vCPU's host timer expires (`lapic-timer`'s `SignalTimer`, or its
+/// `TimerThread` and `TimerPlacement`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum TimerPlacement {
-    /// On its vCPU thread's CPU, moved when the vCPU thread has moved, as
-    /// KVM keeps a vCPU's hrtimer on the vCPU's CPU.
+    /// On the vCPU thread itself: a POSIX timer signals it out of `KVM_RUN`
+    /// from the timer interrupt, with no timer thread, as KVM's hrtimer
+    /// kicks its vCPU.
     #[default]
+    VcpuThread,
+    /// A timer thread on its vCPU thread's CPU, moved when the vCPU thread
+    /// has moved, as KVM keeps a vCPU's hrtimer on the vCPU's CPU.
     VcpuCpu,
-    /// Wherever the host's scheduler puts it: the baseline.
+    /// A timer thread wherever the host's scheduler puts it: the baseline.
     Anywhere,
 }
 
 impl TimerPlacement {
-    /// The placement for lapic-timer's `TimerThread`, which the vCPU thread arms.
-    pub fn placement(self) -> lapic_timer::TimerPlacement {
+    /// The placement of lapic-timer's `TimerThread`, which the vCPU thread
+    /// arms; `None`: no timer thread (`SignalTimer`).
+    pub fn placement(self) -> Option<lapic_timer::TimerPlacement> {
         match self {
-            Self::VcpuCpu => lapic_timer::TimerPlacement::ArmingCpu,
-            Self::Anywhere => lapic_timer::TimerPlacement::Anywhere,
+            Self::VcpuThread => None,
+            Self::VcpuCpu => Some(lapic_timer::TimerPlacement::ArmingCpu),
+            Self::Anywhere => Some(lapic_timer::TimerPlacement::Anywhere),
         }
     }
 }

@@ -30,7 +30,7 @@ pub struct VmShared {
     pub mechanisms: Mechanisms,
     /// What the halt pollers did.
     pub halt_stats: Arc<HaltStats>,
-    /// What the LAPIC timer threads did (wake-ups, spins, deliveries).
+    /// What the LAPIC host timers did (wake-ups, spins, deliveries).
     pub timer_stats: Arc<TimerStats>,
     /// Device-bus lookups on exits, and their cost.
     pub bus_lookups: BusLookups,

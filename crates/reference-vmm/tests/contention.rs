@@ -13,7 +13,7 @@ mod common;
 mod program;
 
 use common::kvm_available;
-use reference_vmm::mechanisms::Mechanisms;
+use reference_vmm::mechanisms::{Mechanisms, TimerPlacement};
 use test_support::Hogs;
 
 /// Two CPU hogs: as many as this project's machines have cores.
@@ -26,19 +26,21 @@ fn spinning_guests_get_every_timer_and_ipi_beside_cpu_hogs() {
     }
     let _hogs = Hogs::start(HOGS);
     // Each deadline is armed by an MSR exit and fires about when the vCPU is
-    // back on its way in; the distances cover a range of exit costs.
+    // back on its way in; the distances cover a range of exit costs. The
+    // vCPU thread's own signal timer, and a timer thread that kicks it.
     const DEADLINES: u64 = 500;
-    for distance in (100_000..=400_000).step_by(50_000) {
-        let report = program::run(
-            "timer-spin",
-            2,
-            Mechanisms::default(),
-            &[DEADLINES, distance],
-        )
-        .unwrap_or_else(|e| panic!("timer-spin, {distance} ticks: {e}"))
-        .0;
-        let what = format!("timer-spin, {distance} ticks");
-        program::assert_each(&report, 2, "irqs", DEADLINES, &what);
+    for timer_placement in [TimerPlacement::VcpuThread, TimerPlacement::VcpuCpu] {
+        let m = Mechanisms {
+            timer_placement,
+            ..Mechanisms::default()
+        };
+        for distance in (100_000..=400_000).step_by(50_000) {
+            let what = format!("timer-spin, {timer_placement}, {distance} ticks");
+            let report = program::run("timer-spin", 2, m, &[DEADLINES, distance])
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+                .0;
+            program::assert_each(&report, 2, "irqs", DEADLINES, &what);
+        }
     }
     // Each vCPU IPIs the next and spins, with no pause exits, until it was
     // taken: only a kick gets an IPI to a vCPU in that loop.

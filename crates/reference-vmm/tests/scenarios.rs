@@ -113,7 +113,7 @@ fn with_a_timer_advance_halts_block_until_the_early_host_timer() {
         return;
     }
     // The advance covers the halted thread's wake-up, so polling for the timer
-    // would only take the CPU the timer thread needs.
+    // would only burn the CPU while the host timer's wake-up is on its way.
     let period = (1000.0 * bench::ticks_per_us()) as u64;
     let (report, _) = program::run("cyclictest", 1, Mechanisms::default(), &[200, period]).unwrap();
     assert_eq!(report.value(0, "irqs"), Some(200));
@@ -128,8 +128,12 @@ fn a_deadline_already_past_fires_at_the_next_entry_without_a_kick() {
     }
     // One tick apart, every deadline is past when the guest writes it: the
     // vCPU fires it on its way back into the guest, as KVM does, instead of
-    // waiting for the timer thread to wake up and kick it.
-    let (report, _) = program::run("cyclictest", 1, Mechanisms::default(), &[300, 1]).unwrap();
+    // waiting for a timer thread to wake up and kick it.
+    let m = Mechanisms {
+        timer_placement: TimerPlacement::VcpuCpu,
+        ..Mechanisms::default()
+    };
+    let (report, _) = program::run("cyclictest", 1, m, &[300, 1]).unwrap();
     assert_eq!(report.value(0, "irqs"), Some(300));
     assert_eq!(report.stats.kicks, 0, "{:?}", report.stats);
 }
@@ -154,6 +158,10 @@ fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
         user(TimerAdvance::Kvm),
         user(TimerAdvance::Percentile),
         user(TimerAdvance::PercentileAt(99)),
+        Mechanisms {
+            timer_placement: TimerPlacement::VcpuCpu,
+            ..Mechanisms::default()
+        },
         Mechanisms {
             timer_placement: TimerPlacement::Anywhere,
             ..Mechanisms::default()

@@ -22,8 +22,9 @@ const SAMPLES: u64 = 2000;
 const BUCKETS: [f64; 6] = [0.0, 5.0, 10.0, 20.0, 50.0, 100.0];
 
 /// The advance policies on the userspace APIC, baseline first (the
-/// percentile advance also aimed at p99, the tail's quantile, and with its
-/// timer thread left to the scheduler instead of on the vCPU's CPU), then
+/// percentile advance also aimed at p99, the tail's quantile, and with a
+/// timer thread on the vCPU's CPU instead of the vCPU thread's own signal
+/// timer), then
 /// KVM's in-kernel LAPIC timer (its own adaptive advance), with KVM's halt
 /// polling as configured (`halt_poll_ns`) and polling up to 10 ms.
 fn variants() -> [(String, Mechanisms); 9] {
@@ -43,9 +44,9 @@ fn variants() -> [(String, Mechanisms); 9] {
         user(TimerAdvance::Percentile),
         user(TimerAdvance::PercentileAt(99)),
         (
-            format!("--timer-advance percentile --timer-placement {ANYWHERE_PLACEMENT}"),
+            format!("--timer-advance percentile --timer-placement {THREAD_PLACEMENT}"),
             Mechanisms {
-                timer_placement: ANYWHERE_PLACEMENT,
+                timer_placement: THREAD_PLACEMENT,
                 ..Mechanisms::default()
             },
         ),
@@ -77,9 +78,9 @@ fn kernel(halt_poll: HaltPoll) -> (String, Mechanisms) {
 
 const NONE: usize = 0;
 const PERCENTILE: usize = 3;
-/// The percentile advance with its timer thread anywhere.
-const ANYWHERE: usize = 5;
-const ANYWHERE_PLACEMENT: TimerPlacement = TimerPlacement::Anywhere;
+/// The percentile advance with a timer thread on the vCPU's CPU.
+const THREAD: usize = 5;
+const THREAD_PLACEMENT: TimerPlacement = TimerPlacement::VcpuCpu;
 /// The percentile advance, the halted vCPU polling up to 10 ms (for its own
 /// deadline too), as KVM's LAPIC polls with `--halt-poll always`.
 const PERCENTILE_POLLING: usize = 6;
@@ -347,8 +348,8 @@ fn host_floor(period_us: u64, p50: &[Runs], p99: &[Runs]) -> String {
     )
 }
 
-/// What keeping the timer thread on its vCPU's CPU does, against leaving it
-/// to the scheduler, with the percentile advance.
+/// What the vCPU thread's own signal timer does, against a timer thread on
+/// its CPU that wakes and kicks it, with the percentile advance.
 fn placement_line(period_us: u64, p50: &[Runs], p99: &[Runs], runs: &[Vec<Run>]) -> String {
     let stalls = |i: usize| {
         let behind = runs[i]
@@ -357,11 +358,11 @@ fn placement_line(period_us: u64, p50: &[Runs], p99: &[Runs], runs: &[Vec<Run>])
         format!("{} of {}", behind.count(), runs[i].len())
     };
     format!(
-        "At {period_us} µs, the percentile advance with each timer thread on its vCPU's CPU (the default, as KVM keeps a vCPU's hrtimer) against --timer-placement {ANYWHERE_PLACEMENT}: p50 {}, p99 {}; runs with a timer over two periods late: {} against {}.",
-        p50[PERCENTILE].ratio_to(&p50[ANYWHERE]).ratio_text(),
-        p99[PERCENTILE].ratio_to(&p99[ANYWHERE]).ratio_text(),
+        "At {period_us} µs, the percentile advance with each vCPU thread's own signal timer (the default, as KVM's hrtimer kicks its vCPU: no thread to wake) against a timer thread on its vCPU's CPU (--timer-placement {THREAD_PLACEMENT}): p50 {}, p99 {}; runs with a timer over two periods late: {} against {}.",
+        p50[PERCENTILE].ratio_to(&p50[THREAD]).ratio_text(),
+        p99[PERCENTILE].ratio_to(&p99[THREAD]).ratio_text(),
         stalls(PERCENTILE),
-        stalls(ANYWHERE),
+        stalls(THREAD),
     )
 }
 
@@ -551,7 +552,7 @@ mod tests {
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(&[10.0, 20.0, 30.0]), run(&[10.0, 20.0, 30.0])];
-        runs[ANYWHERE] = vec![run(&[20.0, 40.0, 900.0]), run(&[20.0, 40.0, 60.0])];
+        runs[THREAD] = vec![run(&[20.0, 40.0, 900.0]), run(&[20.0, 40.0, 60.0])];
         let (p50, p99) = (per_run(&runs, 0.5), per_run(&runs, 0.99));
         let line = placement_line(200, &p50, &p99, &runs);
         assert!(line.contains("p50 0.50x"), "{line}");
@@ -559,13 +560,13 @@ mod tests {
             line.contains("timer over two periods late: 0 of 2 against 1 of 2"),
             "{line}"
         );
-        assert!(line.contains("--timer-placement anywhere"), "{line}");
+        assert!(line.contains("--timer-placement vcpu-cpu"), "{line}");
     }
 
     #[test]
     fn the_goal_needs_p50_and_p99_below_the_kernel_and_nothing_early() {
         // Variants: none, fixed, kvm, percentile, percentile:99, percentile
-        // anywhere, percentile + polling, kernel, kernel + polling; 1 run.
+        // on a timer thread, percentile + polling, kernel, kernel + polling; 1 run.
         let runs = |v: [f64; 9]| v.map(|x| Runs(vec![x])).to_vec();
         assert_eq!(variants().len(), 9);
         let p50 = runs([90.0, 20.0, 60.0, 10.0, 9.0, 12.0, 30.0, 25.0, 23.0]);

@@ -3,6 +3,7 @@
 //! vCPU). [`UserIrqChip`] is this VMM's own, with the crates on its paths;
 //! [`KernelIrqChip`] is KVM's in-kernel LAPIC, the baseline.
 
+mod host_timer;
 mod kernel;
 mod timer_wake;
 mod user;

@@ -52,8 +52,9 @@ impl WakeSource for TimerWake {
         self.futex.take() | self.due()
     }
 
-    /// A timed wait (a hybrid policy's sleep) ends by the deadline; a block
-    /// waits for the timer thread, whose advance covers this thread's wake-up.
+    /// A wait, timed (a hybrid policy's sleep) or not (a block), ends by the
+    /// deadline: a timer thread's wake-up comes before it (by its advance)
+    /// unless that thread is late, and a signal timer's is blocked here.
     fn wait(&self, timeout: Option<Duration>) -> Events {
         let until_due = match self.due_ns.load(Relaxed) {
             NONE => None,
@@ -63,7 +64,7 @@ impl WakeSource for TimerWake {
         };
         let timeout = match (timeout, until_due) {
             (Some(t), Some(d)) => Some(t.min(d)),
-            (t, _) => t,
+            (t, d) => t.or(d),
         };
         self.futex.wait(timeout) | self.due()
     }
@@ -89,12 +90,14 @@ mod tests {
     }
 
     #[test]
-    fn a_timed_wait_ends_at_the_deadline_and_says_why() {
+    fn a_timed_wait_or_a_block_ends_at_the_deadline_and_says_why() {
         let wake = TimerWake::new(Arc::new(FutexWake::new()), 1);
-        let start = MonotonicClock.now_ns();
-        wake.set_due(Some(start + 2_000_000));
-        let events = wake.wait(Some(Duration::from_secs(60)));
-        assert_eq!(events, 2);
-        assert!(MonotonicClock.now_ns() >= start + 2_000_000);
+        for timeout in [Some(Duration::from_secs(60)), None] {
+            let start = MonotonicClock.now_ns();
+            wake.set_due(Some(start + 2_000_000));
+            let events = wake.wait(timeout);
+            assert_eq!(events, 2, "{timeout:?}");
+            assert!(MonotonicClock.now_ns() >= start + 2_000_000);
+        }
     }
 }

@@ -9,10 +9,11 @@ use halt_poll::{HaltPoller, HaltStats, MonotonicClock as MonotonicPoll, PollPoli
 use kvm_bindings::kvm_interrupt;
 use kvm_ioctls::VcpuFd;
 use lapic_timer::time::rdtsc;
-use lapic_timer::{Clock, GuestTime, MonotonicClock, SpinAt, TimerThread, TscClock};
+use lapic_timer::{Clock, GuestTime, MonotonicClock, TscClock};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
 use super::IrqChip;
+use super::host_timer::HostTimer;
 use super::timer_wake::TimerWake;
 use crate::apic::{Action, LocalApic, XAPIC_BASE, XAPIC_SIZE};
 use crate::error::Error;
@@ -34,7 +35,7 @@ mod ioctls {
     vmm_sys_util::ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_interrupt);
 }
 
-/// One vCPU's local APIC in this VMM, with its timer thread, delivery lead,
+/// One vCPU's local APIC in this VMM, with its host timer, delivery lead,
 /// halt poller and (with `--guest-poll`) guest-side polling.
 pub struct UserIrqChip {
     shared: Arc<VmShared>,
@@ -42,7 +43,7 @@ pub struct UserIrqChip {
     clock: GuestClock,
     guest_poll: Option<GuestPoll>,
     apic: LocalApic,
-    timer: TimerThread,
+    timer: HostTimer,
     lead: TimerLead,
     poller: HaltPoller<Box<dyn PollPolicy + Send>, TimerWake, MonotonicPoll, Arc<HaltStats>>,
 }
@@ -55,17 +56,7 @@ impl IrqChip for UserIrqChip {
         let clock = GuestClock::new(fd);
         let time = clock.now();
         let m = shared.mechanisms;
-        let timer = TimerThread::start(
-            m.timer_advance.policy(clock.tsc_khz),
-            shared.irqs.timer_sink(vcpu),
-            shared.timer_stats.clone(),
-            SpinAt::Receiver,
-        )
-        .map_err(|source| Error::SpawnThread {
-            vcpu: index,
-            source,
-        })?
-        .with_placement(m.timer_placement.placement());
+        let timer = HostTimer::start(&m, clock.tsc_khz, shared, vcpu)?;
         let policies = m.halt_poll_per_source().map(HaltPoll::policy).into();
         let wake = TimerWake::new(shared.irqs.wake_source(vcpu), WAKE_TIMER);
         let poller =
@@ -94,7 +85,7 @@ impl IrqChip for UserIrqChip {
 
     fn prepare_entry(&mut self, fd: &mut VcpuFd) -> Result<(), Error> {
         let vcpu = self.vcpu;
-        if let Some(expiry) = self.shared.irqs.take_timer(vcpu) {
+        if let Some(expiry) = self.timer.take_due(&self.shared, vcpu) {
             self.timer.receive(&expiry);
             self.fire_timer();
         } else if self.due_now() {
@@ -155,7 +146,9 @@ impl IrqChip for UserIrqChip {
             let irqs = &self.shared.irqs;
             let work = timer_due
                 || self.apic.deliverable(&irqs.pending(vcpu)).is_some()
-                || irqs.has_timer(vcpu);
+                || self
+                    .timer
+                    .has_due(&self.shared, vcpu, MonotonicClock.now_ns());
             if work || self.shared.stop_requested() || self.shared.pause.requested() {
                 irqs.scheduler().woken(vcpu);
                 return work;
@@ -168,7 +161,7 @@ impl IrqChip for UserIrqChip {
     /// Takes a timer expiry its thread delivered first, so that it is
     /// pending in the state rather than in flight.
     fn save(&mut self, _: &VcpuFd) -> Result<ChipState, Error> {
-        if let Some(expiry) = self.shared.irqs.take_timer(self.vcpu) {
+        if let Some(expiry) = self.timer.take_due(&self.shared, self.vcpu) {
             self.timer.receive(&expiry);
             self.fire_timer();
         }
@@ -191,7 +184,7 @@ impl IrqChip for UserIrqChip {
         Ok(())
     }
 
-    /// Nothing to add: the poller and the timer thread count into the VM's
+    /// Nothing to add: the poller and the host timer count into the VM's
     /// statistics as they go.
     fn finish(&mut self) -> Result<(), Error> {
         Ok(())
@@ -254,9 +247,9 @@ impl UserIrqChip {
     /// within the lead of now): a deadline the guest wrote in the past, or
     /// one that came due while the vCPU ran. The vCPU thread fires it itself
     /// at entry, as KVM fires a past TSC deadline at once instead of arming
-    /// an hrtimer, rather than through a timer-thread wake-up and a kick.
-    /// (Deadlines just ahead still go through the timer thread, whose wake-ups
-    /// the advance learns from.)
+    /// an hrtimer, rather than through the host timer's wake-up. (Deadlines
+    /// just ahead still go through the host timer, whose wake-ups the advance
+    /// learns from.)
     /// The clock is read only when a deadline is armed: this runs before
     /// every entry.
     fn due_now(&mut self) -> bool {
@@ -305,29 +298,29 @@ impl UserIrqChip {
         self.rearm();
     }
 
-    /// Tells the halt's wake source when delivery of the LVT timer's next
-    /// expiry starts (its deadline less the lead, when `due_now` turns true);
-    /// returns that expiry.
-    fn publish_due(&mut self) -> Option<u64> {
-        let next = self.apic.timer().next_delivery_ns();
+    /// Tells the halt's wake source when to wake for the LVT timer's next
+    /// expiry: when its delivery starts (its deadline less the lead, when
+    /// `due_now` turns true), or earlier where the host timer fires earlier
+    /// and nothing else wakes the vCPU (see [`HostTimer::wake_at`]).
+    fn publish_due(&mut self) {
         let lead = self.lead.current().as_nanos() as u64;
-        self.poller
-            .source()
-            .set_due(next.map(|at| at.saturating_sub(lead)));
-        next
+        let wake = (self.apic.timer().next_delivery_ns())
+            .map(|at| self.timer.wake_at(at.saturating_sub(lead)));
+        self.poller.source().set_due(wake);
     }
 
     /// Arms the host timer for the LVT timer's next expiry, or disarms it.
     fn rearm(&mut self) {
-        // A timerfd that cannot be set is out of the guest's reach and of
+        // A host timer that cannot be set is out of the guest's reach and of
         // ours: the timer then fires at the next exit instead (prepare_entry
         // checks). A masked timer delivers nothing, so it needs no host timer:
         // its expiries are spent at the next entry (`due_now`) or when it is
         // unmasked.
-        let _ = match self.publish_due() {
-            Some(at) => self.timer.arm(at, 0),
+        let _ = match self.apic.timer().next_delivery_ns() {
+            Some(at) => self.timer.arm(at),
             None => self.timer.disarm(),
         };
+        self.publish_due();
     }
 }
 
