@@ -21,7 +21,6 @@ use crate::exit::ApicExits;
 use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{WAKE_INTERRUPT, WAKE_TIMER};
 use crate::layout::{irq_record, mailbox};
-use crate::mechanisms::HaltPoll;
 use crate::migration::ChipState;
 use crate::shared::VmShared;
 
@@ -57,7 +56,7 @@ impl IrqChip for UserIrqChip {
         let time = clock.now();
         let m = shared.mechanisms;
         let timer = HostTimer::start(&m, clock.tsc_khz, shared, vcpu)?;
-        let policies = m.halt_poll_per_source().map(HaltPoll::policy).into();
+        let policies = m.halt_poll_policies().into();
         let wake = TimerWake::new(shared.irqs.wake_source(vcpu), WAKE_TIMER);
         let poller =
             HaltPoller::with_policies(wake, policies).with_events(shared.halt_stats.clone());
