@@ -439,7 +439,11 @@ mod tests {
             interrupts.learn(&outcome);
             timer.learn(&outcome);
         }
-        assert!(interrupts.plan().sleep > Duration::ZERO, "{:?}", interrupts.plan());
+        assert!(
+            interrupts.plan().sleep > Duration::ZERO,
+            "{:?}",
+            interrupts.plan()
+        );
         assert_eq!(timer.plan().sleep, Duration::ZERO, "{:?}", timer.plan());
         assert_eq!(timer.plan().window, Duration::ZERO, "900 µs is no poll");
     }
