@@ -79,31 +79,33 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
 }
 
 #[test]
-fn without_an_advance_timer_wake_ups_end_halts_through_the_halt_poller() {
-    if !kvm_available("without_an_advance_timer_wake_ups_end_halts_through_the_halt_poller") {
+fn without_an_advance_a_halted_vcpu_wakes_itself_at_each_deadline() {
+    if !kvm_available("without_an_advance_a_halted_vcpu_wakes_itself_at_each_deadline") {
         return;
     }
-    // The guest halts between 1 ms timers and takes no other interrupt: its
-    // timer's expiries wake the halted vCPU through the halt poller's timer
-    // source, whose policy is its own (`Mechanisms::halt_poll_per_source`,
-    // unit-tested; halt-poll tests that each source learns only from its own
-    // wake-ups). Whether that policy chose to poll depends on how regular the
-    // host made the wake-ups, so it is reported, not asserted.
+    // The guest halts between 1 ms timers and takes no other interrupt. With
+    // no timer thread (the signal timer, blocked while halted) and no advance,
+    // only the halt poller's timer source ends each halt: its wait ends at
+    // the delivery time (a halt that waited for another thread would never
+    // end). Nothing else wakes the vCPU, and the timer's policy never sleeps
+    // to poll before a deadline (`HaltPoll::timer_policy`, unit-tested).
     let period = (1000.0 * bench::ticks_per_us()) as u64;
     let m = Mechanisms {
         timer_advance: TimerAdvance::None,
         ..Mechanisms::default()
     };
+    assert_eq!(m.timer_placement, TimerPlacement::VcpuThread);
     let (report, _) = program::run("cyclictest", 1, m, &[200, period]).unwrap();
     assert_eq!(report.value(0, "irqs"), Some(200));
     let st = &report.stats;
-    assert!(st.wakes + st.successful_polls > 0, "{st:?}");
+    assert_eq!(st.wakes, 0, "no other thread woke it: {st:?}");
+    assert!(st.blocked_ns > 0, "{st:?}");
     eprintln!(
-        "{} of 200 halts planned a poll, {} ended while polling ({:.2} ms polled), {} woken from a block",
+        "{} of 200 halts planned a poll, {} ended while polling ({:.2} ms polled), {:.2} ms blocked",
         st.attempted_polls,
         st.successful_polls,
         st.polled_ns as f64 / 1e6,
-        st.wakes
+        st.blocked_ns as f64 / 1e6
     );
 }
 
