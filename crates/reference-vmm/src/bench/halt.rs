@@ -646,7 +646,10 @@ mod tests {
             }
         }
         let line = kernel_goal(&cells);
-        assert!(line.contains("latency 1.01x (with no polling at all 1.04x)"), "{line}");
+        assert!(
+            line.contains("latency 1.01x (with no polling at all 1.04x)"),
+            "{line}"
+        );
         assert!(line.contains("polling 4.00 µs against 10.00 µs"), "{line}");
         assert!(line.ends_with(": met."), "{line}");
         let i = index(Variant::Kernel(HaltPoll::Tuned));
