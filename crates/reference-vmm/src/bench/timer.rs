@@ -184,7 +184,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             .zip(&runs[OWN[1]])
             .map(|(a, b)| early(&a.lateness) + early(&b.lateness))
             .collect();
-        goals.push(timer_goal(period_us, &p50, &p99, &early_percentile));
+        goals.push(timer_goal(period_us, &runs, &early_percentile));
         goals.push(host_floor(period_us, &p50, &p99));
         goals.push(placement_line(period_us, &p50, &p99, &runs));
         goals.push(catch_up_line(period_us, &runs));
@@ -302,33 +302,49 @@ fn early(lateness: &[f64]) -> usize {
     lateness.iter().filter(|&&l| l < 0.0).count()
 }
 
-/// The goal at one period: percentile p50 and p99 both below the in-kernel LAPIC
-/// timer's best of the same run, and no early timer.
-fn timer_goal(period_us: u64, p50: &[Runs], p99: &[Runs], early_percentile: &[usize]) -> String {
-    let best = |q: &[Runs], rows: [usize; 2]| q[rows[0]].zip(&q[rows[1]], f64::min);
-    let (kernel50, kernel99) = (best(p50, KERNEL), best(p99, KERNEL));
-    let (pct50, pct99) = (best(p50, OWN), best(p99, OWN));
-    let per_run = (0..pct50.0.len())
-        .map(|i| {
-            pct50.0[i] < kernel50.0[i] && pct99.0[i] < kernel99.0[i] && early_percentile[i] == 0
+/// The goal at one period: percentile p50 and p99 both below the in-kernel
+/// LAPIC timer's in the same bench run, each side at the better of its two
+/// halt-polling settings, and no timer early.
+///
+/// Each row's timers are pooled over its runs. One run's p99 is its 20th
+/// latest timer of 2000, and which timers are late is decided by the phase
+/// of a periodic host event against the guest's period (here every 20th
+/// timer at 200 µs, seen here: the 250 Hz tick), fixed within a run and drawn anew in
+/// each: per-run p99s flip between runs whose pooled tails do not. Each
+/// run's own verdict is still given.
+fn timer_goal(period_us: u64, runs: &[Vec<Run>], early_percentile: &[usize]) -> String {
+    let pooled = |row: usize, q: f64| {
+        let all: Vec<f64> = runs[row].iter().flat_map(|r| r.lateness.clone()).collect();
+        percentile(&all, q)
+    };
+    let best = |rows: [usize; 2], q: f64| pooled(rows[0], q).min(pooled(rows[1], q));
+    let (own50, own99) = (best(OWN, 0.5), best(OWN, 0.99));
+    let (kernel50, kernel99) = (best(KERNEL, 0.5), best(KERNEL, 0.99));
+    let (p50, p99) = (per_run(runs, 0.5), per_run(runs, 0.99));
+    let by_run = |q: &[Runs], rows: [usize; 2]| q[rows[0]].zip(&q[rows[1]], f64::min);
+    let (run50, run99) = (by_run(&p50, OWN), by_run(&p99, OWN));
+    let (kernel_run50, kernel_run99) = (by_run(&p50, KERNEL), by_run(&p99, KERNEL));
+    let runs_met = (0..run50.0.len())
+        .filter(|&i| {
+            run50.0[i] < kernel_run50.0[i]
+                && run99.0[i] < kernel_run99.0[i]
+                && early_percentile[i] == 0
         })
-        .collect::<Vec<_>>();
+        .count();
     let early: usize = early_percentile.iter().sum();
     goal(
         &format!(
-            "at {period_us} µs, percentile p50 and p99 both below the in-kernel LAPIC timer's in the same run (--irqchip kernel: the same guest on KVM's LAPIC), each side at the better of its two halt-polling settings (KVM's window or always; predictive or always), and no timer early"
+            "at {period_us} µs, percentile p50 and p99 both below the in-kernel LAPIC timer's in the same run (--irqchip kernel: the same guest on KVM's LAPIC), each side at the better of its two halt-polling settings (KVM's window or always; predictive or always), each row's timers pooled over its runs, and no timer early"
         ),
         &format!(
-            "percentile p50 {:.1} µs against {:.1} µs ({}), p99 {:.1} µs against {:.1} µs ({}), {early} early",
-            pct50.median(),
-            kernel50.median(),
-            pct50.ratio_to(&kernel50).ratio_text(),
-            pct99.median(),
-            kernel99.median(),
-            pct99.ratio_to(&kernel99).ratio_text(),
+            "percentile p50 {own50:.1} µs against {kernel50:.1} µs ({:.2}x), p99 {own99:.1} µs against {kernel99:.1} µs ({:.2}x), {early} early; {runs_met} of {} runs met it alone (per-run p99 ratios {})",
+            own50 / kernel50,
+            own99 / kernel99,
+            run50.0.len(),
+            run99.ratio_to(&kernel_run99).ratio_text(),
         ),
-        pct50.median() < kernel50.median() && pct99.median() < kernel99.median() && early == 0,
-        &per_run,
+        own50 < kernel50 && own99 < kernel99 && early == 0,
+        &[],
     )
 }
 
@@ -564,23 +580,41 @@ mod tests {
     }
 
     #[test]
-    fn the_goal_needs_p50_and_p99_below_the_kernel_and_nothing_early() {
-        // Variants: none, fixed, kvm, percentile, percentile:99, percentile
-        // on a timer thread, percentile + polling, kernel, kernel + polling; 1 run.
-        let runs = |v: [f64; 9]| v.map(|x| Runs(vec![x])).to_vec();
+    fn the_goal_pools_each_rows_timers_and_needs_nothing_early() {
+        // Rows: none, fixed, kvm, percentile, percentile:99, percentile on a
+        // timer thread, percentile + polling, kernel, kernel + polling.
         assert_eq!(variants().len(), 9);
-        let p50 = runs([90.0, 20.0, 60.0, 10.0, 9.0, 12.0, 30.0, 25.0, 23.0]);
-        let p99 = runs([300.0, 90.0, 200.0, 40.0, 30.0, 80.0, 50.0, 60.0, 45.0]);
-        assert!(timer_goal(200, &p50, &p99, &[0]).ends_with(": met."));
-        assert!(timer_goal(200, &p50, &p99, &[1]).ends_with(": not met."));
-        let tail = runs([300.0, 90.0, 200.0, 50.0, 30.0, 80.0, 60.0, 60.0, 45.0]);
-        let line = timer_goal(200, &p50, &tail, &[0]);
-        assert!(line.ends_with(": not met."), "{line}");
-        assert!(line.contains("p99 50.0 µs against 45.0 µs"), "{line}");
-        // Each side at its better setting: polling's p99 with predictive's p50.
-        let polled = runs([300.0, 90.0, 200.0, 50.0, 30.0, 80.0, 40.0, 60.0, 45.0]);
-        let line = timer_goal(200, &p50, &polled, &[0]);
-        assert!(line.contains("p50 10.0 µs against 23.0 µs"), "{line}");
+        let run = |lateness: Vec<f64>| Run {
+            lateness,
+            spin_us: None,
+            polling_us: None,
+        };
+        // 100 timers a run at `at` µs, `late` of them at `tail` µs: a run's
+        // p99 is its 2nd latest, the pooled p99 of two runs their 3rd.
+        let series = |at: f64, late: usize, tail: f64| {
+            let mut v = vec![at; 100];
+            v[..late].iter_mut().for_each(|l| *l = tail);
+            v
+        };
+        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        // Two runs each. The percentile row's tail is in its first run only,
+        // the kernel's in both: per run the p99s flip, pooled ours is lower.
+        runs[PERCENTILE] = vec![run(series(5.0, 2, 60.0)), run(series(5.0, 0, 0.0))];
+        runs[PERCENTILE_POLLING] = vec![run(series(6.0, 2, 70.0)), run(series(6.0, 0, 0.0))];
+        for k in KERNEL {
+            runs[k] = vec![run(series(18.0, 2, 40.0)), run(series(18.0, 2, 40.0))];
+        }
+        let line = timer_goal(200, &runs, &[0, 0]);
+        assert!(line.contains("p50 5.0 µs against 18.0 µs"), "{line}");
+        assert!(line.contains("p99 5.0 µs against 40.0 µs"), "{line}");
+        assert!(line.contains("1 of 2 runs met it alone"), "{line}");
         assert!(line.ends_with(": met."), "{line}");
+        assert!(timer_goal(200, &runs, &[0, 1]).ends_with(": not met."));
+        // A tail in every run of ours: pooled p99 above the kernel's.
+        runs[PERCENTILE][1] = run(series(5.0, 2, 60.0));
+        runs[PERCENTILE_POLLING][1] = run(series(6.0, 2, 70.0));
+        let line = timer_goal(200, &runs, &[0, 0]);
+        assert!(line.ends_with(": not met."), "{line}");
+        assert!(line.contains("0 of 2 runs"), "{line}");
     }
 }
