@@ -98,9 +98,13 @@ impl SignalTimer {
     }
 
     /// Disarms the deadline, if any, and takes its signal if it was sent.
+    /// With none armed there is nothing to do: taking an expiry (or a
+    /// disarm) already stopped the timer and took its signal.
     pub fn disarm(&mut self) -> io::Result<()> {
-        self.armed = None;
-        self.clear()
+        match self.armed.take() {
+            Some(_) => self.clear(),
+            None => Ok(()),
+        }
     }
 
     /// When the host timer fires for the armed deadline (`advance + lead`
@@ -115,8 +119,11 @@ impl SignalTimer {
     /// (now) reported to the events. Pass it to [`SignalTimer::receive`]
     /// where delivery starts.
     pub fn take_due(&mut self) -> Option<Expiry> {
+        let armed = self.armed?;
         let now = MonotonicClock.now_ns();
-        let armed = self.armed.filter(|a| now >= a.fire_at_ns())?;
+        if now < armed.fire_at_ns() {
+            return None;
+        }
         self.armed = None;
         // The signal may be a moment behind the clock: stopping the timer
         // first means none comes after it is taken.

@@ -314,7 +314,10 @@ fn early(lateness: &[f64]) -> usize {
 /// run's own verdict is still given.
 fn timer_goal(period_us: u64, runs: &[Vec<Run>], early_percentile: &[usize]) -> String {
     let pooled = |row: usize, q: f64| {
-        let all: Vec<f64> = runs[row].iter().flat_map(|r| r.lateness.clone()).collect();
+        let all: Vec<f64> = runs[row]
+            .iter()
+            .flat_map(|r| r.lateness.iter().copied())
+            .collect();
         percentile(&all, q)
     };
     let best = |rows: [usize; 2], q: f64| pooled(rows[0], q).min(pooled(rows[1], q));

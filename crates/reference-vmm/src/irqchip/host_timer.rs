@@ -8,7 +8,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapic_timer::{Expiry, SignalTimer, SpinAt, TimerThread};
+use lapic_timer::{Clock, Expiry, MonotonicClock, SignalTimer, SpinAt, TimerThread};
 
 use crate::error::Error;
 use crate::kick;
@@ -82,10 +82,13 @@ impl HostTimer {
         }
     }
 
-    /// Whether [`HostTimer::take_due`] has an expiry (a halted vCPU's look).
-    pub(super) fn has_due(&self, shared: &VmShared, vcpu: usize, now_ns: u64) -> bool {
+    /// Whether [`HostTimer::take_due`] has an expiry (a halted vCPU's look;
+    /// the clock is read only where a signal timer is armed).
+    pub(super) fn has_due(&self, shared: &VmShared, vcpu: usize) -> bool {
         match self {
-            Self::Signal(t) => t.fire_at_ns().is_some_and(|at| at <= now_ns),
+            Self::Signal(t) => t
+                .fire_at_ns()
+                .is_some_and(|at| at <= MonotonicClock.now_ns()),
             Self::Thread(_) => shared.irqs.has_timer(vcpu),
         }
     }

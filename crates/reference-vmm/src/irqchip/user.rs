@@ -145,9 +145,7 @@ impl IrqChip for UserIrqChip {
             let irqs = &self.shared.irqs;
             let work = timer_due
                 || self.apic.deliverable(&irqs.pending(vcpu)).is_some()
-                || self
-                    .timer
-                    .has_due(&self.shared, vcpu, MonotonicClock.now_ns());
+                || self.timer.has_due(&self.shared, vcpu);
             if work || self.shared.stop_requested() || self.shared.pause.requested() {
                 irqs.scheduler().woken(vcpu);
                 return work;
