@@ -174,8 +174,10 @@ pub struct PercentileConfig {
     pub memory: u32,
     /// Largest advance.
     pub max_advance: Duration,
-    /// Wake-ups seen before the advance moves from 0: a host stall among the
-    /// first few cannot make itself the quantile.
+    /// Wake-ups seen before the advance is the quantile: a host stall among
+    /// the first few cannot make itself the quantile. Until then the advance
+    /// is the shortest wake lateness seen (from the fourth wake-up on), which
+    /// a stall cannot raise.
     pub min_samples: u32,
 }
 
@@ -251,6 +253,10 @@ impl Decayed {
     }
 }
 
+/// Wake-ups seen before the warm-up advance (the shortest lateness so far):
+/// the shortest of four is a stall only if all four were.
+const WARMUP_SAMPLES: u64 = 4;
+
 /// Wake-ups the recent histogram remembers.
 const RECENT_MEMORY: u32 = 32;
 /// How far above the recent quantile the advance may stay while the long
@@ -265,9 +271,11 @@ const RECENT_MARGIN: f64 = 1.25;
 /// is the `1/(1+λ)` quantile. The histogram forgets, so the advance follows a
 /// distribution that shifts.
 ///
-/// Host stalls do not move it: the advance stays 0 until
-/// [`PercentileConfig::min_samples`] wake-ups are in, and a quantile is not
-/// moved by a rare outlier (one stall in 32 samples is above p91). Wasted
+/// Host stalls do not move it: until [`PercentileConfig::min_samples`]
+/// wake-ups are in, the advance is the shortest wake lateness seen (which
+/// spins only when a wake-up comes sooner than every one before, and which a
+/// stall, only ever longer, cannot raise), and a quantile is not moved by a
+/// rare outlier (one stall in 32 samples is above p91). Wasted
 /// spin does not last: a second histogram remembers only the last 32
 /// wake-ups, and the advance is at most 1.25 times its quantile, so when the
 /// host gets faster the advance follows within about 50 expiries instead of
@@ -278,6 +286,7 @@ pub struct Percentile {
     long: Decayed,
     recent: Decayed,
     samples: u64,
+    shortest_ns: u64,
     advance_ns: u64,
 }
 
@@ -295,6 +304,7 @@ impl Percentile {
             long: Decayed::new(config.memory),
             recent: Decayed::new(RECENT_MEMORY),
             samples: 0,
+            shortest_ns: u64::MAX,
             advance_ns: 0,
         }
     }
@@ -315,7 +325,12 @@ impl AdvancePolicy for Percentile {
         self.long.record(lateness);
         self.recent.record(lateness);
         self.samples += 1;
+        let max_advance = self.config.max_advance.as_nanos() as f64;
         if self.samples < u64::from(self.config.min_samples) {
+            self.shortest_ns = self.shortest_ns.min(lateness);
+            if self.samples >= WARMUP_SAMPLES {
+                self.advance_ns = (self.shortest_ns as f64).min(max_advance) as u64;
+            }
             return;
         }
         let q = self.quantile();
@@ -323,7 +338,7 @@ impl AdvancePolicy for Percentile {
             .long
             .quantile_ns(q)
             .min(RECENT_MARGIN * self.recent.quantile_ns(q))
-            .min(self.config.max_advance.as_nanos() as f64);
+            .min(max_advance);
         self.advance_ns = advance as u64;
     }
 }
@@ -439,6 +454,23 @@ mod tests {
             ..Default::default()
         });
         assert!((lazy.quantile() - 0.5).abs() < 1e-9, "λ = 1: the median");
+    }
+
+    #[test]
+    fn percentile_warms_up_on_the_shortest_lateness_which_a_stall_cannot_raise() {
+        let mut p = Percentile::default();
+        let lateness_us = [5_000, 30, 25, 28, 5_000, 26, 24];
+        let advances: Vec<u64> = lateness_us
+            .iter()
+            .map(|&us| {
+                p.learn(&wake(
+                    p.advance().as_nanos() as u64,
+                    us * 1000 - p.advance().as_nanos() as i64,
+                ));
+                p.advance().as_micros() as u64
+            })
+            .collect();
+        assert_eq!(advances, [0, 0, 0, 25, 25, 25, 24]);
     }
 
     #[test]
