@@ -185,6 +185,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             .map(|(a, b)| early(&a.lateness) + early(&b.lateness))
             .collect();
         goals.push(timer_goal(period_us, &runs, &early_percentile));
+        goals.push(noise_line(period_us, &runs));
         goals.push(host_floor(period_us, &p50, &p99));
         goals.push(placement_line(period_us, &p50, &p99, &runs));
         goals.push(catch_up_line(period_us, &runs));
@@ -313,13 +314,7 @@ fn early(lateness: &[f64]) -> usize {
 /// each: per-run p99s flip between runs whose pooled tails do not. Each
 /// run's own verdict is still given.
 fn timer_goal(period_us: u64, runs: &[Vec<Run>], early_percentile: &[usize]) -> String {
-    let pooled = |row: usize, q: f64| {
-        let all: Vec<f64> = runs[row]
-            .iter()
-            .flat_map(|r| r.lateness.iter().copied())
-            .collect();
-        percentile(&all, q)
-    };
+    let pooled = |row: usize, q: f64| pooled(runs, row, q);
     let best = |rows: [usize; 2], q: f64| pooled(rows[0], q).min(pooled(rows[1], q));
     let (own50, own99) = (best(OWN, 0.5), best(OWN, 0.99));
     let (kernel50, kernel99) = (best(KERNEL, 0.5), best(KERNEL, 0.99));
@@ -348,6 +343,37 @@ fn timer_goal(period_us: u64, runs: &[Vec<Run>], early_percentile: &[usize]) -> 
         ),
         own50 < kernel50 && own99 < kernel99 && early == 0,
         &[],
+    )
+}
+
+/// The `q` quantile of one row's timers over all its runs.
+fn pooled(runs: &[Vec<Run>], row: usize, q: f64) -> f64 {
+    let all: Vec<f64> = runs[row]
+        .iter()
+        .flat_map(|r| r.lateness.iter().copied())
+        .collect();
+    percentile(&all, q)
+}
+
+/// How far apart two p99s of one thing land on this host: KVM's two
+/// halt-polling settings, where they polled alike (within 10 %: at a period
+/// below KVM's window both poll through every halt), are an A/A pair, and
+/// their p99 ratio is the noise any p99 comparison here carries.
+fn noise_line(period_us: u64, runs: &[Vec<Run>]) -> String {
+    let polling = |row: usize| Runs(runs[row].iter().filter_map(|r| r.polling_us).collect());
+    let (a, b) = (polling(KERNEL[0]).median(), polling(KERNEL[1]).median());
+    let alike = (a - b).abs() <= 0.1 * a.max(b);
+    if !alike || runs[KERNEL[0]].is_empty() {
+        return format!(
+            "At {period_us} µs, KVM's two halt-polling settings polled {a:.1} and {b:.1} µs per timer: no A/A pair to show this host's p99 noise."
+        );
+    }
+    let p99 = per_run(runs, 0.99);
+    let (p99_a, p99_b) = (pooled(runs, KERNEL[0], 0.99), pooled(runs, KERNEL[1], 0.99));
+    format!(
+        "At {period_us} µs, KVM's two halt-polling settings polled alike ({a:.1} and {b:.1} µs per timer), so they are one thing measured twice: pooled p99 {p99_a:.1} against {p99_b:.1} µs ({:.2}x), per run {}. A p99 difference within that is this host's noise, not a difference between timers.",
+        p99_a / p99_b,
+        p99[KERNEL[0]].ratio_to(&p99[KERNEL[1]]).ratio_text(),
     )
 }
 
@@ -580,6 +606,29 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("--timer-placement vcpu-cpu"), "{line}");
+    }
+
+    #[test]
+    fn the_noise_line_compares_kvms_settings_only_where_they_polled_alike() {
+        let run = |tail: f64, polling: f64| Run {
+            lateness: (0..100).map(|i| if i < 2 { tail } else { 18.0 }).collect(),
+            spin_us: None,
+            polling_us: Some(polling),
+        };
+        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        runs[KERNEL[0]] = vec![run(30.0, 115.0), run(40.0, 116.0)];
+        runs[KERNEL[1]] = vec![run(20.0, 113.0), run(40.0, 114.0)];
+        let line = noise_line(200, &runs);
+        assert!(
+            line.contains("pooled p99 30.0 against 20.0 µs (1.50x)"),
+            "{line}"
+        );
+        assert!(line.contains("per run 1.50x (1.00-1.50x)"), "{line}");
+        runs[KERNEL[1]]
+            .iter_mut()
+            .for_each(|r| r.polling_us = Some(900.0));
+        let line = noise_line(1000, &runs);
+        assert!(line.contains("no A/A pair"), "{line}");
     }
 
     #[test]
