@@ -16,6 +16,7 @@
 //! is bounded before use, and nothing a guest writes can panic the VMM or
 //! move a lead past [`MAX_LEAD`].
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use halt_poll::{HaltOutcome, PollPolicy};
@@ -169,9 +170,9 @@ impl TimerLead {
         }
     }
 
-    /// After an exit: if the guest took the timer interrupt, learn from it and
-    /// return the new lead.
-    pub fn learn(&mut self, memory: &VmMemory) -> Option<Duration> {
+    /// After an exit: if the guest took the timer interrupt, learn from it,
+    /// record its delivery in `path`, and return the new lead.
+    pub fn learn(&mut self, memory: &VmMemory, path: &DeliveryPath) -> Option<Duration> {
         let (started, deadline, count) = self.inflight?;
         let (entry_tsc, now_count) = self.read(memory)?;
         if now_count == count {
@@ -184,9 +185,71 @@ impl TimerLead {
         if entry_tsc < deadline {
             self.lead.learn_early(ns(deadline - entry_tsc));
         } else {
-            self.lead
-                .learn_latency(ns(entry_tsc.saturating_sub(started)));
+            let latency = ns(entry_tsc.saturating_sub(started));
+            self.lead.learn_latency(latency);
+            path.record(latency);
         }
         Some(self.current())
+    }
+}
+
+/// Buckets of [`DeliveryPath`], 1 µs each; the last takes everything longer.
+pub const DELIVERY_BUCKETS: usize = 64;
+
+/// How long timer deliveries took, from their start (before `KVM_INTERRUPT`)
+/// to the guest's interrupt entry, in 1 µs buckets: the lead covers up to
+/// [`MAX_LEAD`] of it, and the rest is lateness no advance removes.
+#[derive(Debug)]
+pub struct DeliveryPath {
+    per_us: [AtomicU64; DELIVERY_BUCKETS],
+}
+
+impl Default for DeliveryPath {
+    fn default() -> Self {
+        Self {
+            per_us: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl DeliveryPath {
+    /// Counts one delivery that took `latency`.
+    pub fn record(&self, latency: Duration) {
+        let bucket = usize::try_from(latency.as_micros())
+            .map_or(DELIVERY_BUCKETS - 1, |us| us.min(DELIVERY_BUCKETS - 1));
+        self.per_us[bucket].fetch_add(1, Relaxed);
+    }
+
+    /// The median delivery, whole µs (`None`: none recorded).
+    pub fn median_us(&self) -> Option<u64> {
+        let counts: Vec<u64> = self.per_us.iter().map(|c| c.load(Relaxed)).collect();
+        let half = counts.iter().sum::<u64>().div_ceil(2);
+        let mut below = 0;
+        counts
+            .iter()
+            .position(|&c| {
+                below += c;
+                c > 0 && below >= half
+            })
+            .map(|us| us as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delivery_path_median_is_in_whole_us_and_caps_its_last_bucket() {
+        let path = DeliveryPath::default();
+        assert_eq!(path.median_us(), None);
+        for us in [19, 19, 29, 29, 29] {
+            path.record(Duration::from_micros(us) + Duration::from_nanos(999));
+        }
+        assert_eq!(path.median_us(), Some(29));
+        for _ in 0..6 {
+            path.record(Duration::from_secs(u64::MAX));
+        }
+        assert_eq!(path.median_us(), Some(DELIVERY_BUCKETS as u64 - 1));
     }
 }

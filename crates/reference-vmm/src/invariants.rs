@@ -15,7 +15,7 @@ use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
 use crate::error::GuestFault;
 use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
 use crate::guest::SERIAL_PORT;
-use crate::guest_abi::{GuestPoll, MAX_LEAD, TimerLead};
+use crate::guest_abi::{DeliveryPath, GuestPoll, MAX_LEAD, TimerLead};
 use crate::layout::PAGE_SIZE;
 use crate::mechanisms::HaltPoll;
 use crate::migration::stream::{MAGIC, Record, StreamReader, VERSION};
@@ -286,7 +286,7 @@ pub fn learners(data: &[u8]) {
                 assert!(window <= TIME.tsc_khz * 1000, "window {window} ticks");
             }
         }
-        if let Some(l) = lead.learn(&mem) {
+        if let Some(l) = lead.learn(&mem, &DeliveryPath::default()) {
             assert!(l <= MAX_LEAD, "lead {l:?}");
         }
         assert!(lead.current() <= MAX_LEAD);

@@ -11,6 +11,7 @@ use lapic_timer::TimerStats;
 use rcu_qs::Domain;
 
 use crate::devices::SharedBus;
+use crate::guest_abi::DeliveryPath;
 use crate::irq::Interrupts;
 use crate::mechanisms::Mechanisms;
 use crate::migration::StateSupport;
@@ -32,6 +33,8 @@ pub struct VmShared {
     pub halt_stats: Arc<HaltStats>,
     /// What the LAPIC host timers did (wake-ups, spins, deliveries).
     pub timer_stats: Arc<TimerStats>,
+    /// How long the userspace APIC's timer deliveries took.
+    pub timer_delivery: DeliveryPath,
     /// Device-bus lookups on exits, and their cost.
     pub bus_lookups: BusLookups,
     /// Drains the dirty rings when one is full (with a dirty ring only).
@@ -65,6 +68,7 @@ impl VmShared {
             mechanisms,
             halt_stats: Arc::default(),
             timer_stats: Arc::default(),
+            timer_delivery: DeliveryPath::default(),
             bus_lookups: BusLookups::default(),
             ring_full: None,
             min_timer_period_ns: lapic_timer::KVM_MIN_TIMER_PERIOD_NS,

@@ -180,6 +180,9 @@ pub struct VmStats {
     pub timer_expiries: u64,
     /// Time vCPU threads spun to their timers' targets, ns (the advance's CPU).
     pub timer_spin_ns: u64,
+    /// The median of the userspace APIC's timer deliveries, from delivery
+    /// start to the guest's interrupt entry, whole µs (`None`: none measured).
+    pub timer_delivery_p50_us: Option<u64>,
     /// KVM's halt-polling window, ns, as `--halt-poll tuned` set it last
     /// (`None`: not tuned, or too few halts to set one).
     pub tuned_window_ns: Option<u64>,
@@ -207,6 +210,7 @@ impl VmStats {
             bus_lookup_ticks: shared.bus_lookups.ticks.load(Relaxed),
             timer_expiries: shared.timer_stats.wakeups.load(Relaxed),
             timer_spin_ns: shared.timer_stats.spin_ns.load(Relaxed),
+            timer_delivery_p50_us: shared.timer_delivery.median_us(),
             tuned_window_ns: None,
         }
     }

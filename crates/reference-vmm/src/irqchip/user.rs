@@ -122,7 +122,10 @@ impl IrqChip for UserIrqChip {
     fn left_guest(&mut self) {
         // It ran: the policy undoes what it did for it (a boost ends).
         self.shared.irqs.scheduler().left_guest(self.vcpu);
-        if let Some(lead) = self.lead.learn(&self.shared.memory) {
+        if let Some(lead) = self
+            .lead
+            .learn(&self.shared.memory, &self.shared.timer_delivery)
+        {
             self.timer.set_lead(lead);
             // The halt's own look at the deadline moves with the lead, as
             // `due_now` does: a stale one would end halts that find no work.
