@@ -3,6 +3,7 @@
 use std::fmt;
 use std::io::Write;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -183,6 +184,10 @@ pub struct VmStats {
     /// The median of the userspace APIC's timer deliveries, from delivery
     /// start to the guest's interrupt entry, whole µs (`None`: none measured).
     pub timer_delivery_p50_us: Option<u64>,
+    /// The 99th percentile of how late the userspace APIC's timer deliveries
+    /// started after their targets (the advance's own miss), as the upper
+    /// edge of its power-of-two bucket, ns (`None`: none delivered).
+    pub timer_start_p99_ns: Option<u64>,
     /// KVM's halt-polling window, ns, as `--halt-poll tuned` set it last
     /// (`None`: not tuned, or too few halts to set one).
     pub tuned_window_ns: Option<u64>,
@@ -190,7 +195,6 @@ pub struct VmStats {
 
 impl VmStats {
     fn collect(shared: &VmShared) -> Self {
-        use std::sync::atomic::Ordering::Relaxed;
         let (h, i) = (&shared.halt_stats, &shared.irqs.stats);
         let s = shared.irqs.scheduler().events();
         Self {
@@ -211,9 +215,23 @@ impl VmStats {
             timer_expiries: shared.timer_stats.wakeups.load(Relaxed),
             timer_spin_ns: shared.timer_stats.spin_ns.load(Relaxed),
             timer_delivery_p50_us: shared.timer_delivery.median_us(),
+            timer_start_p99_ns: p99_bucket_edge(&shared.timer_stats.lateness_hist),
             tuned_window_ns: None,
         }
     }
+}
+
+/// The upper edge, ns, of the power-of-two bucket (bucket `i`: below `2^i`
+/// ns) that holds the 99th percentile of `hist`; `None` for an empty one.
+fn p99_bucket_edge(hist: &[AtomicU64]) -> Option<u64> {
+    let counts: Vec<u64> = hist.iter().map(|c| c.load(Relaxed)).collect();
+    let total: u64 = counts.iter().sum();
+    let mut below = 0;
+    let bucket = counts.iter().position(|&c| {
+        below += c;
+        c > 0 && below * 100 >= total * 99
+    })?;
+    Some(1u64.checked_shl(bucket as u32).unwrap_or(u64::MAX))
 }
 
 impl RunReport {
@@ -861,6 +879,18 @@ fn create_vcpu(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_p99_bucket_is_the_upper_edge_of_the_one_holding_it() {
+        let hist: Vec<AtomicU64> = (0..32).map(|_| AtomicU64::new(0)).collect();
+        assert_eq!(p99_bucket_edge(&hist), None);
+        hist[0].store(98, Relaxed); // on time
+        hist[13].store(1, Relaxed); // [4096, 8192) ns
+        hist[15].store(1, Relaxed); // [16384, 32768) ns
+        assert_eq!(p99_bucket_edge(&hist), Some(8192));
+        hist[15].store(2, Relaxed);
+        assert_eq!(p99_bucket_edge(&hist), Some(32768));
+    }
 
     #[test]
     fn vcpu_count_is_checked_against_the_layout_and_kvm() {

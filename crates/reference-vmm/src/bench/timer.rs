@@ -111,6 +111,10 @@ struct Run {
     /// The userspace APIC's median delivery path, µs, from delivery start to
     /// the guest's interrupt entry (`None` elsewhere).
     delivery_us: Option<f64>,
+    /// The 99th percentile of how late delivery started after its target
+    /// (the advance's own miss), the upper edge of its power-of-two bucket,
+    /// µs (`None` on KVM's LAPIC).
+    start_p99_us: Option<f64>,
 }
 
 /// Each variant's runs, by percentile: one value per run.
@@ -245,6 +249,7 @@ fn measure_period(
             spin_us: None,
             polling_us: None,
             delivery_us: None,
+            start_p99_us: None,
         });
         let Some(qemu) = peer.qemu.filter(|_| peer.failure.is_none()) else {
             continue;
@@ -256,6 +261,7 @@ fn measure_period(
                 spin_us: None,
                 polling_us: None,
                 delivery_us: None,
+                start_p99_us: None,
             }),
             Err(e) => *peer.failure = Some(e.to_string()),
         }
@@ -394,14 +400,15 @@ fn delivery_line(period_us: u64, runs: &[Vec<Run>]) -> String {
         .flat_map(|&row| &runs[row])
         .filter_map(|r| {
             Some(format!(
-                "{:.0}/{:.1}",
+                "{:.0}/{:.1}/{:.1}",
                 r.delivery_us?,
+                r.start_p99_us?,
                 percentile(&r.lateness, 0.5)
             ))
         })
         .collect();
     format!(
-        "At {period_us} µs, this VMM's delivery path (KVM_INTERRUPT, KVM_RUN and the guest's emulated interrupt entry), median µs per run against that run's p50 lateness, the percentile rows' runs: {}. The lead covers at most {} µs of it, so that a guest never sees its timer early when the path turns fast again; KVM's LAPIC delivers from inside KVM_RUN.",
+        "At {period_us} µs, where this VMM's lateness comes from, per run of the percentile rows (µs): the delivery path's median (KVM_INTERRUPT, KVM_RUN and the guest's emulated interrupt entry) / the advance's own p99 miss (delivery starting after its target; at most, a power-of-two bucket) / the guest's p50 lateness: {}. The lead covers at most {} µs of the path, so that a guest never sees its timer early when the path turns fast again; KVM's LAPIC delivers from inside KVM_RUN.",
         pairs.join(", "),
         MAX_LEAD.as_micros()
     )
@@ -528,6 +535,7 @@ fn lateness(m: Mechanisms, samples: u64, period_ticks: u64) -> Result<Run, Error
             .then(|| stats.timer_spin_ns as f64 / 1000.0 / stats.timer_expiries.max(1) as f64),
         polling_us: Some(stats.polled_ns as f64 / 1000.0 / samples.max(1) as f64),
         delivery_us: stats.timer_delivery_p50_us.map(|us| us as f64),
+        start_p99_us: stats.timer_start_p99_ns.map(|ns| ns as f64 / 1000.0),
     })
 }
 
@@ -604,6 +612,7 @@ mod tests {
             spin_us: None,
             polling_us: None,
             delivery_us: None,
+            start_p99_us: None,
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE].push(run(&lateness));
@@ -627,6 +636,7 @@ mod tests {
             spin_us: None,
             polling_us: None,
             delivery_us: None,
+            start_p99_us: None,
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(&[10.0, 20.0, 30.0]), run(&[10.0, 20.0, 30.0])];
@@ -648,6 +658,7 @@ mod tests {
             spin_us: None,
             polling_us: Some(polling),
             delivery_us: None,
+            start_p99_us: None,
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[KERNEL[0]] = vec![run(30.0, 115.0), run(40.0, 116.0)];
@@ -672,13 +683,17 @@ mod tests {
             spin_us: None,
             polling_us: None,
             delivery_us: Some(delivery),
+            start_p99_us: Some(4.096),
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(19.0, 6.0), run(29.0, 16.0)];
         runs[PERCENTILE_POLLING] = vec![run(20.0, 7.0)];
         runs[KERNEL[0]] = vec![run(99.0, 99.0)];
         let line = delivery_line(200, &runs);
-        assert!(line.contains(": 19/6.0, 29/16.0, 20/7.0."), "{line}");
+        assert!(
+            line.contains(": 19/4.1/6.0, 29/4.1/16.0, 20/4.1/7.0."),
+            "{line}"
+        );
         assert!(line.contains("at most 13 µs"), "{line}");
     }
 
@@ -692,6 +707,7 @@ mod tests {
             spin_us: None,
             polling_us: None,
             delivery_us: None,
+            start_p99_us: None,
         };
         // 100 timers a run at `at` µs, `late` of them at `tail` µs: a run's
         // p99 is its 2nd latest, the pooled p99 of two runs their 3rd.
