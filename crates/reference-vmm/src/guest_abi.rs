@@ -23,7 +23,7 @@ use halt_poll::{HaltOutcome, PollPolicy};
 use lapic_timer::{DeliveryLead, GuestTime};
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::vm::VmMemory;
+use crate::vm::{VmMemory, bucket_holding};
 
 use crate::layout::MAILBOX_RING;
 pub use crate::ucall::UCALL_PORT;
@@ -222,16 +222,7 @@ impl DeliveryPath {
 
     /// The median delivery, whole µs (`None`: none recorded).
     pub fn median_us(&self) -> Option<u64> {
-        let counts: Vec<u64> = self.per_us.iter().map(|c| c.load(Relaxed)).collect();
-        let half = counts.iter().sum::<u64>().div_ceil(2);
-        let mut below = 0;
-        counts
-            .iter()
-            .position(|&c| {
-                below += c;
-                c > 0 && below >= half
-            })
-            .map(|us| us as u64)
+        bucket_holding(&self.per_us, 1, 2).map(|us| us as u64)
     }
 }
 

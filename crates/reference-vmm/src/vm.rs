@@ -221,16 +221,22 @@ impl VmStats {
     }
 }
 
-/// The upper edge, ns, of the power-of-two bucket (bucket `i`: below `2^i`
-/// ns) that holds the 99th percentile of `hist`; `None` for an empty one.
-fn p99_bucket_edge(hist: &[AtomicU64]) -> Option<u64> {
+/// The bucket of `hist` that holds its `num / den` quantile (`None` for an
+/// empty one).
+pub(crate) fn bucket_holding(hist: &[AtomicU64], num: u64, den: u64) -> Option<usize> {
     let counts: Vec<u64> = hist.iter().map(|c| c.load(Relaxed)).collect();
     let total: u64 = counts.iter().sum();
     let mut below = 0;
-    let bucket = counts.iter().position(|&c| {
+    counts.iter().position(|&c| {
         below += c;
-        c > 0 && below * 100 >= total * 99
-    })?;
+        c > 0 && below * den >= total * num
+    })
+}
+
+/// The upper edge, ns, of the power-of-two bucket (bucket `i`: below `2^i`
+/// ns) that holds the 99th percentile of `hist`; `None` for an empty one.
+fn p99_bucket_edge(hist: &[AtomicU64]) -> Option<u64> {
+    let bucket = bucket_holding(hist, 99, 100)?;
     Some(1u64.checked_shl(bucket as u32).unwrap_or(u64::MAX))
 }
 
