@@ -229,7 +229,7 @@ pub(crate) fn bucket_holding(hist: &[AtomicU64], num: u64, den: u64) -> Option<u
     let mut below = 0;
     counts.iter().position(|&c| {
         below += c;
-        c > 0 && below * den >= total * num
+        c > 0 && below.saturating_mul(den) >= total.saturating_mul(num)
     })
 }
 
