@@ -2,11 +2,12 @@
 #![cfg(not(loom))] // these use real threads and time; tests/loom.rs models the protocol
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rcu_qs::{Domain, GracePeriod, RcuCell, RcuCounters, RcuError, RcuEvents};
 
@@ -314,6 +315,14 @@ fn a_run_loop_generic_over_qs_reporter_drives_a_reader() {
     assert_eq!(reader.domain().synchronize(), Ok(()));
 }
 
+/// Whether the thread at `task` (a `/proc/<pid>/task/<tid>` path) sleeps.
+fn sleeping(task: &Path) -> bool {
+    let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses and may hold any byte.
+    stat.rsplit_once(')')
+        .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
+}
+
 #[test]
 fn a_writer_that_never_spins_blocks_and_is_woken() {
     let counters = Arc::new(RcuCounters::default());
@@ -323,7 +332,22 @@ fn a_writer_that_never_spins_blocks_and_is_woken() {
         .build();
     let mut reader = domain.register_reader();
     let d = domain.clone();
-    let writer = thread::spawn(move || d.synchronize().unwrap());
+    let (task_tx, task_rx) = mpsc::channel();
+    let writer = thread::spawn(move || {
+        task_tx
+            .send(Path::new("/proc").join(std::fs::read_link("/proc/thread-self").unwrap()))
+            .unwrap();
+        d.synchronize().unwrap()
+    });
+    // A quiescent state reported before the writer looks at the readers would
+    // let it finish without waiting, so the reader holds out until the writer
+    // sleeps: a writer that spins instead never does, and is let go after a
+    // deadline to fail the assertion below.
+    let task = task_rx.recv().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sleeping(&task) && Instant::now() < deadline {
+        thread::yield_now();
+    }
     while counters.grace_periods.load(Ordering::SeqCst) == 0 && !writer.is_finished() {
         reader.quiescent();
         thread::yield_now();
