@@ -178,10 +178,12 @@ fn vcpu_stats_describe_the_halt_counters_and_histograms() {
 #[test]
 fn short_halts_make_kvm_poll_and_its_stats_add_up() {
     let Some(kvm) = kvm() else { return };
-    let (_vm, vcpu, _mem) = halting_vm(&kvm);
-    // Halts of ~50 µs: shorter than the 200 µs maximum, so KVM grows its window
-    // and polls. (Whether a poll catches the wake-up depends on the host: KVM
-    // stops polling as soon as another task is runnable on the CPU.)
+    let (vm, vcpu, _mem) = halting_vm(&kvm);
+    // Halts of ~50 µs, a few ms on a busy host: all shorter than a 100 ms
+    // maximum, so KVM grows its window and polls. (Whether a poll catches the
+    // wake-up depends on the host: KVM stops polling as soon as another task
+    // is runnable on the CPU.)
+    set_vm_halt_poll(&vm, Duration::from_millis(100)).unwrap();
     let (_, s) = halt_and_kick(vcpu, 300, Duration::from_micros(50));
     assert!(s.halt_attempted_poll > 0, "{s:?}");
     assert_eq!(

@@ -76,11 +76,14 @@ fn rearming_replaces_and_disarming_cancels() {
         SpinAt::TimerThread,
     )
     .unwrap();
+    // Deadlines a minute away where a stall must not let them come first.
     let now = MonotonicClock.now_ns();
-    timer.arm(now + 50_000_000, 1).unwrap();
+    timer.arm(now + 60_000_000_000, 1).unwrap();
     timer.arm(now + 2_000_000, 2).unwrap();
     assert_eq!(rx.recv_timeout(WAIT).unwrap().0.payload, 2);
-    timer.arm(MonotonicClock.now_ns() + 5_000_000, 3).unwrap();
+    timer
+        .arm(MonotonicClock.now_ns() + 60_000_000_000, 3)
+        .unwrap();
     timer.disarm().unwrap();
     assert!(
         rx.recv_timeout(Duration::from_millis(50)).is_err(),

@@ -2,7 +2,7 @@
 #![cfg(not(loom))] // these use real threads and time; tests/loom.rs models the protocol
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -20,6 +20,34 @@ fn finishes<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     thread::spawn(move || tx.send(f()).unwrap());
     rx.recv_timeout(DEADLOCK)
         .expect("deadlock: the call never returned")
+}
+
+/// Runs `f` on a new thread; returns it with the thread's `/proc` task directory.
+fn spawn_seen<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> (thread::JoinHandle<T>, PathBuf) {
+    let (task_tx, task_rx) = mpsc::channel();
+    let handle = thread::spawn(move || {
+        let task = std::fs::read_link("/proc/thread-self").unwrap();
+        task_tx.send(Path::new("/proc").join(task)).unwrap();
+        f()
+    });
+    (handle, task_rx.recv().unwrap())
+}
+
+/// Waits until every thread in `tasks` sleeps, or 10 s pass (a thread that
+/// spins where it should block never sleeps; the caller's assertions catch it).
+fn until_asleep(tasks: &[PathBuf]) {
+    let sleeping = |task: &PathBuf| {
+        let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses and may hold any byte.
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !tasks.iter().all(sleeping) && Instant::now() < deadline {
+        thread::yield_now();
+    }
 }
 
 #[test]
@@ -141,14 +169,14 @@ fn concurrent_callers_share_grace_periods() {
     let counters = Arc::new(RcuCounters::default());
     let domain = Domain::builder().events(counters.clone()).build();
     let mut reader = domain.register_reader();
-    let callers: Vec<_> = (0..8)
+    let (callers, tasks): (Vec<_>, Vec<_>) = (0..8)
         .map(|_| {
             let d = domain.clone();
-            thread::spawn(move || d.synchronize().unwrap())
+            spawn_seen(move || d.synchronize().unwrap())
         })
-        .collect();
-    // Every caller is now waiting on the first grace period, held by the reader.
-    thread::sleep(Duration::from_millis(200));
+        .unzip();
+    // Asleep, every caller waits on the first grace period, held by the reader.
+    until_asleep(&tasks);
     reader.offline();
     for c in callers {
         c.join().unwrap();
@@ -161,7 +189,7 @@ fn concurrent_callers_share_grace_periods() {
     assert!(counters.readers_waited_on.load(Ordering::SeqCst) >= 1);
     assert!(
         counters.blocked_grace_periods.load(Ordering::SeqCst) >= 1,
-        "a 200 ms wait blocks"
+        "a writer waiting on an online reader blocks"
     );
 }
 
@@ -315,14 +343,6 @@ fn a_run_loop_generic_over_qs_reporter_drives_a_reader() {
     assert_eq!(reader.domain().synchronize(), Ok(()));
 }
 
-/// Whether the thread at `task` (a `/proc/<pid>/task/<tid>` path) sleeps.
-fn sleeping(task: &Path) -> bool {
-    let stat = std::fs::read_to_string(task.join("stat")).unwrap_or_default();
-    // The state follows the command name, which is in parentheses and may hold any byte.
-    stat.rsplit_once(')')
-        .is_some_and(|(_, rest)| rest.trim_start().starts_with('S'))
-}
-
 #[test]
 fn a_writer_that_never_spins_blocks_and_is_woken() {
     let counters = Arc::new(RcuCounters::default());
@@ -332,22 +352,10 @@ fn a_writer_that_never_spins_blocks_and_is_woken() {
         .build();
     let mut reader = domain.register_reader();
     let d = domain.clone();
-    let (task_tx, task_rx) = mpsc::channel();
-    let writer = thread::spawn(move || {
-        task_tx
-            .send(Path::new("/proc").join(std::fs::read_link("/proc/thread-self").unwrap()))
-            .unwrap();
-        d.synchronize().unwrap()
-    });
+    let (writer, task) = spawn_seen(move || d.synchronize().unwrap());
     // A quiescent state reported before the writer looks at the readers would
-    // let it finish without waiting, so the reader holds out until the writer
-    // sleeps: a writer that spins instead never does, and is let go after a
-    // deadline to fail the assertion below.
-    let task = task_rx.recv().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !sleeping(&task) && Instant::now() < deadline {
-        thread::yield_now();
-    }
+    // let it finish without waiting, so the reader holds out until it sleeps.
+    until_asleep(&[task]);
     while counters.grace_periods.load(Ordering::SeqCst) == 0 && !writer.is_finished() {
         reader.quiescent();
         thread::yield_now();

@@ -2,8 +2,8 @@
 //! every read checks a canary, so a value read after it was freed is caught.
 #![cfg(not(loom))] // these use real threads and time; tests/loom.rs models the protocol
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
 use std::thread;
 
 use rcu_qs::{Domain, RcuCell};
@@ -52,11 +52,16 @@ fn readers_never_see_a_reclaimed_or_older_value() {
     let domain = Domain::new();
     let cell = Arc::new(RcuCell::new(&domain, Value::new(0)));
     let stop = Arc::new(AtomicBool::new(false));
+    // The writer starts once every reader is registered, however late a
+    // busy machine runs their threads.
+    let registered = Arc::new(Barrier::new(READERS + 1));
     let readers: Vec<_> = (0..READERS)
         .map(|id| {
             let (domain, cell, stop) = (domain.clone(), cell.clone(), stop.clone());
+            let registered = registered.clone();
             thread::spawn(move || {
                 let mut reader = domain.register_reader();
+                registered.wait();
                 let (mut last, mut reads) = (0, 0u64);
                 while !stop.load(Ordering::Relaxed) {
                     for _ in 0..64 {
@@ -78,6 +83,7 @@ fn readers_never_see_a_reclaimed_or_older_value() {
             })
         })
         .collect();
+    registered.wait();
     for seq in 1..=UPDATES {
         if seq % 10 == 0 {
             cell.replace(Value::new(seq)).unwrap().verify();

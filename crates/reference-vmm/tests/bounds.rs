@@ -97,7 +97,9 @@ fn the_timeout_ends_a_serial_flood_whose_stdout_nobody_reads() {
     // Due when the timeout passes, counted from the spawn (which is earlier
     // than the VMM's own start, so this only shortens the second it gets).
     std::thread::sleep(timeout.saturating_sub(started.elapsed()));
-    let (status, stderr) = exits_within(child, Duration::from_secs(1));
+    // A hang check: without the timeout the flood runs for ever. The limit
+    // also covers the VMM's start and its coverage profile on a busy machine.
+    let (status, stderr) = exits_within(child, Duration::from_secs(10));
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("did not finish within 1.5s") && stderr.contains("vcpu 1:"),
@@ -109,6 +111,23 @@ fn the_timeout_ends_a_serial_flood_whose_stdout_nobody_reads() {
     );
 }
 
+/// Waits (30 s at most) until process `pid`'s main thread blocks SIGTERM.
+fn until_sigterm_blocked(pid: libc::pid_t) {
+    let bit = 1u64 << (libc::SIGTERM - 1);
+    let blocked = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & bit != 0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !blocked() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn sigterm_ends_a_serial_flood_whose_stdout_nobody_reads_with_its_partial_report() {
     if !kvm_available(
@@ -117,12 +136,14 @@ fn sigterm_ends_a_serial_flood_whose_stdout_nobody_reads_with_its_partial_report
         return;
     }
     let (child, _reader) = serial_flood(120_000);
-    // Long enough for the VM to be running and the pipe's writer stuck.
-    std::thread::sleep(Duration::from_millis(1000));
     let pid = child.id() as libc::pid_t;
+    // Before it blocks SIGTERM for its signal thread, the VMM would die of it.
+    until_sigterm_blocked(pid);
+    // Then the VM starts, and the pipe's writer is stuck at its first byte.
+    std::thread::sleep(Duration::from_millis(200));
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let (status, stderr) = exits_within(child, Duration::from_secs(1));
+    let (status, stderr) = exits_within(child, Duration::from_secs(10));
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
     assert!(
         stderr.contains("terminated (SIGTERM)") && stderr.contains("vcpu 0:"),

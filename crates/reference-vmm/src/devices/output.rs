@@ -238,7 +238,7 @@ mod tests {
 
     impl Write for Slow {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            thread::sleep(Duration::from_millis(10));
+            thread::sleep(Duration::from_millis(100));
             Ok(buf.len())
         }
         fn flush(&mut self) -> io::Result<()> {
@@ -248,11 +248,11 @@ mod tests {
 
     #[test]
     fn a_slow_output_that_keeps_taking_bytes_is_waited_for() {
-        let (mut out, drain) = BoundedOutput::start(Box::new(Slow), 16 * CHUNK).unwrap();
-        out.write_all(&[b'x'; 16 * CHUNK]).unwrap();
-        // Sixteen writes of 10 ms each: past the limit in all, each well
-        // within it.
-        assert_eq!(drain.finish(Duration::from_millis(100)), 0);
+        let (mut out, drain) = BoundedOutput::start(Box::new(Slow), 8 * CHUNK).unwrap();
+        out.write_all(&[b'x'; 8 * CHUNK]).unwrap();
+        // Eight writes of 100 ms each: past the limit in all, each within it
+        // by 400 ms, for a busy machine's late wake-ups.
+        assert_eq!(drain.finish(Duration::from_millis(500)), 0);
         assert_eq!(drain.dropped(), 0);
     }
 
