@@ -16,11 +16,15 @@
 //! without a record for the revoker to find. The vCPU running (`ran`) and the
 //! revoker race with the booster only through that record: while it is being
 //! applied, `ran` leaves a note for the booster to undo it once applied, and a
-//! revoker that finds it past its deadline restores the thread at once and
-//! looks again later. Only the caller that takes a published record restores
-//! the thread, so no boost is lost and none is restored twice, and the record
-//! goes only once the thread is restored: whenever a thread is boosted, a
-//! record says so ([`Booster::is_boosted`]).
+//! revoker that finds it past its deadline restores the thread at once, ends
+//! the boost's time there, and marks the record for the booster to restore
+//! the thread again once applied (the boost may land after the revoker's
+//! restore), or the revoker's next look if the booster stalls. Only the
+//! caller that takes a published record restores the thread, so no boost is
+//! lost, and the record goes only once the thread is restored: whenever a
+//! thread is boosted, a record says so ([`Booster::is_boosted`]). Each boost
+//! is accounted once, up to its first restore, however long the booster
+//! stalls.
 
 use std::io;
 use std::sync::Arc;
@@ -63,14 +67,17 @@ const APPLYING: u64 = 1 << 63;
 const CANCELLED: u64 = 1 << 62;
 /// A record's state bit: taken back, and the thread is being restored.
 const RESTORING: u64 = 1 << 61;
+/// A record's state bit: past its deadline while still being applied, the
+/// thread was restored and the boost accounted by the revoker; whoever takes
+/// the published record restores the thread once more and accounts nothing.
+const EXPIRED: u64 = 1 << 60;
 /// The rest of a record: when the boost began, ns on the booster's clock, +1.
-const SINCE: u64 = RESTORING - 1;
+const SINCE: u64 = EXPIRED - 1;
 
 #[derive(Debug, Default)]
 struct Slot {
     tid: AtomicI32,
-    /// 0 if not boosted; else the boost's start and its `APPLYING` and
-    /// `CANCELLED` bits.
+    /// 0 if not boosted; else the boost's start and its state bits.
     record: AtomicU64,
     period_start: AtomicU64,
     used: AtomicU64,
@@ -233,7 +240,9 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
 
     /// Boosts vCPU `vcpu`'s thread; `Ok(false)` if it is unregistered, already
     /// boosted, out of budget for this period, or ran while the boost was
-    /// being applied (then the boost is already undone).
+    /// being applied (then the boost is already undone). A boost that
+    /// outlived [`BoostBudget::max_boost`] while this call was kept from
+    /// returning is `Ok(true)`, and already revoked.
     ///
     /// # Errors
     /// The thread control's error, e.g. `PermissionDenied` without `CAP_SYS_NICE`.
@@ -274,6 +283,10 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
         }
         s.events.boosted(vcpu);
         let record = slot.publish();
+        if record & EXPIRED != 0 {
+            s.take_expired(vcpu, slot, record & !APPLYING)?; // the revoker ended it
+            return Ok(true);
+        }
         if record & CANCELLED != 0 {
             s.unboost(vcpu, false)?; // it ran meanwhile
             return Ok(false);
@@ -350,7 +363,7 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
             Err(record) => record,
         };
         loop {
-            if record == 0 || record & RESTORING != 0 {
+            if record == 0 || record & (RESTORING | EXPIRED) != 0 {
                 return Ok(()); // not boosted, or someone else restores it
             }
             let (next, taken) = if record & APPLYING != 0 {
@@ -376,6 +389,43 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
         restored
     }
 
+    /// Ends the time of boost `record`, still being applied past its
+    /// deadline at `now`, where the revoker restored its thread: accounted
+    /// now, and marked [`EXPIRED`] for whoever takes it once published.
+    fn expire(&self, vcpu: usize, slot: &Slot, mut record: u64, now: u64) {
+        while record & APPLYING != 0 && record & EXPIRED == 0 {
+            match slot
+                .record
+                .compare_exchange(record, record | EXPIRED, SeqCst, SeqCst)
+            {
+                Ok(_) => {
+                    let held = now.saturating_sub((record & SINCE).saturating_sub(1));
+                    slot.used.fetch_add(held, SeqCst);
+                    self.events
+                        .unboosted(vcpu, Duration::from_nanos(held), true);
+                    return;
+                }
+                Err(changed) => record = changed,
+            }
+        }
+    }
+
+    /// Takes the published [`EXPIRED`] `record`, if no one else did, and
+    /// restores its thread once more: the boost may have landed after the
+    /// revoker's restore.
+    fn take_expired(&self, vcpu: usize, slot: &Slot, record: u64) -> io::Result<()> {
+        if slot
+            .record
+            .compare_exchange(record, record | RESTORING, SeqCst, SeqCst)
+            .is_err()
+        {
+            return Ok(()); // taken by the revoker's next look, or the booster
+        }
+        let restored = self.restore(vcpu, slot);
+        slot.record.store(0, SeqCst);
+        restored
+    }
+
     fn restore(&self, vcpu: usize, slot: &Slot) -> io::Result<()> {
         self.control
             .restore(slot.tid.load(SeqCst))
@@ -392,13 +442,19 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
             if record == 0 || record & RESTORING != 0 {
                 continue;
             }
+            if record & (EXPIRED | APPLYING) == EXPIRED {
+                let _ = self.take_expired(vcpu, slot, record); // its booster stalled
+                continue;
+            }
             let deadline = (record & SINCE).saturating_sub(1).saturating_add(max);
             let wake = if now <= deadline {
                 deadline + 1
             } else if record & APPLYING != 0 {
                 // The booster stalled while applying it: the thread goes
-                // back now, and the record, once published, at the next look.
+                // back now (and at each look until the record is published),
+                // and the booster takes the record once it is.
                 let _ = self.restore(vcpu, slot);
+                self.expire(vcpu, slot, record, now);
                 now.saturating_add(max.max(1))
             } else {
                 let _ = self.unboost(vcpu, true);
@@ -594,26 +650,62 @@ mod tests {
     }
 
     #[test]
-    fn a_boost_that_stalls_while_applied_is_restored_at_its_deadline() {
+    fn a_boost_that_stalls_while_applied_is_restored_and_accounted_at_its_deadline() {
         // The booster is kept off the CPU between applying the boost and
-        // publishing it, past the deadline: the revoker restores the thread
-        // then, and takes the record once it is published.
-        let (b, clock, _) = booster(Fake::default());
+        // publishing it, past the deadline and long after: the revoker
+        // restores the thread and ends the boost's time then; the booster
+        // restores it again once it publishes (its boost may have landed
+        // after the revoker's restore) and takes the record.
+        let (b, clock, stats) = booster(Fake::default());
         let (weak, stalled) = (Arc::downgrade(&b), clock.clone());
         *b.control().during_boost.lock().unwrap() = Some(Box::new(move || {
             stalled.advance(2 * MAX);
-            weak.upgrade().unwrap().revoke_expired();
+            let b = weak.upgrade().unwrap();
+            b.revoke_expired();
+            assert_eq!(calls(&b), [("boost", 100), ("restore", 100)], "at once");
+            assert!(b.is_boosted(0), "the record stays until published");
+            stalled.advance(50 * MAX);
+            b.revoke_expired();
         }));
-        assert!(b.boost(0).unwrap());
+        assert!(b.boost(0).unwrap(), "boosted, and revoked while applied");
         assert_eq!(
             calls(&b),
-            [("boost", 100), ("restore", 100)],
-            "restored at once"
+            [
+                ("boost", 100),
+                ("restore", 100),
+                ("restore", 100),
+                ("restore", 100)
+            ],
+            "at each look, and once published"
         );
-        assert!(b.is_boosted(0), "the record stays until published");
+        assert!(!b.is_boosted(0));
+        let get = |a: &AtomicU64| a.load(Relaxed);
+        assert_eq!(
+            (get(&stats.boosts_revoked), get(&stats.longest_boost_ns)),
+            (1, 2_000_000),
+            "once, to the revoker's restore, not the booster's return"
+        );
+        assert_eq!(b.shared.slots[0].used.load(SeqCst), 2_000_000);
+        b.revoke_expired();
+        assert_eq!(calls(&b).len(), 4, "nothing left for the revoker");
+    }
+
+    #[test]
+    fn an_expired_record_its_booster_has_not_taken_is_taken_by_the_revokers_next_look() {
+        let (b, clock, stats) = booster(Fake::default());
+        let slot = &b.shared.slots[1];
+        // As left by a booster that stalled past its deadline, was expired,
+        // then published and stalled again before taking it.
+        slot.record.store(APPLYING | 1, SeqCst);
         clock.advance(2 * MAX);
         b.revoke_expired();
-        assert!(!b.is_boosted(0));
+        assert_eq!(slot.publish() & EXPIRED, EXPIRED);
+        b.ran(1).unwrap();
+        assert!(b.is_boosted(1), "running leaves it to the one taking it");
+        b.revoke_expired();
+        assert!(!b.is_boosted(1));
+        assert_eq!(calls(&b), [("restore", 101), ("restore", 101)]);
+        assert_eq!(stats.boosts_revoked.load(Relaxed), 1, "accounted once");
     }
 
     #[test]

@@ -65,7 +65,8 @@ pub struct SchedStats {
     pub boosts: AtomicU64,
     /// Total time threads stayed boosted, ns.
     pub boost_ns: AtomicU64,
-    /// The longest single boost, ns (from the booster's record to the restore).
+    /// The longest single boost, ns (from the booster's record to the first
+    /// restore, however long a stalled booster takes to return).
     pub longest_boost_ns: AtomicU64,
     /// Boosts taken back because the thread did not run in time.
     pub boosts_revoked: AtomicU64,

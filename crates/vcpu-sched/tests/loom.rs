@@ -12,8 +12,8 @@ use loom::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use loom::thread;
 
 use vcpu_sched::{
-    Boost, BoostBudget, Booster, FakeClock, NoBoost, NoEvents, NoGuestView, RunState, Scheduler,
-    ThreadControl, Tid, VcpuState, boost_ready,
+    Boost, BoostBudget, Booster, FakeClock, NoBoost, NoEvents, NoGuestView, RunState, SchedEvents,
+    Scheduler, ThreadControl, Tid, VcpuState, boost_ready,
 };
 
 /// A thread control that remembers whether the thread is boosted.
@@ -30,6 +30,22 @@ impl ThreadControl for Fake {
     fn restore(&self, _: Tid) -> io::Result<()> {
         self.boosted.store(false, SeqCst);
         Ok(())
+    }
+}
+
+/// Counts boosts and their ends: each boost must end exactly once.
+#[derive(Default)]
+struct Counts {
+    boosted: std::sync::atomic::AtomicUsize,
+    unboosted: std::sync::atomic::AtomicUsize,
+}
+
+impl SchedEvents for Counts {
+    fn boosted(&self, _: usize) {
+        self.boosted.fetch_add(1, SeqCst);
+    }
+    fn unboosted(&self, _: usize, _: std::time::Duration, _: bool) {
+        self.unboosted.fetch_add(1, SeqCst);
     }
 }
 
@@ -100,16 +116,19 @@ fn racing_boosts_leave_one_record_that_running_undoes() {
 /// The revoker looks at the records while vCPU 0 boosts vCPU 1 (the boost
 /// already past its deadline): whatever the order, once the revoker has
 /// looked again the thread is not boosted and no record is left, so no
-/// thread is ever boosted where the revoker cannot see it.
+/// thread is ever boosted where the revoker cannot see it; and the boost's
+/// end is accounted once, whichever of them took the record.
 #[test]
 fn a_revocation_racing_with_a_boost_leaves_nothing_boosted() {
     loom::model(|| {
         let clock = std::sync::Arc::new(FakeClock::default());
         let booster = Arc::new(
-            Booster::manual(2, Fake::default(), NoEvents, clock.clone()).with_budget(BoostBudget {
-                max_boost: std::time::Duration::ZERO,
-                ..BoostBudget::default()
-            }),
+            Booster::manual(2, Fake::default(), Counts::default(), clock.clone()).with_budget(
+                BoostBudget {
+                    max_boost: std::time::Duration::ZERO,
+                    ..BoostBudget::default()
+                },
+            ),
         );
         booster.register(1, 101);
         clock.advance(std::time::Duration::from_micros(1));
@@ -128,6 +147,12 @@ fn a_revocation_racing_with_a_boost_leaves_nothing_boosted() {
         assert!(
             !booster.control().boosted.load(SeqCst),
             "thread left boosted"
+        );
+        let counts = booster.events();
+        assert_eq!(
+            (counts.boosted.load(SeqCst), counts.unboosted.load(SeqCst)),
+            (1, 1),
+            "one boost, accounted once"
         );
     });
 }
