@@ -23,7 +23,7 @@ fn finishes<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
 }
 
 /// Runs `f` on a new thread; returns it with the thread's `/proc` task directory.
-fn spawn_seen<T: Send + 'static>(
+fn spawn_with_proc_dir<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> (thread::JoinHandle<T>, PathBuf) {
     let (task_tx, task_rx) = mpsc::channel();
@@ -172,7 +172,7 @@ fn concurrent_callers_share_grace_periods() {
     let (callers, tasks): (Vec<_>, Vec<_>) = (0..8)
         .map(|_| {
             let d = domain.clone();
-            spawn_seen(move || d.synchronize().unwrap())
+            spawn_with_proc_dir(move || d.synchronize().unwrap())
         })
         .unzip();
     // Asleep, every caller waits on the first grace period, held by the reader.
@@ -352,7 +352,7 @@ fn a_writer_that_never_spins_blocks_and_is_woken() {
         .build();
     let mut reader = domain.register_reader();
     let d = domain.clone();
-    let (writer, task) = spawn_seen(move || d.synchronize().unwrap());
+    let (writer, task) = spawn_with_proc_dir(move || d.synchronize().unwrap());
     // A quiescent state reported before the writer looks at the readers would
     // let it finish without waiting, so the reader holds out until it sleeps.
     until_asleep(&[task]);
