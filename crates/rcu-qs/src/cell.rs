@@ -53,12 +53,13 @@ impl<T: Send + Sync + 'static> RcuCell<T> {
     #[inline]
     pub fn read<'a>(&'a self, reader: &'a Reader) -> &'a T {
         reader.enter_read(self.domain_id);
-        // SAFETY: the pointer always comes from Box::into_raw and is only freed
-        // after a grace period that began after it was unpublished. `reader` is
-        // online (above) and stays so while 'a lasts, because quiescent(),
-        // offline() and drop all need it mutably or by value; so the grace period
-        // waits for this reader, and the value outlives 'a.
-        unsafe { &*self.ptr.load(Acquire) }
+        // `reader` is online (above) and stays so while 'a lasts, because
+        // quiescent(), offline() and drop all need it mutably or by value.
+        let ptr = self.ptr.load(Acquire);
+        // SAFETY: `ptr` is from Box::into_raw, freed only after a grace period
+        // that began after it was unpublished, which waits for `reader` (online
+        // while 'a lasts, above): the value outlives 'a.
+        unsafe { &*ptr }
     }
 
     /// Publishes the new value and swaps out the old one, returning the old

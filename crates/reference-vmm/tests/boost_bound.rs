@@ -94,7 +94,7 @@ fn a_boosted_vcpu_spinning_at_cpl3_is_real_time_no_longer_than_the_budget() {
         }
         // Every 500 µs, well within the slack: a real-time sampler waking
         // every few µs on vCPU 0's CPU preempts it so often that on PVM (a
-        // world switch each time) its guest was seen to crawl for minutes.
+        // world switch each time) its guest crawls, past the run's timeout.
         thread::sleep(Duration::from_micros(500));
     }
     let report = run.join().unwrap().unwrap();
