@@ -196,6 +196,38 @@ pub enum ConfigError {
         /// The value given.
         got: u64,
     },
+    /// A guest program given fewer vCPUs than it works on.
+    #[error("guest program {guest} needs at least {min} vCPUs, not {got} (--vcpus)")]
+    TooFewVcpus {
+        /// The program.
+        guest: &'static str,
+        /// The fewest it runs on.
+        min: u32,
+        /// The number given.
+        got: u32,
+    },
+    /// A guest program whose parameters ask for more memory than the VM has.
+    #[error(
+        "guest program {guest} needs {needs_mib} MiB of guest memory for its parameters, not \
+         {got_mib} (--mem-mib, or smaller --params)"
+    )]
+    TooLittleMemory {
+        /// The program.
+        guest: &'static str,
+        /// The memory it needs, MiB (even).
+        needs_mib: u64,
+        /// The memory given, MiB.
+        got_mib: u64,
+    },
+    /// A guest program told to wait for a migration, run without one.
+    #[error(
+        "guest program {guest}'s parameters make it wait for a migration to end: give it one \
+         (--migrate-to or --snapshot-to), or set that parameter to 0"
+    )]
+    NeedsMigration {
+        /// The program.
+        guest: &'static str,
+    },
     /// A guest program that never finishes, run without a timeout.
     #[error("guest program {guest} runs until it is stopped: give it a timeout (--timeout-ms)")]
     NeedsTimeout {

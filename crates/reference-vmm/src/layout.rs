@@ -104,6 +104,12 @@ pub const UCALL_TRANSPORT_OFFSET: u64 = 0x2c0;
 /// Offset of the count of vCPUs that have finished, under the text
 /// transport (the last one ends the run), on a cache line of its own.
 pub const DONE_COUNT_OFFSET: u64 = 0x300;
+/// Offset of the count of migrations that ended, in the shared page, on a
+/// cache line of its own: the VMM adds one where the guest runs on after a
+/// migration or snapshot (at the destination before its vCPUs start, at the
+/// source when the move failed), so that a guest can wait for the move
+/// instead of racing it (see [`crate::guest_abi`]).
+pub const MIGRATIONS_OFFSET: u64 = 0x340;
 /// Offset of the per-vCPU mailboxes (guest-side polling) in the shared area:
 /// `1 << MAILBOX_SHIFT` bytes each. +0: the poll window in TSC ticks (the
 /// VMM writes it); +8: 0 idle, 1 polling, 2 a message was posted; +16: the
@@ -185,7 +191,8 @@ const _: () = assert!(mailbox(MAX_VCPUS) <= FREE_MEMORY_START);
 const _: () = assert!(PARAMS_OFFSET + 8 * PARAMS as u64 <= ACKS_OFFSET);
 const _: () = assert!(APIC_READY_OFFSET + 64 <= BOOT_TABLE_OFFSET);
 const _: () = assert!(BOOT_TABLE_OFFSET + 64 <= UCALL_TRANSPORT_OFFSET);
-const _: () = assert!(DONE_COUNT_OFFSET + 64 <= MAILBOX_OFFSET);
+const _: () = assert!(DONE_COUNT_OFFSET + 64 <= MIGRATIONS_OFFSET);
+const _: () = assert!(MIGRATIONS_OFFSET + 64 <= MAILBOX_OFFSET);
 const _: () = assert!(32 + 16 * MAILBOX_RING <= 1 << MAILBOX_SHIFT);
 const _: () = assert!(MAX_MEM_MIB << 20 <= 3 << 30);
 

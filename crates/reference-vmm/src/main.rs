@@ -503,19 +503,30 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let timeout = args.output.timeout();
     let p = &args.program;
-    let (program, params, boot) = match (&args.image, p.guest) {
+    let (program, params, (vcpus, mem_mib), boot) = match (&args.image, p.guest) {
         (Some(path), _) => match read_image(path) {
             Ok(image) => (
                 image.program(),
                 image.params(),
+                (image.vcpus(), image.mem_mib()),
                 Boot::Image(Arc::new(image)),
             ),
             Err(e) => return fail(&e),
         },
-        (None, Some(guest)) => (guest, p.params.0, Boot::Direct),
+        (None, Some(guest)) => (guest, p.params.0, (p.vcpus, p.mem_mib), Boot::Direct),
         (None, None) => return usage_error("--guest or --image is needed"),
     };
-    if let Err(e) = program.check(&params, timeout) {
+    let waits = program.waits_for_migration(&params) && args.migrate.target().is_none();
+    let checked = program
+        .check(&params, timeout)
+        .and_then(|()| program.check_machine(&params, vcpus, mem_mib))
+        .and_then(|()| match waits {
+            true => Err(ConfigError::NeedsMigration {
+                guest: program.name,
+            }),
+            false => Ok(()),
+        });
+    if let Err(e) = checked {
         return usage_error(&e.to_string());
     }
     let config = VmConfig {
@@ -603,15 +614,13 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         .address()
         .map_or(args.listen.to_string(), |a| a.to_string());
     eprintln!("listening on {address}");
-    let connection = match listener.accept() {
-        Ok(c) => c,
-        Err(e) => return fail(&e.to_string()),
-    };
-    let start = std::time::Instant::now();
-    let mut input = match StreamReader::new(connection) {
+    let mut input = match listener.accept_stream() {
         Ok(input) => input,
         Err(e) => return fail(&format!("the migration stream: {e}")),
     };
+    // Nobody else is taken: the socket goes.
+    drop(listener);
+    let start = std::time::Instant::now();
     let received = migration::receive(&mut input, args.output.timeout());
     // The source hands the VM over only on this answer, and resumes it on
     // any other (or none).

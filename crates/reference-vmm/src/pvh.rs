@@ -127,6 +127,7 @@ impl Image {
         let vcpus = check_vcpus(vcpus, MAX_VCPUS)?;
         let mem_size = check_mem_mib(mem_mib)? << 20;
         program.check_params(&params)?;
+        program.check_machine(&params, vcpus, mem_mib)?;
         let mut segments = boot_memory::segments(vcpus, mem_size);
         segments.push(shared_page(program, vcpus, mem_size, &params));
         let entry = IMAGE_ADDR + guest::pvh_entry_offset();

@@ -21,6 +21,7 @@ use crate::devices::{
 use crate::error::{ConfigError, Error};
 use crate::exit::Report;
 use crate::guest::{GuestProgram, SERIAL_PORT};
+use crate::guest_abi::note_migration_ended;
 use crate::irq::Interrupts;
 use crate::irqchip::{self, KernelIrqChip, TunerThread, UserIrqChip};
 use crate::kick;
@@ -455,6 +456,14 @@ impl Vm {
     ) -> Result<RunReport, Error> {
         program.check(&self.params, self.timeout)?;
         let count = self.vcpus.len() as u32;
+        program.check_machine(&self.params, count, self.mem_mib)?;
+        let moving = self.controller.is_some() || self.boot == Boot::Incoming;
+        if program.waits_for_migration(&self.params) && !moving {
+            return Err(ConfigError::NeedsMigration {
+                guest: program.name,
+            }
+            .into());
+        }
         let entry = IMAGE_ADDR + program.entry_offset();
         for (i, fd) in (0..count).zip(&self.vcpus) {
             let regs = match &self.boot {
@@ -472,6 +481,12 @@ impl Vm {
             }
             (_, states) => states.map(|s| s.into_iter().map(Some).collect::<Vec<_>>()),
         };
+        if self.boot == Boot::Incoming {
+            note_migration_ended(&self.memory).map_err(|source| Error::WriteMemory {
+                what: "the migration count",
+                source,
+            })?;
+        }
         let description = self.description(program);
         let (output, drain) =
             BoundedOutput::start(serial_out, OUTPUT_BUFFER_BYTES).map_err(|source| {

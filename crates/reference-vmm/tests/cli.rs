@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 23] = [
+    let cases: [(&[&str], &str); 29] = [
         (&["run"], "--guest or --image is needed"),
         (
             &["run", "--guest", "nope"],
@@ -130,6 +130,64 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
         (
             &["bench", "sched", "--qemu", "/nonexistent/qemu"],
             "--qemu /nonexistent/qemu: no such file",
+        ),
+        // Guests that cannot run on what they are given: refused before a
+        // vCPU starts, where they would hang or fault.
+        (
+            &["run", "--guest", "pingpong", "--params", "100"],
+            "guest program pingpong needs at least 2 vCPUs, not 1 (--vcpus)",
+        ),
+        (
+            &["run", "--guest", "halt-wake", "--params", "100"],
+            "guest program halt-wake needs at least 2 vCPUs, not 1",
+        ),
+        (
+            &[
+                "run",
+                "--guest",
+                "migrate",
+                "--vcpus",
+                "2",
+                "--params",
+                "4096,1,0,0",
+            ],
+            "guest program migrate needs 66 MiB of guest memory for its parameters, not 64",
+        ),
+        (
+            &[
+                "image",
+                "--guest",
+                "cyclictest",
+                "--params",
+                "8000000",
+                "--out",
+                "/dev/null",
+            ],
+            "guest program cyclictest needs 80 MiB of guest memory for its parameters, not 64",
+        ),
+        (
+            &[
+                "run",
+                "--guest",
+                "migrate",
+                "--vcpus",
+                "2",
+                "--params",
+                "16,1,0,0,1",
+            ],
+            "migrate's parameters make it wait for a migration to end: give it one",
+        ),
+        (
+            &[
+                "image",
+                "--guest",
+                "yield-spin",
+                "--params",
+                "1,1",
+                "--out",
+                "/dev/null",
+            ],
+            "guest program yield-spin needs at least 2 vCPUs, not 1",
         ),
     ];
     for (args, expected) in cases {

@@ -24,16 +24,18 @@ use reference_vmm::{Boot, Vm, VmConfig, guest};
 const VCPUS: u32 = 2;
 /// The smallest memory with room for the guest's pages (from 32 MiB on).
 const MEM_MIB: u64 = 64;
-/// The guest: 256 pages per vCPU rewritten 10 µs apart for 3 s, a 1 ms
-/// timer: long enough to be moved mid-way.
+/// The guest: 256 pages per vCPU rewritten 10 µs apart, a 1 ms timer,
+/// until the VMM says the move ended (params[4] = 1; at the destination, or
+/// at the source when it failed), then for 500 ms more: a move never races
+/// the guest's run time, however slow the host.
 const PAGES: u64 = 256;
-const RUN: Duration = Duration::from_secs(3);
-/// Pre-copy's time limit: the move ends well inside the guest's run even
-/// on a busy host, leaving it time to run on at the destination.
+const AFTER_THE_MOVE: Duration = Duration::from_millis(500);
+/// Pre-copy's time limit.
 const MAX_PRECOPY: Duration = Duration::from_secs(1);
 
 fn config(irqchip: Irqchip) -> VmConfig {
-    let mut config = guest_config(MEM_MIB, PAGES, 10, RUN);
+    let mut config = guest_config(MEM_MIB, PAGES, 10, AFTER_THE_MOVE);
+    config.params[4] = 1;
     config.mechanisms = match irqchip {
         Irqchip::User => Mechanisms::default(),
         Irqchip::Kernel => Mechanisms {
@@ -150,8 +152,9 @@ fn a_halted_vcpu_moves_halted_and_wakes_on_an_ipi_sent_after_the_move() {
     }
     for irqchip in [Irqchip::User, Irqchip::Kernel] {
         let mut config = config(irqchip);
-        // The IPI 2 s in: long after the move, which starts 50 ms in.
-        config.params[0] = config.params[1] * 2 / 3;
+        // The IPI 100 ms after the move has ended, whenever that is.
+        let ticks = config.params[1] / 5;
+        config.params[..2].copy_from_slice(&[ticks, 1]);
         let options = MigrateOptions {
             after: Duration::from_millis(50),
             max_precopy: MAX_PRECOPY,
@@ -195,7 +198,7 @@ fn run_migrate(params: &str) -> Command {
 
 /// `run --guest migrate` with `extra` arguments, in the background.
 fn source(extra: &[&str]) -> Child {
-    let params = config(Irqchip::User).params[..4]
+    let params = config(Irqchip::User).params[..5]
         .iter()
         .map(u64::to_string)
         .collect::<Vec<_>>()
@@ -249,6 +252,20 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
                 .unwrap(),
         );
         let listen = destination.listening_on();
+        if let Address::Unix(path) = &address {
+            // A second receive at the same path leaves the first its socket.
+            let second = vmm()
+                .args(["receive", "--listen", &listen])
+                .output()
+                .unwrap();
+            assert_eq!(second.status.code(), Some(1));
+            assert!(
+                text(&second.stderr).contains("another process is listening on this socket"),
+                "{}",
+                text(&second.stderr)
+            );
+            assert!(path.exists());
+        }
         let source = source(&[
             "--migrate-to",
             &listen,
@@ -276,6 +293,9 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
             text(&destination.stderr)
         );
         assert_guest_checked(&destination, &listen);
+        if let Address::Unix(path) = &address {
+            assert!(!path.exists(), "receive left its socket behind");
+        }
     }
 }
 
@@ -556,16 +576,28 @@ fn migration_arguments_get_clear_errors() {
             text(&out.stderr)
         );
     }
-    let out = vmm()
-        .args(["receive", "--listen", "unix:/nonexistent/dir/s"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("cannot reach unix:/nonexistent/dir/s"),
-        "{}",
-        text(&out.stderr)
-    );
+    let file = snapshot_file("not-a-socket");
+    std::fs::write(&file, b"mine").unwrap();
+    let at_a_file = format!("unix:{}", file.display());
+    for (listen, error) in [
+        (
+            "unix:/nonexistent/dir/s",
+            "cannot listen on unix:/nonexistent/dir/s: No such file or directory",
+        ),
+        (
+            &at_a_file,
+            "a regular file is there, not a socket (left as it is)",
+        ),
+    ] {
+        let out = vmm()
+            .args(["receive", "--listen", listen])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        assert!(text(&out.stderr).contains(error), "{}", text(&out.stderr));
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"mine");
+    std::fs::remove_file(file).unwrap();
 }
 
 #[test]
@@ -633,48 +665,81 @@ fn a_vm_made_to_receive_a_stream_does_not_run_without_one() {
 }
 
 #[test]
+fn a_bad_destination_is_refused_before_the_guest_starts() {
+    if !kvm_available("a_bad_destination_is_refused_before_the_guest_starts") {
+        return;
+    }
+    let dir = std::env::temp_dir();
+    let no_listener = socket("nobody");
+    let cases: [(&[&str], String); 4] = [
+        (
+            &["--snapshot-to", "/nonexistent/dir/snap"],
+            "cannot create the snapshot file /nonexistent/dir/snap: No such file".into(),
+        ),
+        (
+            &["--snapshot-to", dir.to_str().unwrap()],
+            format!(
+                "cannot create the snapshot file {}: Is a directory",
+                dir.display()
+            ),
+        ),
+        (
+            &["--migrate-to", "tcp:127.0.0.1:1"],
+            "cannot reach tcp:127.0.0.1:1: Connection refused".into(),
+        ),
+        (
+            &["--migrate-to", &no_listener.to_string()],
+            format!("cannot reach {no_listener}: No such file or directory"),
+        ),
+    ];
+    for (args, error) in cases {
+        let out = source(args).wait_with_output().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(&error), "{args:?}: {stderr}");
+        // Refused before any vCPU ran: no report, nothing of the guest's.
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+    }
+}
+
+#[test]
 fn a_migration_that_cannot_start_leaves_the_guest_to_finish_here() {
     if !kvm_available("a_migration_that_cannot_start_leaves_the_guest_to_finish_here") {
         return;
     }
-    let short = config(Irqchip::User).params[1] / 10; // 300 ms of writes
-    let params = format!("256,{short},100,0");
-    let cases: [(&[&str], &str); 3] = [
-        // The guest ends before the migration would start.
-        (
-            &[
-                "--migrate-to",
-                "unix:/nonexistent",
-                "--migrate-after-ms",
-                "10000",
-            ],
-            "is no longer running (its program ended or failed)",
-        ),
-        (
-            &["--snapshot-to", "/nonexistent/dir/snap"],
-            "cannot reach /nonexistent/dir/snap",
-        ),
-        (
-            &[
-                "--migrate-to",
-                "tcp:127.0.0.1:1",
-                "--migrate-after-ms",
-                "10",
-            ],
-            "cannot reach tcp:127.0.0.1:1",
-        ),
-    ];
-    for (args, error) in cases {
-        let out = run_migrate(&params).args(args).output().unwrap();
-        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(stderr.contains(error), "{args:?}: {stderr}");
-        assert!(
-            stderr.contains("the guest ran on here"),
-            "{args:?}: {stderr}"
-        );
-        assert_eq!(stdout.matches("pages_checked = 256").count(), 2, "{stdout}");
-    }
+    // A guest of 300 ms that does not wait for a move, and a move 10 s in:
+    // the guest ends first, at the source, and the destination is told
+    // nothing (the connection closes before a byte of the stream).
+    let short = config(Irqchip::User).params[1] * 3 / 5;
+    let Address::Unix(path) = socket("ends-first") else {
+        unreachable!()
+    };
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let destination = thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut rest = Vec::new();
+        conn.read_to_end(&mut rest).unwrap();
+        rest.len()
+    });
+    let out = run_migrate(&format!("256,{short},100,0"))
+        .args(["--migrate-to", &format!("unix:{}", path.display())])
+        .args(["--migrate-after-ms", "10000"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is no longer running (its program ended or failed)")
+            && stderr.contains("the guest ran on here"),
+        "{stderr}"
+    );
+    assert_eq!(stdout.matches("pages_checked = 256").count(), 2, "{stdout}");
+    assert_eq!(
+        destination.join().unwrap(),
+        0,
+        "the destination got a stream"
+    );
+    std::fs::remove_file(path).unwrap();
     let out = vmm()
         .args(["restore", "/nonexistent/snap"])
         .output()

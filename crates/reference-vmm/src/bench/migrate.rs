@@ -13,7 +13,7 @@ use crate::guest::{self, GuestProgram};
 use crate::layout::{PAGE_SIZE, irq_record};
 use crate::migration::{
     self, Address, DirtyLogBackend, Incoming, MigrateOptions, Migration, MigrationError,
-    MigrationReport, StreamReader, Target,
+    MigrationReport, Target,
 };
 use crate::pause::PauseError;
 use crate::vm::{RunReport, Vm, VmConfig, VmMemory};
@@ -73,7 +73,7 @@ pub fn move_guest(
     })?;
     let timeout = config.timeout;
     let destination = thread::spawn(move || {
-        let mut input = StreamReader::new(listener.accept()?).map_err(MigrationError::from)?;
+        let mut input = listener.accept_stream()?;
         let incoming = migration::receive(&mut input, timeout)?;
         migration::answer(input.get_mut(), Ok(())).map_err(|e| MigrationError::Stream(e.into()))?;
         match compare {

@@ -1,6 +1,8 @@
 // migrate: the migration guest. Each vCPU owns params[0] pages (from the
 // dirty area, vCPU i's after vCPU i-1's) and a generation per page (after
-// every vCPU's pages). For params[1] TSC ticks it writes, one page after the
+// every vCPU's pages). For params[1] TSC ticks (with params[4] = 1: from
+// when it sees the VMM's migration count change, so that it runs until a
+// move has ended however slow the host) it writes, one page after the
 // other, at least params[2] ticks apart: each write bumps the page's
 // generation g and fills page p with (p << 40) ^ (g << 16) ^ k in word k.
 // Meanwhile vCPU 0 re-arms a TSC-deadline timer (vector 0x50) params[3]
@@ -89,8 +91,17 @@ reference_vmm_guest_migrate:
     mov [rsp + 48], rax         // when the last write began
     mov r15, rax
     add r15, [{params} + 8]     // when to stop
-    xor ebx, ebx                // writes
-2:  cmp [rsp + 16], r15
+    cmp qword ptr [{params} + 32], 0
+    je 11f
+    mov r15, -1                 // not before the migration count changes
+11: xor ebx, ebx                // writes
+2:  cmp r15, -1
+    jne 21f
+    cmp qword ptr [{migrations}], 0
+    je 21f
+    mov r15, [rsp + 16]
+    add r15, [{params} + 8]     // params[1] ticks after the move
+21: cmp [rsp + 16], r15
     jae 5f
     mov rax, rbx
     xor edx, edx
@@ -225,8 +236,9 @@ migrate_arm_timer:
     ret
 
 // halt-wake: vCPU 0 halts until an interrupt arrives; the others spin for
-// params[0] TSC ticks, then the last sends vCPU 0 an IPI (vector 0x42), and
-// each waits until vCPU 0 has taken it. Reports "irqs" (vCPU 0's: 1). For
+// params[0] TSC ticks (with params[1] = 1: from when they see the VMM's
+// migration count change), then the last sends vCPU 0 an IPI (vector
+// 0x42), and each waits until vCPU 0 has taken it. Reports "irqs" (vCPU 0's: 1). For
 // a migration that must move a halted vCPU and wake it afterwards.
     .globl reference_vmm_guest_halt_wake
 reference_vmm_guest_halt_wake:
@@ -241,7 +253,13 @@ reference_vmm_guest_halt_wake:
     mov esi, 1
     call rt_wait_count          // halted until the IPI
     jmp 4f
-2:  tsc64
+2:  cmp qword ptr [{params} + 8], 0
+    je 21f
+    cmp qword ptr [{migrations}], 0
+    jne 21f
+    pause
+    jmp 2b
+21: tsc64
     mov rbx, rax
     add rbx, [{params}]
 3:  pause

@@ -20,9 +20,10 @@ use crate::error::ConfigError;
 use crate::layout::{
     ACKS_OFFSET, APIC_READY_OFFSET, BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR, DONE_COUNT_OFFSET,
     EXCEPTION_STACK_GAP, IDT_OFFSET, IMAGE_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET,
-    MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT, PARAMS_OFFSET, PML4_ADDR, SAMPLES_ADDR,
-    SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, TRAMPOLINE_ADDR, UCALL_TRANSPORT_OFFSET,
-    USER_STACK_TOP_OFFSET, VCPU_AREA_BASE, VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
+    MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT, MIGRATIONS_OFFSET, PAGE_SIZE, PARAMS_OFFSET,
+    PML4_ADDR, SAMPLES_ADDR, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, TRAMPOLINE_ADDR,
+    UCALL_TRANSPORT_OFFSET, USER_STACK_TOP_OFFSET, VCPU_AREA_BASE, VCPU_AREA_SIZE,
+    VCPU_DATA_OFFSET,
 };
 use crate::ucall::{self, UCALL_PORT};
 use crate::x86::idt::IDT_SIZE;
@@ -96,6 +97,7 @@ core::arch::global_asm!(
     dirty_area = const DIRTY_AREA_ADDR,
     ucall_transport = const SHARED_DATA_ADDR + UCALL_TRANSPORT_OFFSET,
     done_count = const SHARED_DATA_ADDR + DONE_COUNT_OFFSET,
+    migrations = const SHARED_DATA_ADDR + MIGRATIONS_OFFSET,
     boot_table = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET,
     boot_vcpus = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET + 16,
     debug_exit_port = const crate::pvh::DEBUG_EXIT_PORT,
@@ -213,7 +215,44 @@ pub struct GuestProgram {
     pub params: &'static [Param],
     /// Whether it only ends when the VMM stops it (after a timeout).
     pub until_stopped: bool,
+    /// The fewest vCPUs it runs on (pingpong bounces between vCPUs 0 and 1).
+    pub min_vcpus: u32,
+    /// The guest memory its parameters ask for, past the fixed layout.
+    pub data: DataArea,
     entry: &'static u8,
+}
+
+/// The guest memory a program's parameters ask for, past the fixed layout
+/// ([`crate::layout`]): a program given more than the VM has would fault
+/// on its first access past the end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataArea {
+    /// None.
+    None,
+    /// `params[0]` samples of 8 bytes at [`SAMPLES_ADDR`].
+    Samples,
+    /// `params[0]` pages per vCPU from [`DIRTY_AREA_ADDR`], `bytes_each`
+    /// bytes for each (the page, and whatever the program keeps per page).
+    Pages {
+        /// Bytes per page.
+        bytes_each: u64,
+    },
+}
+
+impl DataArea {
+    /// The first guest address past what the program touches with
+    /// `params[0] = count` on `vcpus` vCPUs (saturating: a count too large
+    /// for any memory is still too large).
+    pub fn end(self, count: u64, vcpus: u32) -> u64 {
+        match self {
+            Self::None => 0,
+            Self::Samples => count.saturating_mul(8).saturating_add(SAMPLES_ADDR),
+            Self::Pages { bytes_each } => count
+                .saturating_mul(bytes_each)
+                .saturating_mul(u64::from(vcpus))
+                .saturating_add(DIRTY_AREA_ADDR),
+        }
+    }
 }
 
 /// One parameter of a guest program.
@@ -223,6 +262,9 @@ pub struct Param {
     pub name: &'static str,
     /// The smallest value the program works with.
     pub min: u64,
+    /// Whether a value other than 0 makes the program wait for a migration
+    /// to end (the VMM's migration count) before it can finish.
+    pub waits_for_migration: bool,
 }
 
 impl GuestProgram {
@@ -240,6 +282,45 @@ impl GuestProgram {
             return Err(ConfigError::NeedsTimeout { guest: self.name });
         }
         self.check_params(params)
+    }
+
+    /// Whether it can run on `vcpus` vCPUs and `mem_mib` MiB with `params`:
+    /// enough vCPUs for what it does, and memory for what its parameters
+    /// ask. Refused before any vCPU starts, where it would otherwise hang
+    /// or fault.
+    pub fn check_machine(
+        &self,
+        params: &[u64],
+        vcpus: u32,
+        mem_mib: u64,
+    ) -> Result<(), ConfigError> {
+        if vcpus < self.min_vcpus {
+            return Err(ConfigError::TooFewVcpus {
+                guest: self.name,
+                min: self.min_vcpus,
+                got: vcpus,
+            });
+        }
+        let end = self.data.end(params.first().copied().unwrap_or(0), vcpus);
+        if end > mem_mib.saturating_mul(1 << 20) {
+            // Guest memory comes in even MiB.
+            let needs_mib = end.div_ceil(2 << 20).saturating_mul(2);
+            return Err(ConfigError::TooLittleMemory {
+                guest: self.name,
+                needs_mib,
+                got_mib: mem_mib,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `params` make the program wait for a migration to end: run
+    /// without one, it would never finish.
+    pub fn waits_for_migration(&self, params: &[u64]) -> bool {
+        self.params
+            .iter()
+            .zip(params)
+            .any(|(p, &value)| p.waits_for_migration && value != 0)
     }
 
     /// Whether every parameter is at least its minimum.
@@ -262,12 +343,29 @@ impl GuestProgram {
 
 /// A count of at least one.
 const fn count(name: &'static str) -> Param {
-    Param { name, min: 1 }
+    Param {
+        name,
+        min: 1,
+        waits_for_migration: false,
+    }
 }
 
 /// Any value, 0 included.
 const fn any(name: &'static str) -> Param {
-    Param { name, min: 0 }
+    Param {
+        name,
+        min: 0,
+        waits_for_migration: false,
+    }
+}
+
+/// 1: the program waits for a migration to end before it can finish.
+const fn migration_wait(name: &'static str) -> Param {
+    Param {
+        name,
+        min: 0,
+        waits_for_migration: true,
+    }
 }
 
 impl fmt::Debug for GuestProgram {
@@ -286,6 +384,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "each vCPU prints its id on serial, reports its APIC id and a TSC reading",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_hello,
     },
     GuestProgram {
@@ -293,6 +393,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "each vCPU spins in guest mode until stopped (use with --timeout-ms)",
         params: &[],
         until_stopped: true,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_spin,
     },
     GuestProgram {
@@ -300,6 +402,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "loads an empty IDT and faults: the vCPU shuts down",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_triple_fault,
     },
     GuestProgram {
@@ -307,6 +411,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "vCPU 0 writes to port 0x1234, where no device lives; the others spin",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_bad_port,
     },
     GuestProgram {
@@ -314,6 +420,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "sends a ucall with an unknown command",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_bad_ucall,
     },
     GuestProgram {
@@ -321,6 +429,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "executes hlt at CPL3, which raises #GP",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_gp_fault,
     },
     GuestProgram {
@@ -336,6 +446,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
             any("1: spin for the IPI instead of halting"),
         ],
         until_stopped: false,
+        min_vcpus: 2,
+        data: DataArea::None,
         entry: &reference_vmm_guest_pingpong,
     },
     GuestProgram {
@@ -343,6 +455,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "programs absurd local-APIC values (illegal vector, missing vCPU, past deadline)",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_apic_abuse,
     },
     GuestProgram {
@@ -350,6 +464,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "writes a non-zero value to the x2APIC EOI register, which raises #GP",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_apic_gp,
     },
     GuestProgram {
@@ -361,6 +477,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
             any("1: report each lateness"),
         ],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::Samples,
         entry: &reference_vmm_guest_cyclictest,
     },
     GuestProgram {
@@ -368,6 +486,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "every vCPU arms params[0] TSC deadlines, each params[1] ticks (plus jitter) ahead, and spins without exits until each fires",
         params: &[count("deadlines"), any("distance, TSC ticks")],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_timer_spin,
     },
     GuestProgram {
@@ -379,6 +499,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
             any("1: through the xAPIC page"),
         ],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_sched_ipi,
     },
     GuestProgram {
@@ -390,6 +512,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
             any("1: through the xAPIC page"),
         ],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_ipi_ring,
     },
     GuestProgram {
@@ -397,6 +521,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "every vCPU writes params[0] times to the POST-code port, params[1] pauses apart",
         params: &[count("writes"), count("pauses between writes")],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_port_exits,
     },
     GuestProgram {
@@ -404,25 +530,39 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "each vCPU writes its params[0] pages once per pass, params[1] passes, waiting at a gate port",
         params: &[count("pages per vCPU"), count("passes")],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::Pages {
+            bytes_each: PAGE_SIZE,
+        },
         entry: &reference_vmm_guest_dirty_writer,
     },
     GuestProgram {
         name: "migrate",
-        about: "for params[1] TSC ticks each vCPU rewrites its params[0] pages in turn, params[2] ticks apart, keeping per-page generations; vCPU 0 runs a params[3]-tick timer, each vCPU IPIs the next; at the end every page, timer and IPI is checked (for migration)",
+        about: "for params[1] TSC ticks (params[4] = 1: from when a migration ended) each vCPU rewrites its params[0] pages in turn, params[2] ticks apart, keeping per-page generations; vCPU 0 runs a params[3]-tick timer, each vCPU IPIs the next; at the end every page, timer and IPI is checked (for migration)",
         params: &[
             count("pages per vCPU"),
             count("run time, ticks"),
             any("ticks between writes"),
             any("timer period, ticks"),
+            migration_wait("1: the run time counts from when a migration ended"),
         ],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::Pages {
+            bytes_each: PAGE_SIZE + 8,
+        },
         entry: &reference_vmm_guest_migrate,
     },
     GuestProgram {
         name: "halt-wake",
-        about: "vCPU 0 halts until the last vCPU, after params[0] TSC ticks of spinning, sends it an IPI (2 vCPUs or more; for migrating a halted vCPU)",
-        params: &[count("ticks before the IPI")],
+        about: "vCPU 0 halts until the last vCPU, after params[0] TSC ticks of spinning (params[1] = 1: from when a migration ended), sends it an IPI (for migrating a halted vCPU)",
+        params: &[
+            count("ticks before the IPI"),
+            migration_wait("1: they count from when a migration ended"),
+        ],
         until_stopped: false,
+        min_vcpus: 2,
+        data: DataArea::None,
         entry: &reference_vmm_guest_halt_wake,
     },
     GuestProgram {
@@ -430,6 +570,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "every vCPU reports a value for ever (the VMM caps reports per vCPU)",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_report_flood,
     },
     GuestProgram {
@@ -437,6 +579,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "every vCPU writes to the serial port until stopped (use with --timeout-ms)",
         params: &[],
         until_stopped: true,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_serial_flood,
     },
     GuestProgram {
@@ -448,6 +592,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
             any("1: masked"),
         ],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_periodic_timer,
     },
     GuestProgram {
@@ -455,6 +601,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "vCPU 0 accesses its xAPIC page with 1-, 2- and 8-byte loads and stores",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_xapic_bytes,
     },
     GuestProgram {
@@ -462,6 +610,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "vCPU 0 yields to vCPU 1 params[0] times (the PV yield port), params[1] pauses apart; the others spin without exits until it is done",
         params: &[count("yields"), count("pauses between yields")],
         until_stopped: false,
+        min_vcpus: 2,
+        data: DataArea::None,
         entry: &reference_vmm_guest_yield_spin,
     },
     GuestProgram {
@@ -469,6 +619,8 @@ pub static PROGRAMS: &[GuestProgram] = &[
         about: "fails a guest assertion (1 == 2)",
         params: &[],
         until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
         entry: &reference_vmm_guest_assert_fail,
     },
 ];
@@ -536,6 +688,53 @@ mod tests {
         );
         assert_eq!(spin.check(&[], Some(Duration::from_millis(1))), Ok(()));
         assert_eq!(find("hello").unwrap().check(&[], None), Ok(()));
+    }
+
+    #[test]
+    fn too_few_vcpus_and_memory_short_of_the_parameters_are_refused() {
+        let pingpong = find("pingpong").unwrap();
+        assert_eq!(
+            pingpong.check_machine(&[1], 1, 64),
+            Err(ConfigError::TooFewVcpus {
+                guest: "pingpong",
+                min: 2,
+                got: 1
+            })
+        );
+        assert_eq!(pingpong.check_machine(&[1], 2, 64), Ok(()));
+        let migrate = find("migrate").unwrap();
+        // 32 MiB of layout, then 4104 bytes a page for each vCPU's pages.
+        let fits = (32 << 20) / 4104 / 2;
+        assert_eq!(migrate.check_machine(&[fits], 2, 64), Ok(()));
+        assert_eq!(
+            migrate.check_machine(&[fits + 1], 2, 64),
+            Err(ConfigError::TooLittleMemory {
+                guest: "migrate",
+                needs_mib: 66,
+                got_mib: 64
+            })
+        );
+        // A count no memory holds saturates instead of wrapping to a fit.
+        assert!(migrate.check_machine(&[u64::MAX / 4096], 64, 3072).is_err());
+        assert!(
+            find("cyclictest")
+                .unwrap()
+                .check_machine(&[u64::MAX], 1, 3072)
+                .is_err()
+        );
+        assert_eq!(
+            find("hello").unwrap().check_machine(&[u64::MAX], 1, 32),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn only_a_nonzero_wait_parameter_waits_for_a_migration() {
+        let migrate = find("migrate").unwrap();
+        assert!(!migrate.waits_for_migration(&[1, 1, 0, 0, 0]));
+        assert!(migrate.waits_for_migration(&[1, 1, 0, 0, 1]));
+        assert!(find("halt-wake").unwrap().waits_for_migration(&[1, 1]));
+        assert!(!find("pingpong").unwrap().waits_for_migration(&[1; 7]));
     }
 
     #[test]

@@ -31,11 +31,12 @@ pub mod stream;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use destination::{Incoming, receive};
 pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Target};
@@ -49,10 +50,28 @@ pub const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why a migration, snapshot or restore did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrationError {
-    /// The peer could not be reached, or the file opened.
+    /// The peer could not be reached.
     #[error("cannot reach {what}: {source}")]
     Connect {
         /// The address or file.
+        what: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The snapshot file could not be created.
+    #[error("cannot create the snapshot file {path}: {source}")]
+    CreateSnapshot {
+        /// The path given.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A destination could not listen where it was asked to.
+    #[error("cannot listen on {what}: {source}")]
+    Listen {
+        /// The address.
         what: String,
         /// Why.
         #[source]
@@ -128,70 +147,108 @@ impl fmt::Display for Address {
 }
 
 impl Address {
-    /// Connects to a listening destination, retrying for up to
-    /// [`CONNECT_WAIT`] while nothing listens there yet (the destination
-    /// may be starting).
+    /// Connects to a listening destination (`receive --listen`, started
+    /// first: it prints the address once it listens).
     pub fn connect(&self) -> Result<Connection, MigrationError> {
-        let deadline = Instant::now() + CONNECT_WAIT;
-        loop {
-            let connection = match self {
-                Self::Unix(path) => UnixStream::connect(path).map(Connection::Unix),
-                Self::Tcp(addr) => {
-                    TcpStream::connect_timeout(addr, PEER_TIMEOUT).map(Connection::Tcp)
-                }
-            };
-            match connection {
-                Err(e) if not_listening(&e) && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                other => {
-                    return other
-                        .and_then(Connection::with_timeouts)
-                        .map_err(|source| self.unreachable(source));
-                }
-            }
-        }
+        let connection = match self {
+            Self::Unix(path) => UnixStream::connect(path).map(Connection::Unix),
+            Self::Tcp(addr) => TcpStream::connect_timeout(addr, PEER_TIMEOUT).map(Connection::Tcp),
+        };
+        connection
+            .and_then(Connection::with_timeouts)
+            .map_err(|source| MigrationError::Connect {
+                what: self.to_string(),
+                source,
+            })
     }
 
-    /// Starts listening for a source.
+    /// Starts listening for a source. A Unix socket's path must be free, or
+    /// hold a socket nobody listens on any more (left by a listener that
+    /// died), which is replaced; the socket is removed when the listener is
+    /// dropped.
     pub fn listen(&self) -> Result<Listener, MigrationError> {
         let listener = match self {
-            Self::Unix(path) => {
-                // A socket file left by an earlier listener would refuse the
-                // bind; anything else at the path is not ours to remove.
-                if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-                    let _ = std::fs::remove_file(path);
-                }
-                UnixListener::bind(path).map(Listener::Unix)
-            }
+            Self::Unix(path) => claim_socket_path(path)
+                .and_then(|()| UnixListener::bind(path))
+                .and_then(|l| Ok(Listener::Unix(l, BoundPath::new(path)?))),
             Self::Tcp(addr) => TcpListener::bind(addr).map(Listener::Tcp),
         };
-        listener.map_err(|source| self.unreachable(source))
-    }
-
-    fn unreachable(&self, source: io::Error) -> MigrationError {
-        MigrationError::Connect {
+        listener.map_err(|source| MigrationError::Listen {
             what: self.to_string(),
             source,
-        }
+        })
     }
 }
 
-/// How long a source waits for its destination to start listening.
-pub const CONNECT_WAIT: Duration = Duration::from_secs(5);
+/// Makes `path` free to bind: nothing there, or a socket that refuses a
+/// connection (its listener is gone), which is removed. A socket that
+/// accepts one is another listener's, and anything else is not ours.
+fn claim_socket_path(path: &Path) -> io::Result<()> {
+    let kind = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) => m.file_type(),
+    };
+    if !kind.is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} is there, not a socket (left as it is)", file_kind(kind)),
+        ));
+    }
+    match UnixStream::connect(path) {
+        // A receive takes a connection that ends before sending anything
+        // for a probe like this one, and goes on listening.
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another process is listening on this socket",
+        )),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path),
+        Err(e) => Err(e),
+    }
+}
 
-fn not_listening(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-    )
+/// What a non-socket at a socket's path is, in words.
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    match kind {
+        k if k.is_dir() => "a directory",
+        k if k.is_file() => "a regular file",
+        k if k.is_symlink() => "a symbolic link",
+        k if k.is_fifo() => "a FIFO",
+        k if k.is_block_device() || k.is_char_device() => "a device node",
+        _ => "something",
+    }
+}
+
+/// The path a Unix listener bound, removed when it is dropped if the socket
+/// there is still the one it bound.
+#[derive(Debug)]
+pub struct BoundPath {
+    path: PathBuf,
+    inode: u64,
+}
+
+impl BoundPath {
+    fn new(path: &Path) -> io::Result<Self> {
+        Ok(Self {
+            path: path.to_owned(),
+            inode: std::fs::symlink_metadata(path)?.ino(),
+        })
+    }
+}
+
+impl Drop for BoundPath {
+    fn drop(&mut self) {
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// A destination listening for its source.
 #[derive(Debug)]
 pub enum Listener {
-    /// On a Unix socket.
-    Unix(UnixListener),
+    /// On a Unix socket, removed with the listener.
+    Unix(UnixListener, BoundPath),
     /// On TCP.
     Tcp(TcpListener),
 }
@@ -200,7 +257,7 @@ impl Listener {
     /// Where it listens (the port the kernel picked, for `tcp:<ip>:0`).
     pub fn address(&self) -> io::Result<Address> {
         match self {
-            Self::Unix(l) => l
+            Self::Unix(l, _) => l
                 .local_addr()?
                 .as_pathname()
                 .map(|p| Address::Unix(p.to_owned()))
@@ -212,7 +269,7 @@ impl Listener {
     /// Waits for the source and accepts it.
     pub fn accept(&self) -> Result<Connection, MigrationError> {
         let accepted = match self {
-            Self::Unix(l) => l.accept().map(|(s, _)| Connection::Unix(s)),
+            Self::Unix(l, _) => l.accept().map(|(s, _)| Connection::Unix(s)),
             Self::Tcp(l) => l.accept().map(|(s, _)| Connection::Tcp(s)),
         };
         accepted
@@ -221,6 +278,20 @@ impl Listener {
                 what: "the source".into(),
                 source,
             })
+    }
+
+    /// Waits for a source and reads its stream's header. The source may
+    /// connect long before it sends (it connects before its guest starts),
+    /// so the wait for the first byte has no time limit; a connection that
+    /// ends before sending anything (a probe, see [`Address::listen`]) is
+    /// not a source, and the wait goes on.
+    pub fn accept_stream(&self) -> Result<StreamReader<Connection>, MigrationError> {
+        loop {
+            let connection = self.accept()?;
+            if connection.wait_for_data().map_err(StreamError::Io)? {
+                return Ok(StreamReader::new(connection)?);
+            }
+        }
     }
 }
 
@@ -234,6 +305,29 @@ pub enum Connection {
 }
 
 impl Connection {
+    /// Blocks until the peer sends something (true) or closes (false),
+    /// without taking it.
+    fn wait_for_data(&self) -> io::Result<bool> {
+        let fd = match self {
+            Self::Unix(s) => s.as_raw_fd(),
+            Self::Tcp(s) => s.as_raw_fd(),
+        };
+        let mut byte = 0u8;
+        loop {
+            // SAFETY: recv(2) into one byte of a local, on a socket this
+            // connection owns; MSG_PEEK leaves the byte to be read.
+            let n = unsafe { libc::recv(fd, (&raw mut byte).cast(), 1, libc::MSG_PEEK) };
+            match n {
+                0 => return Ok(false),
+                1.. => return Ok(true),
+                _ => match io::Error::last_os_error() {
+                    e if e.kind() == io::ErrorKind::Interrupted => continue,
+                    e => return Err(e),
+                },
+            }
+        }
+    }
+
     fn with_timeouts(self) -> io::Result<Self> {
         match &self {
             Self::Unix(s) => {
@@ -332,21 +426,57 @@ mod tests {
         }
     }
 
+    fn socket_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("rvmm-{name}-{}.sock", std::process::id()))
+    }
+
     #[test]
-    fn a_source_waits_for_a_destination_that_starts_listening_late() {
-        let path = std::env::temp_dir().join(format!("rvmm-late-{}.sock", std::process::id()));
+    fn a_source_with_no_destination_listening_fails_at_once() {
+        let address = Address::Unix(socket_path("nobody"));
+        let e = address.connect().unwrap_err().to_string();
+        assert!(e.starts_with("cannot reach unix:"), "{e}");
+    }
+
+    #[test]
+    fn a_listener_keeps_its_socket_from_a_second_one_and_removes_it_when_dropped() {
+        let path = socket_path("owned");
         let address = Address::Unix(path.clone());
-        let late = address.clone();
-        let listener = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            let listener = late.listen().unwrap();
-            assert_eq!(listener.address().unwrap(), late);
-            listener.accept().map(|_| ())
+        let first = address.listen().unwrap();
+        let e = address.listen().unwrap_err().to_string();
+        assert!(e.contains("another process is listening"), "{e}");
+        // The second one's probe was no source: the first still takes one.
+        let source = std::thread::spawn({
+            let address = address.clone();
+            move || {
+                let mut c = address.connect().unwrap();
+                c.write_all(b"x").unwrap();
+                c
+            }
         });
-        let connected = address.connect();
-        listener.join().unwrap().unwrap();
-        assert!(connected.is_ok());
-        std::fs::remove_file(path).unwrap();
+        // The probe's connection comes first, and has nothing to say.
+        assert!(!first.accept().unwrap().wait_for_data().unwrap());
+        assert!(first.accept().unwrap().wait_for_data().unwrap());
+        drop(source.join().unwrap());
+        assert!(path.exists());
+        drop(first);
+        assert!(!path.exists(), "the socket outlived its listener");
+    }
+
+    #[test]
+    fn a_dead_listeners_socket_is_replaced_and_anything_else_is_left_alone() {
+        let path = socket_path("stale");
+        drop(UnixListener::bind(&path).unwrap()); // the file stays
+        let address = Address::Unix(path.clone());
+        drop(address.listen().unwrap());
+        std::fs::write(&path, b"mine").unwrap();
+        let e = address.listen().unwrap_err().to_string();
+        assert!(e.contains("a regular file is there, not a socket"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"mine");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let e = address.listen().unwrap_err().to_string();
+        assert!(e.contains("a directory is there"), "{e}");
+        std::fs::remove_dir(&path).unwrap();
     }
 
     #[test]

@@ -17,8 +17,9 @@ use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
-use super::{Address, MigrationError, VcpuState, read_answer};
+use super::{Address, Connection, MigrationError, VcpuState, read_answer};
 use crate::error::Error;
+use crate::guest_abi::note_migration_ended;
 use crate::layout::PAGE_SIZE;
 use crate::vm::{RunControl, Vm, VmMemory};
 
@@ -100,6 +101,9 @@ pub struct MigrationReport {
     /// Whether pre-copy stopped because a round fit the downtime target
     /// (not at its round or time limit).
     pub converged: bool,
+    /// Whether it was a snapshot (no pre-copy: every page written with the
+    /// guest paused).
+    pub snapshot: bool,
     /// From the first byte sent to the hand-over.
     pub total: Duration,
     /// From the pause to the destination's answer (or the file's sync).
@@ -108,6 +112,16 @@ pub struct MigrationReport {
 
 impl fmt::Display for MigrationReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.snapshot {
+            return write!(
+                f,
+                "snapshot: {} pages written with the guest paused ({} vCPU(s) halted), {:.1} ms \
+                 in all, the file synced",
+                self.final_pages,
+                self.halted,
+                self.total.as_secs_f64() * 1e3
+            );
+        }
         write!(
             f,
             "migration: {} round(s){}, {} pages sent ({} with the guest paused, {} vCPU(s) \
@@ -166,18 +180,50 @@ impl Log {
     }
 }
 
+/// Where a prepared migration's stream goes: reached before the guest runs.
+enum Opened {
+    /// A destination that accepted the connection.
+    Peer(Connection),
+    /// A snapshot file, created (and removed if the snapshot fails).
+    File(File, PathBuf),
+}
+
+impl Target {
+    /// Connects to the destination or creates the file, so that a bad
+    /// target fails before the guest starts.
+    fn open(&self) -> Result<Opened, MigrationError> {
+        match self {
+            Self::Peer(address) => address.connect().map(Opened::Peer),
+            Self::File(path) => File::create(path)
+                .map(|f| Opened::File(f, path.clone()))
+                .map_err(|source| MigrationError::CreateSnapshot {
+                    path: path.clone(),
+                    source,
+                }),
+        }
+    }
+}
+
 /// A migration of one VM, set up before it runs and driven beside it.
 pub struct Migration {
+    copier: Copier,
+    target: Opened,
+}
+
+/// What sends the VM: its dirty log, its memory and the options.
+struct Copier {
     log: Log,
-    target: Target,
     options: MigrateOptions,
     memory: VmMemory,
 }
 
 impl Migration {
     /// Sets up dirty tracking for `vm` (before it runs: the ring attaches
-    /// to the vCPUs, and their threads drain it when it is full).
+    /// to the vCPUs, and their threads drain it when it is full), and
+    /// connects to the destination or creates the snapshot file: a target
+    /// that cannot be reached is an error before any vCPU starts.
     pub fn prepare(vm: &mut Vm, target: Target, options: MigrateOptions) -> Result<Self, Error> {
+        let target = target.open()?;
         let memory = vm.memory();
         let slots = Slots::new(&memory)?;
         let log = match options.backend {
@@ -197,47 +243,57 @@ impl Migration {
             }
         };
         Ok(Self {
-            log,
+            copier: Copier {
+                log,
+                options,
+                memory,
+            },
             target,
-            options,
-            memory,
         })
     }
 
     /// Runs the migration beside the guest: waits `after`, sends the VM,
     /// and hands it over. On failure the guest runs on here, without
     /// dirty logging.
-    pub fn run(mut self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
-        let moved = self.move_vm(control);
+    pub fn run(self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
+        let Self { mut copier, target } = self;
+        let moved = copier.move_vm(control, target);
         if moved.is_err() {
-            self.log.disable();
+            copier.log.disable();
+            // The guest runs on here; one that waits for the move may go on.
+            let _ = note_migration_ended(&copier.memory);
         }
         moved
     }
+}
 
-    fn move_vm(&mut self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
+impl Copier {
+    fn move_vm(
+        &mut self,
+        control: &RunControl,
+        target: Opened,
+    ) -> Result<MigrationReport, MigrationError> {
         if control.wait_for_end(self.options.after) {
+            if let Opened::File(_, path) = &target {
+                let _ = std::fs::remove_file(path);
+            }
             return Err(crate::pause::PauseError::Ended(control.ended_vcpu()).into());
         }
         let start = Instant::now();
-        let (mut report, paused, answered) = match self.target.clone() {
-            Target::Peer(address) => {
-                let connection = address.connect()?;
+        let (mut report, paused, answered) = match target {
+            Opened::Peer(connection) => {
                 let mut out =
                     StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, connection))?;
                 let (report, paused) = self.send(control, &mut out, true)?;
                 let answered = read_answer(out.get_mut().get_mut());
                 (report, paused, answered)
             }
-            Target::File(path) => {
-                let file = File::create(&path).map_err(|source| MigrationError::Connect {
-                    what: path.display().to_string(),
-                    source,
-                })?;
-                let mut out = StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, file))?;
-                let (report, paused) = self.send(control, &mut out, false)?;
-                let synced = out.get_mut().get_ref().sync_all().map_err(StreamError::Io);
-                (report, paused, synced.map_err(MigrationError::from))
+            Opened::File(file, path) => {
+                let saved = self.save(control, file);
+                if !matches!(saved, Ok((_, _, Ok(())))) {
+                    let _ = std::fs::remove_file(&path);
+                }
+                saved?
             }
         };
         if let Err(e) = answered {
@@ -248,6 +304,20 @@ impl Migration {
         report.downtime = paused.elapsed();
         report.total = start.elapsed();
         Ok(report)
+    }
+
+    /// Writes a snapshot to `file`: the guest paused, then all its memory
+    /// and state; the last item is whether the file reached the disk.
+    fn save(
+        &mut self,
+        control: &RunControl,
+        file: File,
+    ) -> Result<(MigrationReport, Instant, Result<(), MigrationError>), MigrationError> {
+        let mut out = StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, file))?;
+        let (mut report, paused) = self.send(control, &mut out, false)?;
+        report.snapshot = true;
+        let synced = out.get_mut().get_ref().sync_all().map_err(StreamError::Io);
+        Ok((report, paused, synced.map_err(MigrationError::from)))
     }
 
     /// Sends the whole stream, pre-copy first if `precopy`; returns with the
