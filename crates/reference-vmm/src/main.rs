@@ -516,17 +516,8 @@ fn run(args: RunArgs) -> ExitCode {
         (None, Some(guest)) => (guest, p.params.0, (p.vcpus, p.mem_mib), Boot::Direct),
         (None, None) => return usage_error("--guest or --image is needed"),
     };
-    let waits = program.waits_for_migration(&params) && args.migrate.target().is_none();
-    let checked = program
-        .check(&params, timeout)
-        .and_then(|()| program.check_machine(&params, vcpus, mem_mib))
-        .and_then(|()| match waits {
-            true => Err(ConfigError::NeedsMigration {
-                guest: program.name,
-            }),
-            false => Ok(()),
-        });
-    if let Err(e) = checked {
+    let migrating = args.migrate.target().is_some();
+    if let Err(e) = program.check_run(&params, vcpus, mem_mib, timeout, migrating) {
         return usage_error(&e.to_string());
     }
     let config = VmConfig {

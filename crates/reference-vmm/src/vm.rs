@@ -454,16 +454,9 @@ impl Vm {
         program: &GuestProgram,
         serial_out: Box<dyn Write + Send>,
     ) -> Result<RunReport, Error> {
-        program.check(&self.params, self.timeout)?;
         let count = self.vcpus.len() as u32;
-        program.check_machine(&self.params, count, self.mem_mib)?;
-        let moving = self.controller.is_some() || self.boot == Boot::Incoming;
-        if program.waits_for_migration(&self.params) && !moving {
-            return Err(ConfigError::NeedsMigration {
-                guest: program.name,
-            }
-            .into());
-        }
+        let migrating = self.controller.is_some() || self.boot == Boot::Incoming;
+        program.check_run(&self.params, count, self.mem_mib, self.timeout, migrating)?;
         let entry = IMAGE_ADDR + program.entry_offset();
         for (i, fd) in (0..count).zip(&self.vcpus) {
             let regs = match &self.boot {

@@ -314,6 +314,25 @@ impl GuestProgram {
         Ok(())
     }
 
+    /// Every check before a run on `vcpus` vCPUs and `mem_mib` MiB:
+    /// [`check`](Self::check), [`check_machine`](Self::check_machine), and
+    /// that a program told to wait for a migration is `migrating`.
+    pub fn check_run(
+        &self,
+        params: &[u64],
+        vcpus: u32,
+        mem_mib: u64,
+        timeout: Option<Duration>,
+        migrating: bool,
+    ) -> Result<(), ConfigError> {
+        self.check(params, timeout)?;
+        self.check_machine(params, vcpus, mem_mib)?;
+        match self.waits_for_migration(params) && !migrating {
+            true => Err(ConfigError::NeedsMigration { guest: self.name }),
+            false => Ok(()),
+        }
+    }
+
     /// Whether `params` make the program wait for a migration to end: run
     /// without one, it would never finish.
     pub fn waits_for_migration(&self, params: &[u64]) -> bool {
