@@ -12,9 +12,14 @@ use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
 
+/// `/dev/kvm`. Where it cannot be opened the test fails, or with
+/// `VM_LATENCY_ALLOW_NO_KVM=1` skips, saying so (`None`).
 fn kvm() -> Option<Kvm> {
     match Kvm::new() {
         Ok(k) => Some(k),
+        Err(e) if std::env::var_os("VM_LATENCY_ALLOW_NO_KVM").is_none_or(|v| v != "1") => {
+            panic!("cannot open /dev/kvm ({e}); set VM_LATENCY_ALLOW_NO_KVM=1 to skip")
+        }
         Err(e) => {
             eprintln!("SKIPPED: cannot open /dev/kvm ({e})");
             if let Some(log) = std::env::var_os("SKIPPED_TESTS_LOG") {

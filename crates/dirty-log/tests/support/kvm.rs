@@ -257,14 +257,35 @@ fn write_system(memory: &Memory, data_bytes: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether `/dev/kvm` can be opened. Where it cannot the test fails, or
+/// with `VM_LATENCY_ALLOW_NO_KVM=1` skips, saying so on stderr and in
+/// `SKIPPED_TESTS_LOG`.
+pub fn kvm_available() -> bool {
+    let Err(e) = Kvm::new() else {
+        return true;
+    };
+    if std::env::var_os("VM_LATENCY_ALLOW_NO_KVM").is_none_or(|v| v != "1") {
+        panic!("cannot open /dev/kvm ({e}); set VM_LATENCY_ALLOW_NO_KVM=1 to skip");
+    }
+    eprintln!("SKIPPED: cannot open /dev/kvm ({e})");
+    if let Some(log) = std::env::var_os("SKIPPED_TESTS_LOG") {
+        let line = format!("dirty-log::kvm: cannot open /dev/kvm ({e})\n");
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn writers_dirty_the_pages_the_vmm_replays() {
-        if !std::path::Path::new("/dev/kvm").exists() {
-            eprintln!("SKIPPED: no /dev/kvm");
+        if !kvm_available() {
             return;
         }
         let vm = WriterVm::new(4 << 20, false, |_| Ok(())).unwrap();

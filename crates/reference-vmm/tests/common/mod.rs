@@ -1,13 +1,22 @@
-//! Shared by the integration tests: skip, loudly, where the machine has no usable KVM.
+//! Shared by the integration tests: fail, or skip loudly where the user allows it,
+//! where the machine has no usable KVM.
 
 use std::fs::OpenOptions;
 use std::io::Write;
 
-/// Whether `/dev/kvm` can be used; if not, [`skip`]s (`.ci/run` prints the log).
+/// Set to 1, it lets the tests that need `/dev/kvm` skip, saying so,
+/// where it cannot be opened; without it they fail there.
+pub const ALLOW_NO_KVM: &str = "VM_LATENCY_ALLOW_NO_KVM";
+
+/// Whether `/dev/kvm` can be used. Where it cannot, the test fails, or
+/// with [`ALLOW_NO_KVM`] set, [`skip`]s (`.ci/run` prints the log).
 pub fn kvm_available(test: &str) -> bool {
     match kvm_ioctls::Kvm::new() {
         Ok(_) => true,
-        Err(e) => skip(test, &format!("cannot open /dev/kvm ({e})")),
+        Err(e) if std::env::var_os(ALLOW_NO_KVM).is_some_and(|v| v == "1") => {
+            skip(test, &format!("cannot open /dev/kvm ({e})"))
+        }
+        Err(e) => panic!("cannot open /dev/kvm ({e}); set {ALLOW_NO_KVM}=1 to skip the KVM tests"),
     }
 }
 
