@@ -743,9 +743,13 @@ fn bench(args: BenchArgs) -> ExitCode {
         Scenario::All => &<Scenario as clap::ValueEnum>::value_variants()[..Scenario::All as usize],
         _ => std::slice::from_ref(&args.scenario),
     };
-    let mut tables = Vec::new();
-    for scenario in scenarios {
+    let estimate = Estimate::from_benchmarks_md(scenarios, args.quick);
+    eprintln!("{}", estimate.before());
+    let (mut tables, mut times) = (Vec::new(), Vec::new());
+    let mut failed = None;
+    for (done, scenario) in scenarios.iter().enumerate() {
         let host = bench::HostLoad::start();
+        let began = std::time::Instant::now();
         let table = match scenario {
             Scenario::Halt => bench::halt::run(opts, &mut progress),
             Scenario::Timer => bench::timer::run(opts, &mut progress),
@@ -755,15 +759,33 @@ fn bench(args: BenchArgs) -> ExitCode {
             Scenario::Migrate => bench::migrate::run(opts, &mut progress),
             Scenario::All => unreachable!("expanded above"),
         };
+        let name = scenario.name();
         match table {
             Ok(mut t) => {
                 t.note(host.note());
                 tables.push(t);
+                times.push((name.clone(), began.elapsed()));
+                progress(&estimate.after(&name, began.elapsed(), &scenarios[done + 1..]));
             }
-            Err(e) => return fail(&format!("bench {}: {e}", scenario.name())),
+            Err(e) => {
+                failed = Some(format!("bench {name}: {e}"));
+                break;
+            }
         }
     }
-    let markdown = bench::report(&tables, &args.command(), start.elapsed(), &whole_run.note());
+    let mut host_note = whole_run.note();
+    if let Some(e) = &failed {
+        host_note.push_str(&format!(
+            "\n\nIncomplete: {e}; the tables below are the scenarios that finished before it."
+        ));
+    }
+    let markdown = bench::report(
+        &tables,
+        &args.command(),
+        start.elapsed(),
+        &host_note,
+        &times,
+    );
     let output = if args.json {
         let items: Vec<String> = tables.iter().map(bench::Table::json).collect();
         format!("[{}]\n", items.join(",\n"))
@@ -771,7 +793,8 @@ fn bench(args: BenchArgs) -> ExitCode {
         markdown.clone()
     };
     let mut files = vec![(args.out(), &output)];
-    if args.update_benchmarks_md {
+    // BENCHMARKS.md is the report of a whole run.
+    if args.update_benchmarks_md && failed.is_none() {
         files.push((workspace_root().join("BENCHMARKS.md"), &markdown));
     }
     for (path, text) in files {
@@ -780,7 +803,77 @@ fn bench(args: BenchArgs) -> ExitCode {
         }
         eprintln!("wrote {}", path.display());
     }
-    print_or_fail(&output)
+    match failed {
+        None => print_or_fail(&output),
+        Some(e) => {
+            let _ = print_or_fail(&output);
+            fail(&format!("{e} (the report has the scenarios that finished)"))
+        }
+    }
+}
+
+/// How long a bench run should take: each scenario's time in the
+/// workspace's BENCHMARKS.md, the last full run's, on an idle machine.
+struct Estimate {
+    times: Vec<(String, Duration)>,
+    quick: bool,
+}
+
+impl Estimate {
+    fn from_benchmarks_md(scenarios: &[Scenario], quick: bool) -> Self {
+        let report = std::fs::read_to_string(workspace_root().join("BENCHMARKS.md"));
+        let known = bench::scenario_times(&report.unwrap_or_default());
+        let times = scenarios
+            .iter()
+            .filter_map(|s| known.iter().find(|(n, _)| *n == s.name()).cloned())
+            .collect();
+        Self { times, quick }
+    }
+
+    /// The time a scenario took in BENCHMARKS.md's run.
+    fn of(&self, name: &str) -> Option<Duration> {
+        self.times.iter().find(|(n, _)| n == name).map(|(_, d)| *d)
+    }
+
+    /// The line printed before the run starts.
+    fn before(&self) -> String {
+        match (self.quick, self.times.is_empty()) {
+            (true, _) => "estimate: none for --quick (BENCHMARKS.md times full runs)".into(),
+            (false, true) => "estimate: none (BENCHMARKS.md gives no scenario times)".into(),
+            (false, false) => {
+                let total: Duration = self.times.iter().map(|(_, d)| *d).sum();
+                let each: Vec<String> = self
+                    .times
+                    .iter()
+                    .map(|(n, d)| format!("{n} {:.0} s", d.as_secs_f64()))
+                    .collect();
+                format!(
+                    "estimate: about {:.0} s ({}), as BENCHMARKS.md's run took on an idle machine; \
+                     a busy or slower one takes longer",
+                    total.as_secs_f64(),
+                    each.join(", ")
+                )
+            }
+        }
+    }
+
+    /// The line printed once scenario `name` has taken `took`, with `left` to go.
+    fn after(&self, name: &str, took: Duration, left: &[Scenario]) -> String {
+        let expected = match (self.quick, self.of(name)) {
+            (false, Some(d)) => format!(" (estimate {:.0} s)", d.as_secs_f64()),
+            _ => String::new(),
+        };
+        let remaining: Option<Duration> = left.iter().map(|s| self.of(&s.name())).sum();
+        let rest = match (left.len(), remaining.filter(|_| !self.quick)) {
+            (0, _) => "; that was the last".to_owned(),
+            (n, Some(d)) => format!(
+                "; {n} to go, about {:.0} s by the estimate",
+                d.as_secs_f64()
+            ),
+            (n, None) => format!("; {n} to go"),
+        };
+        format!("{name} done in {:.0} s{expected}{rest}", took.as_secs_f64())
+    }
 }
 
 fn write_report(path: &Path, text: &str) -> io::Result<()> {

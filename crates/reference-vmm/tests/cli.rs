@@ -1,10 +1,12 @@
 //! The `reference-vmm` command line, as a user runs it.
 
 mod common;
+mod hidden_dev;
 
 use std::process::{Command, Output};
 
-use common::kvm_available;
+use common::{kvm_available, skip};
+use hidden_dev::{namespace_refused, without_dev};
 
 fn vmm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_reference-vmm"))
@@ -350,5 +352,67 @@ fn guest_errors_exit_1_with_the_vcpu_exit_and_registers() {
     assert!(
         stderr.contains("rip 0x") && stderr.contains("rflags"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn a_bench_without_qemu_says_so_in_its_notes() {
+    if !kvm_available("a_bench_without_qemu_says_so_in_its_notes") {
+        return;
+    }
+    // A PATH with the shell the CPU hog runs in, and no QEMU.
+    let dir = std::env::temp_dir().join(format!("reference-vmm-no-qemu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sh = dir.join("sh");
+    let _ = std::fs::remove_file(&sh);
+    std::os::unix::fs::symlink("/bin/sh", &sh).unwrap();
+    let report = dir.join("halt.md");
+    let out = Command::new(env!("CARGO_BIN_EXE_reference-vmm"))
+        .args([
+            "bench",
+            "halt",
+            "--quick",
+            "--out",
+            report.to_str().unwrap(),
+        ])
+        .env("PATH", &dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let notes = std::fs::read_to_string(&report).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let absent = "Not measured: no qemu-system-x86_64 was on PATH when this scenario started";
+    assert_eq!(notes.matches(absent).count(), 2, "{notes}");
+    assert!(!notes.contains("was seen to stop"), "{notes}");
+}
+
+#[test]
+fn bench_all_writes_what_finished_when_a_scenario_fails_and_exits_1() {
+    let name = "bench_all_writes_what_finished_when_a_scenario_fails_and_exits_1";
+    // Without /dev/kvm the first scenario fails at once.
+    let report =
+        std::env::temp_dir().join(format!("reference-vmm-partial-{}.md", std::process::id()));
+    let out = without_dev(
+        env!("CARGO_BIN_EXE_reference-vmm").as_ref(),
+        &["bench", "all", "--quick", "--out", report.to_str().unwrap()],
+    )
+    .output()
+    .unwrap();
+    let stderr = text(&out.stderr);
+    if namespace_refused(&stderr) {
+        skip(name, &format!("cannot hide /dev: {}", stderr.trim()));
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: bench halt: cannot open /dev/kvm")
+            && stderr.contains("(the report has the scenarios that finished)"),
+        "{stderr}"
+    );
+    let written = std::fs::read_to_string(&report).unwrap();
+    std::fs::remove_file(&report).unwrap();
+    assert!(
+        written.contains("Incomplete: bench halt: cannot open /dev/kvm"),
+        "{written}"
     );
 }

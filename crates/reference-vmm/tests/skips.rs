@@ -4,10 +4,12 @@
 //! `/dev` is an empty tmpfs.
 
 mod common;
+mod hidden_dev;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::{ALLOW_NO_KVM, kvm_available, skip};
+use hidden_dev::{namespace_refused, without_dev};
 use reference_vmm::{Vm, VmConfig, guest};
 
 const KVM_TEST: &str = "a_guest_runs_on_dev_kvm";
@@ -28,13 +30,8 @@ fn a_guest_runs_on_dev_kvm() {
 /// own skip log left out (it would list a skip that is this test's doing).
 fn without_dev_kvm(allow: bool) -> std::io::Result<Output> {
     let exe = std::env::current_exe()?;
-    let mut run = Command::new("unshare");
-    run.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-        .arg(r#"mount -t tmpfs none /dev && exec "$0" --exact "$1" --nocapture"#)
-        .arg(exe)
-        .arg(KVM_TEST)
-        .env_remove("SKIPPED_TESTS_LOG")
-        .env_remove(ALLOW_NO_KVM);
+    let mut run = without_dev(&exe, &["--exact", KVM_TEST, "--nocapture"]);
+    run.env_remove("SKIPPED_TESTS_LOG").env_remove(ALLOW_NO_KVM);
     if allow {
         run.env(ALLOW_NO_KVM, "1");
     }
@@ -50,7 +47,7 @@ fn without_dev_kvm_a_kvm_test_fails_unless_the_user_lets_it_skip() {
     let name = "without_dev_kvm_a_kvm_test_fails_unless_the_user_lets_it_skip";
     // The namespace needs root (CAP_SYS_ADMIN) and util-linux's unshare.
     let failed = match without_dev_kvm(false) {
-        Ok(out) if text(&out).contains("unshare: ") || text(&out).contains("mount: ") => {
+        Ok(out) if namespace_refused(&text(&out)) => {
             skip(name, &format!("cannot hide /dev: {}", text(&out).trim()));
             return;
         }

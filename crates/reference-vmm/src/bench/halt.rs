@@ -11,7 +11,7 @@
 
 use std::process::{Child, Command, Stdio};
 
-use crate::bench::peer::{goal_against_qemu, run_image};
+use crate::bench::peer::{PeerSeen, goal_against_qemu, run_image};
 use crate::bench::timer::cyclictest;
 use halt_poll::kvm::TunerConfig;
 
@@ -398,8 +398,14 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for (workload, c) in WORKLOADS.into_iter().zip(&cells) {
         rows(&mut t, workload, c);
     }
-    notes(&mut t, opts, &cells);
-    for (workload, variant, failure) in qemu_failures {
+    let peer = |workload: Workload| {
+        let failure = qemu_failures
+            .iter()
+            .find(|&&(w, v, _)| (w, v) == (workload, Variant::Qemu(QemuApic::User)));
+        PeerSeen::of(qemu.is_some(), failure.map(|(_, _, e)| e.as_str()))
+    };
+    notes(&mut t, opts, &cells, &peer);
+    for (workload, variant, failure) in &qemu_failures {
         t.note(format!(
             "{}, {}: no result, not run again: {failure}",
             workload.name(),
@@ -459,10 +465,15 @@ fn polling_ratio(polling: &Runs, base: &Runs) -> Cell {
 /// Polling per wake-up below this, µs, is none.
 const NO_POLLING_US: f64 = 0.005;
 
-fn notes(t: &mut Table, opts: Options, cells: &[Cells]) {
+fn notes<'a>(
+    t: &mut Table,
+    opts: Options,
+    cells: &[Cells],
+    peer: &dyn Fn(Workload) -> PeerSeen<'a>,
+) {
     t.better("lower latency, less polling, less process CPU");
     t.note(format!(
-        "{} runs per cell, alternating over workloads and variants; {} round trips or {} timers per run. Latency: {}; {}. Polling: the halted vCPU threads' (halt-poll's, or KVM's for --irqchip kernel: halt_poll_success_ns + halt_poll_fail_ns); failed: the polls after which the vCPU blocked (halt_poll_fail_ns). Process CPU also counts the guest (its CPL0 code is emulated on PVM) and the VMM's exits; the hog runs in a child process, outside it.",
+        "{} runs per cell, alternating over workloads and variants; {} round trips or {} timers per run. Latency: {}; {}. Polling: the halted vCPU threads' (halt-poll's, or KVM's for --irqchip kernel: halt_poll_success_ns + halt_poll_fail_ns); failed: the polls after which the vCPU blocked (halt_poll_fail_ns). Process CPU also counts the guest's own CPU (its CPL0 code, too, where KVM emulates it) and the VMM's exits; the hog runs in a child process, outside it.",
         opts.reps(),
         opts.rounds(ROUNDS),
         opts.rounds(TIMERS),
@@ -477,16 +488,13 @@ fn notes(t: &mut Table, opts: Options, cells: &[Cells]) {
     t.note(user_goal(cells));
     t.note(kernel_goal(cells));
     t.note(kernel_cost_goal(cells));
-    t.note(peer_goal(
-        opts,
-        Workload::XapicPingPong,
-        &cells[index_of(Workload::XapicPingPong)],
-    ));
-    t.note(peer_goal(
-        opts,
-        Workload::XapicSpinning,
-        &cells[index_of(Workload::XapicSpinning)],
-    ));
+    for workload in [Workload::XapicPingPong, Workload::XapicSpinning] {
+        t.note(peer_goal(
+            peer(workload),
+            workload,
+            &cells[index_of(workload)],
+        ));
+    }
     let pingpong = &cells[0];
     let speedup = pingpong
         .of(Variant::Vmm(HaltPoll::Off))
@@ -507,7 +515,7 @@ fn index_of(workload: Workload) -> usize {
 /// This VMM's APIC against QEMU's on the same guest, through the same
 /// xAPIC page: the faster of block-only and predictive, run by run (the
 /// spinning receivers do not halt: predictive alone).
-fn peer_goal(opts: Options, workload: Workload, c: &Cells) -> String {
+fn peer_goal(seen: PeerSeen, workload: Workload, c: &Cells) -> String {
     let (off, _) = c.of(Variant::Vmm(HaltPoll::Off));
     let (predictive, _) = c.of(Variant::Vmm(HaltPoll::Predictive));
     let ours = match workload {
@@ -515,7 +523,7 @@ fn peer_goal(opts: Options, workload: Workload, c: &Cells) -> String {
         _ => off.zip(predictive, f64::min),
     };
     goal_against_qemu(
-        opts,
+        seen,
         &format!(
             "on the {}, this VMM's APIC at most 0.7x QEMU's own APIC's round trip",
             workload.name()

@@ -4,6 +4,7 @@
 //! comparing two reports needs it: on a machine where other tenants kept
 //! the CPUs busy, every figure moves, and ratios move too.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::bench::cpu_time_with_children;
@@ -58,6 +59,32 @@ impl HostLoad {
             }
         }
     }
+}
+
+/// What this machine is, as read from it: its cores, CPU model, kernel, and
+/// which KVM module serves `/dev/kvm` (PVM's `kvm_pvm` emulates guest CPL0
+/// code an instruction at a time; `kvm_intel` and `kvm_amd` run it on the
+/// CPU), for a report to say where its figures come from.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map_or("an unknown CPU", |(_, m)| m.trim());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let kvm = match ["kvm_pvm", "kvm_intel", "kvm_amd"]
+        .into_iter()
+        .find(|m| Path::new("/sys/module").join(m).exists())
+    {
+        Some("kvm_pvm") => "KVM is PVM (kvm_pvm: software virtualization, where guest CPL0 code \
+                           is emulated one instruction at a time, so every interrupt handler, EOI \
+                           and halt costs tens of microseconds; the guests' hot loops run at CPL3)"
+            .to_owned(),
+        Some(module) => format!("KVM is hardware virtualization ({module})"),
+        None => "no KVM module was found in /sys/module".to_owned(),
+    };
+    format!("{cores} cores ({model}), Linux {}; {kvm}", kernel.trim())
 }
 
 /// Busy CPU time of the whole host so far (every CPU's user, nice, system,

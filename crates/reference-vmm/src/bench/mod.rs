@@ -127,23 +127,96 @@ pub fn ticks_per_us() -> f64 {
 }
 
 /// The Markdown report of a run: the command, the machine, how busy the
-/// host was, and every table.
-pub fn report(tables: &[Table], command: &str, took: Duration, host: &str) -> String {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+/// host was, how long each scenario took (`times`, by name: the next run's
+/// estimate, [`scenario_times`]), and every table.
+pub fn report(
+    tables: &[Table],
+    command: &str,
+    took: Duration,
+    host: &str,
+    times: &[(String, Duration)],
+) -> String {
     let mut out = format!(
         "# Benchmarks\n\nEvery mechanism of the workspace measured end to end on real KVM by the \
          reference VMM, each against its baseline in the same run.\n\n\
          Command: `{command}` ({:.0} s).\n\n\
-         Machine: {cores} cores; KVM is PVM (software virtualization with a shadow MMU, itself \
-         nested in a microVM), where guest CPL0 code is emulated one instruction at a time, so \
-         every interrupt handler, EOI and halt costs tens of microseconds and guest hot loops run at \
-         CPL3. The machine is shared: runs alternate between variants, and ratios compare \
-         variants of the same run.\n\n{host}\n\n",
-        took.as_secs_f64()
+         Machine: {}. Runs alternate between variants, and ratios compare variants of the same \
+         run.\n\n{host}\n\n{}\n\n",
+        took.as_secs_f64(),
+        host::machine(),
+        times_line(times)
     );
     for t in tables {
         out.push_str(&t.markdown());
         out.push('\n');
     }
     out
+}
+
+/// How a report's line of scenario times begins.
+const TIMES: &str = "Scenario times:";
+
+/// `Scenario times: halt 120 s, timer 80 s.`
+fn times_line(times: &[(String, Duration)]) -> String {
+    let each: Vec<String> = times
+        .iter()
+        .map(|(name, took)| format!("{name} {:.0} s", took.as_secs_f64()))
+        .collect();
+    format!("{TIMES} {}.", each.join(", "))
+}
+
+/// Each scenario's time in a [`report`], by name: what the next run can
+/// expect of the same machine, idle. Empty where the report has none.
+pub fn scenario_times(report: &str) -> Vec<(String, Duration)> {
+    let Some(line) = report.lines().find_map(|l| l.strip_prefix(TIMES)) else {
+        return Vec::new();
+    };
+    line.trim_end_matches('.')
+        .split(',')
+        .filter_map(|item| {
+            let (name, secs) = item.trim().strip_suffix(" s")?.rsplit_once(' ')?;
+            let secs = secs
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)?;
+            Some((name.to_owned(), Duration::from_secs_f64(secs)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_gives_each_scenarios_time_and_the_next_run_reads_it_back() {
+        let times = vec![
+            ("halt".to_owned(), Duration::from_secs(121)),
+            ("migrate".to_owned(), Duration::from_millis(4_400)),
+        ];
+        let report = report(
+            &[],
+            "bench all",
+            Duration::from_secs(126),
+            "Host: -",
+            &times,
+        );
+        assert!(
+            report.contains("Scenario times: halt 121 s, migrate 4 s."),
+            "{report}"
+        );
+        assert_eq!(
+            scenario_times(&report),
+            vec![
+                ("halt".to_owned(), Duration::from_secs(121)),
+                ("migrate".to_owned(), Duration::from_secs(4)),
+            ]
+        );
+        assert!(scenario_times("# Benchmarks\nno times here").is_empty());
+        let garbled = "Scenario times: halt x s, timer -3 s, rcu 7 s.";
+        assert_eq!(
+            scenario_times(garbled),
+            vec![("rcu".to_owned(), Duration::from_secs(7))]
+        );
+    }
 }

@@ -45,11 +45,48 @@ pub fn run_image(
     Ok(result?)
 }
 
+/// What a scenario saw of QEMU's run of one variant, for a goal against it
+/// that has no figure: only what happened in this run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerSeen<'a> {
+    /// No QEMU binary was found when the scenario started.
+    Absent,
+    /// QEMU ran and failed, with this error, and was not run again.
+    Failed(&'a str),
+    /// QEMU ran without an error.
+    Ran,
+}
+
+impl<'a> PeerSeen<'a> {
+    /// `found`: whether the scenario had a QEMU to run; `failure`: the
+    /// error of the variant's run, if it failed.
+    pub fn of(found: bool, failure: Option<&'a str>) -> Self {
+        match (found, failure) {
+            (false, _) => Self::Absent,
+            (true, Some(e)) => Self::Failed(e),
+            (true, None) => Self::Ran,
+        }
+    }
+
+    /// Why there is no figure.
+    fn why(self) -> String {
+        match self {
+            Self::Absent => format!(
+                "no qemu-system-x86_64 was on PATH when this scenario started (install it with \
+                 `{INSTALL_HINT}`, or give --qemu)"
+            ),
+            Self::Failed(e) => format!("QEMU's own APIC failed in this run: {e}"),
+            Self::Ran => "QEMU's own APIC ran but reported nothing".into(),
+        }
+    }
+}
+
 /// The goal `what` of this VMM's runs `ours` against QEMU's own APIC's
 /// (`user`), met where `met` holds for the ratio; QEMU on KVM's LAPIC
-/// (`kernel`) is given beside it. Says why where QEMU gave no result.
+/// (`kernel`) is given beside it. Says what this run saw where QEMU gave
+/// no result (`seen`).
 pub fn goal_against_qemu(
-    opts: Options,
+    seen: PeerSeen,
     what: &str,
     ours: &Runs,
     user: &Runs,
@@ -64,11 +101,7 @@ pub fn goal_against_qemu(
         ),
     };
     if user.0.is_empty() {
-        let why = match opts.qemu() {
-            None => format!("no qemu-system-x86_64 on PATH (install it with `{INSTALL_HINT}`)"),
-            Some(_) => "QEMU's own APIC gave no result (see below; on PVM, QEMU 7.2 was seen to stop at the guest's first HLT, its vCPU thread spinning in qemu_wait_io_event with the BQL held)".into(),
-        };
-        return format!("Goal: {what}. Not measured: {why}{beside_kernel}.");
+        return format!("Goal: {what}. Not measured: {}{beside_kernel}.", seen.why());
     }
     let ratio = ours.ratio_to(user);
     goal(
@@ -77,4 +110,27 @@ pub fn goal_against_qemu(
         met(ratio.median()),
         &ratio.each(met),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_goal_without_qemus_figure_says_what_this_run_saw() {
+        let ours = Runs(vec![1.0]);
+        let none = Runs::new();
+        let line = |seen| goal_against_qemu(seen, "x", &ours, &none, &none, |_| true);
+        assert!(line(PeerSeen::of(false, None)).contains("no qemu-system-x86_64 was on PATH"));
+        let failed = line(PeerSeen::of(true, Some("QEMU did not finish within 30s")));
+        assert!(
+            failed.contains("failed in this run: QEMU did not finish within 30s"),
+            "{failed}"
+        );
+        assert!(
+            !failed.contains("PVM") && !failed.contains("7.2"),
+            "{failed}"
+        );
+        assert!(line(PeerSeen::of(true, None)).contains("ran but reported nothing"));
+    }
 }

@@ -96,7 +96,7 @@ const HOST_ROW: &str = "host: a thread on a timerfd, no guest";
 const QEMU_ROW: &str = "qemu, KVM's LAPIC (kernel-irqchip=on)";
 const QEMU: usize = HOST + 1;
 /// Why QEMU's own APIC has no row.
-const QEMU_OWN_APIC: &str = "qemu, its own APIC (kernel-irqchip=off): no result, not run: on PVM, QEMU 7.2 was seen to stop at the guest's first HLT (bench halt and bench sched show it), this guest halts between timers, and QEMU's own APIC offers no TSC-deadline mode.";
+const QEMU_OWN_APIC: &str = "qemu, its own APIC (kernel-irqchip=off): not run: QEMU offers the TSC-deadline timer this guest arms only with KVM's LAPIC (kernel-irqchip=on).";
 
 /// One run of one variant.
 struct Run {
@@ -298,8 +298,11 @@ fn qemu_lateness(
 fn peer_line(period_us: u64, p50: &[Runs], p99: &[Runs], installed: bool) -> String {
     if p50[QEMU].0.is_empty() {
         let why = match installed {
-            false => format!("no qemu-system-x86_64 on PATH (install it with `{INSTALL_HINT}`)"),
-            true => "QEMU gave no result (see below)".into(),
+            false => format!(
+                "no qemu-system-x86_64 was on PATH when this scenario started (install it with \
+                 `{INSTALL_HINT}`, or give --qemu)"
+            ),
+            true => "QEMU gave no result in this run (see below)".into(),
         };
         return format!("At {period_us} µs, {QEMU_ROW}: not measured: {why}.");
     }
