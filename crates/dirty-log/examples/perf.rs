@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use dirty_log::perf::{self, Mode, RING_BYTES, Row, Tracker};
-use dirty_log::{DirtyStats, RingFull, Slots, enable_dirty_ring};
+use dirty_log::{DirtyStats, RingFull, enable_dirty_ring};
 use kvm_ioctls::VcpuFd;
 use writer_vm::{Stop, Writer, WriterVm, run};
 
@@ -87,7 +87,8 @@ impl Vcpus {
         let stop = Arc::new(AtomicBool::new(false));
         let threads = vcpus
             .into_iter()
-            .map(|mut vcpu| {
+            .enumerate()
+            .map(|(index, mut vcpu)| {
                 let (go, done, stop, ring) = (go.clone(), done.clone(), stop.clone(), ring.clone());
                 thread::spawn(move || {
                     let mut longest = Duration::ZERO;
@@ -101,7 +102,7 @@ impl Vcpus {
                             match run(&mut vcpu).expect("the writer runs") {
                                 Stop::Round(_) => break,
                                 Stop::RingFull => {
-                                    ring.as_ref().expect("a ring").drain().expect("drain")
+                                    ring.as_ref().expect("a ring").drain(index).expect("drain")
                                 }
                             }
                         }
@@ -149,7 +150,7 @@ fn measure(mode: Mode, o: Options) -> Result<Row, writer_vm::Error> {
         .map(|i| vm.vcpu(i, Writer::Sequential, i * share, share))
         .collect::<Result<_, _>>()?;
     let stats = Arc::new(DirtyStats::default());
-    let slots = Slots::with_ids(&vm.memory, &[0, 1])?;
+    let slots = vm.slots()?;
     let refs: Vec<&VcpuFd> = vcpus.iter().collect();
     let (mut tracker, ring) = Tracker::new(mode, vm.vm.clone(), slots, stats.clone(), &refs)?;
     let threads = Vcpus::start(vcpus, ring);

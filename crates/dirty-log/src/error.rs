@@ -49,6 +49,43 @@ pub enum Error {
     /// The operation needs logging enabled (or disabled) first.
     #[error("dirty logging is {}", if *.0 { "already enabled" } else { "not enabled" })]
     Enabled(bool),
+    /// Logging was asked of slots never registered with the VM: switching
+    /// it on would create them (`KVM_SET_USER_MEMORY_REGION`).
+    #[error(
+        "the slots were never registered with the VM: register them (Slots::register), or say \
+         the VMM did (Slots::assume_registered)"
+    )]
+    NotRegistered,
+    /// A vCPU's ring is not there to attach: the VM's dirty ring was not
+    /// enabled before the vCPU was created, or is smaller than asked for.
+    #[error(
+        "vCPU {vcpu} has no dirty ring of {bytes} bytes: enable_dirty_ring with that size before \
+         creating the vCPUs"
+    )]
+    RingNotEnabled {
+        /// The vCPU.
+        vcpu: usize,
+        /// The ring size asked for.
+        bytes: u32,
+    },
+    /// The dirty-ring backend has no vCPU ring to harvest.
+    #[error(
+        "no vCPU's dirty ring is attached: enable the ring before creating the vCPUs \
+         (enable_dirty_ring), then attach each (KvmDirtyRing::attach)"
+    )]
+    NoRing,
+    /// A vCPU left the guest because its ring was full, and there was
+    /// nothing to collect: its ring is not attached, or it was full again
+    /// with no reset since (KVM's ring and the VMM's view disagree).
+    /// Re-entering would exit again at once.
+    #[error(
+        "vCPU {vcpu} exited with a full dirty ring and there is nothing to collect: its ring is \
+         not attached (KvmDirtyRing::attach), or is full again with no reset since"
+    )]
+    NothingToCollect {
+        /// The vCPU.
+        vcpu: usize,
+    },
     /// The background clear worker stopped.
     #[error("the clear worker stopped: {0}")]
     Worker(String),

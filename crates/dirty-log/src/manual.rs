@@ -48,6 +48,12 @@ impl Default for ManualConfig {
 
 impl ManualConfig {
     fn chunk_pages(&self) -> Result<u64, Error> {
+        if self.max_stall.is_zero() {
+            return Err(Error::Config(
+                "max_stall of 0: no CLEAR is that fast, so every chunk would shrink to the least"
+                    .into(),
+            ));
+        }
         let pages = self.chunk_bytes / PAGE_SIZE;
         if self.chunk_bytes % (CLEAR_ALIGN_PAGES * PAGE_SIZE) != 0 || pages == 0 {
             return Err(Error::Config(format!(

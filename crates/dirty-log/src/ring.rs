@@ -100,6 +100,9 @@ struct Ring {
     len: u32,
     /// The next entry to look at (free-running; the slot is `next % len`).
     next: u32,
+    /// [`Rings::resets`] when a ring-full exit of this vCPU last found
+    /// nothing to collect (a harvest may have reset the ring just before).
+    empty_full_exit: Option<u64>,
 }
 
 // SAFETY: the ring is a MAP_SHARED mapping owned by this value; it is only
@@ -130,11 +133,17 @@ impl Ring {
         }
         let entries =
             NonNull::new(addr.cast()).ok_or(Error::Unsupported("a dirty ring mapping"))?;
+        if !readable(addr.cast(), bytes as usize) {
+            // SAFETY: unmaps exactly the mapping made above, never used.
+            unsafe { libc::munmap(addr, bytes as usize) };
+            return Err(Error::RingNotEnabled { vcpu, bytes });
+        }
         Ok(Self {
             vcpu,
             entries,
             len: bytes / ENTRY_BYTES,
             next: 0,
+            empty_full_exit: None,
         })
     }
 
@@ -143,6 +152,29 @@ impl Ring {
         // SAFETY: `entries` maps `len` entries for as long as `self` lives.
         unsafe { collect_entries(self.entries, self.len, &mut self.next, place) }
     }
+}
+
+/// Whether the first and last pages of the `len` bytes at `addr`, in this
+/// process, can be read: a vCPU's ring pages past the ring KVM enabled (or
+/// with none enabled) raise SIGBUS when touched, where `process_vm_readv`
+/// fails with EFAULT instead.
+fn readable(addr: *const u8, len: usize) -> bool {
+    let last = len.saturating_sub(PAGE_SIZE as usize);
+    [0, last].iter().all(|&at| {
+        let mut byte = 0u8;
+        let local = libc::iovec {
+            iov_base: (&raw mut byte).cast(),
+            iov_len: 1,
+        };
+        let remote = libc::iovec {
+            iov_base: addr.wrapping_add(at).cast_mut().cast(),
+            iov_len: 1,
+        };
+        // SAFETY: reads one byte of this process's memory into a local; the
+        // kernel checks the remote address and fails instead of faulting.
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        n == 1
+    })
 }
 
 /// Takes the published entries of the ring of `len` entries at `entries`,
@@ -197,6 +229,8 @@ struct Rings {
     pending: DirtySet,
     /// The first entry that named no tracked page, kept for the next harvest.
     bad: Option<Error>,
+    /// `KVM_RESET_DIRTY_RINGS` calls so far.
+    resets: u64,
 }
 
 /// The dirty-ring backend.
@@ -226,6 +260,7 @@ impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
                 rings: Vec::new(),
                 pending,
                 bad: None,
+                resets: 0,
             })),
         }
     }
@@ -238,12 +273,17 @@ impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
     }
 
     /// A handle for vCPU threads: on `KVM_EXIT_DIRTY_RING_FULL`, call
-    /// [`RingFull::drain`] and re-enter the guest.
-    pub fn full_handler(&self) -> RingFull {
+    /// [`RingFull::drain`] and re-enter the guest. It reports its resets to
+    /// (a clone of) this backend's events.
+    pub fn full_handler(&self) -> RingFull
+    where
+        E: Clone + Send + Sync + 'static,
+    {
         RingFull {
             shared: self.shared.clone(),
             vm: self.tracked.vm.clone(),
             slots: self.tracked.slots.as_slice().to_vec(),
+            events: Arc::new(self.tracked.events.clone()),
         }
     }
 
@@ -258,6 +298,9 @@ impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmDirtyRing<B, E> {
     }
 
     fn enable(&mut self) -> Result<(), Error> {
+        if self.lock().rings.is_empty() {
+            return Err(Error::NoRing);
+        }
         self.tracked.set_logging(true)
     }
 
@@ -283,19 +326,49 @@ impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmDirtyRing<B, E> {
 }
 
 /// Lets a vCPU thread drain the rings when its own is full.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RingFull {
     shared: Arc<Mutex<Rings>>,
     vm: Arc<VmFd>,
     slots: Vec<Slot>,
+    events: Arc<dyn DirtyEvents + Send + Sync>,
+}
+
+impl std::fmt::Debug for RingFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingFull")
+            .field("slots", &self.slots)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RingFull {
-    /// Takes every published entry into the next harvest and resets the
-    /// rings, so the vCPU can run again.
-    pub fn drain(&self) -> Result<(), Error> {
+    /// On vCPU `vcpu`'s `KVM_EXIT_DIRTY_RING_FULL`: takes every published
+    /// entry into the next harvest and resets the rings, so the vCPU can run
+    /// again.
+    ///
+    /// # Errors
+    /// [`Error::NothingToCollect`] where the vCPU's ring is not attached, or
+    /// where it exits full twice with nothing to collect and no reset in
+    /// between (once is a harvest that reset the ring just before): either
+    /// way it would exit again at once, for ever.
+    pub fn drain(&self, vcpu: usize) -> Result<(), Error> {
         let mut rings = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
-        drain(&mut rings, &self.slots, &self.vm, &|_| {}).map(|_| ())
+        let on_reset = |took| self.events.ioctl(Ioctl::ResetDirtyRings, took);
+        let before = rings.resets;
+        let taken = drain(&mut rings, &self.slots, &self.vm, &on_reset)?;
+        let ring = rings.rings.iter_mut().find(|r| r.vcpu == vcpu);
+        let Some(ring) = ring else {
+            return Err(Error::NothingToCollect { vcpu });
+        };
+        match taken {
+            0 if ring.empty_full_exit == Some(before) => Err(Error::NothingToCollect { vcpu }),
+            0 => {
+                ring.empty_full_exit = Some(before);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -310,6 +383,7 @@ fn drain(
         rings,
         pending,
         bad,
+        resets,
     } = rings;
     let mut taken = 0;
     for ring in rings.iter_mut() {
@@ -319,6 +393,7 @@ fn drain(
     if taken > 0 {
         let start = Instant::now();
         reset_dirty_rings(vm).map_err(kvm("KVM_RESET_DIRTY_RINGS"))?;
+        *resets += 1;
         on_reset(start.elapsed());
     }
     Ok(taken)

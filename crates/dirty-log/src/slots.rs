@@ -65,6 +65,10 @@ pub struct Slot {
 pub struct Slots<B: VmmWrites> {
     memory: GuestMemoryMmap<B>,
     slots: Vec<Slot>,
+    /// Whether they are registered with the VM: a KVM backend switches
+    /// logging only on slots that exist (a safe call must not create them).
+    #[cfg(feature = "kvm")]
+    registered: std::sync::atomic::AtomicBool,
 }
 
 impl<B: VmmWrites> Slots<B> {
@@ -91,6 +95,8 @@ impl<B: VmmWrites> Slots<B> {
         Ok(Self {
             memory: memory.clone(),
             slots,
+            #[cfg(feature = "kvm")]
+            registered: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

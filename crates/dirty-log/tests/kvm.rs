@@ -11,8 +11,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use dirty_log::{
-    DirtyLog, DirtySet, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig, RingFull, Slots,
-    copy_round, copy_round_pipelined, enable_dirty_ring,
+    DirtyLog, DirtySet, DirtyStats, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig,
+    RingFull, Slots, copy_round, copy_round_pipelined, enable_dirty_ring,
 };
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
@@ -73,7 +73,7 @@ fn setup(backend: Backend, writers: &[Writer]) -> Setup {
         .enumerate()
         .map(|(i, w)| vm.vcpu(i as u64, *w, i as u64 * share, share).unwrap())
         .collect();
-    let slots = Slots::new(&vm.memory).unwrap();
+    let slots = vm.slots().unwrap();
     let (mut log, ring, manual): (Box<dyn DirtyLog + Send>, _, _) = match backend {
         Backend::Bitmap => (Box::new(KvmBitmap::new(vm.vm.clone(), slots)), None, None),
         Backend::Manual { initially_set } => {
@@ -108,7 +108,7 @@ fn round(vcpu: &mut VcpuFd, ring: Option<&RingFull>) -> u64 {
     loop {
         match run(vcpu).unwrap() {
             Stop::Round(n) => return n,
-            Stop::RingFull => ring.expect("only ring VMs fill rings").drain().unwrap(),
+            Stop::RingFull => ring.expect("only ring VMs fill rings").drain(0).unwrap(),
         }
     }
 }
@@ -222,7 +222,7 @@ fn a_pre_copy_of_a_writing_guest_ends_byte_for_byte_equal() {
         ];
         let mut s = setup(backend, &writers);
         if pipelined {
-            let slots = Slots::new(&s.vm.memory).unwrap();
+            let slots = s.vm.slots().unwrap();
             let mut manual =
                 KvmManualProtect::new(s.vm.vm.clone(), slots, ManualConfig::default()).unwrap();
             s.log.disable().unwrap();
@@ -300,7 +300,7 @@ fn misuse_and_bad_configuration_are_errors_not_panics() {
         Ok(())
     })
     .unwrap();
-    let slots = || Slots::new(&vm.memory).unwrap();
+    let slots = || vm.slots().unwrap();
     let mut log = KvmBitmap::new(vm.vm.clone(), slots());
     let mut set = DirtySet::for_slots(log.slots());
     assert!(matches!(
@@ -325,6 +325,99 @@ fn misuse_and_bad_configuration_are_errors_not_panics() {
     );
 }
 
+/// What passed for success and lost the guest's writes: a ring backend
+/// with no ring attached, slots never registered (enabling logging would
+/// have created them), a ring-full exit with nothing to collect.
+#[test]
+fn misuse_that_would_lose_writes_is_a_named_error() {
+    if !kvm_available() {
+        return;
+    }
+    let vm = WriterVm::new(4 << 20, false, |vm| {
+        enable_dirty_ring(vm, RING_BYTES)?;
+        Ok(())
+    })
+    .unwrap();
+    let vcpu = vm.vcpu(0, Writer::Sequential, 0, 16).unwrap();
+    let mut unattached = KvmDirtyRing::new(vm.vm.clone(), vm.slots().unwrap(), RING_BYTES);
+    assert!(matches!(unattached.enable(), Err(dirty_log::Error::NoRing)));
+    let ring = KvmDirtyRing::new(vm.vm.clone(), vm.slots().unwrap(), RING_BYTES);
+    ring.attach(0, &vcpu).unwrap();
+    let full = ring.full_handler();
+    // vCPU 1's ring was never attached; vCPU 0's, empty, may have been
+    // reset by a harvest just before its exit, but not twice with no reset.
+    let nothing = |e| matches!(e, Err(dirty_log::Error::NothingToCollect { .. }));
+    assert!(nothing(full.drain(1)));
+    assert!(full.drain(0).is_ok());
+    assert!(nothing(full.drain(0)));
+    // The VMM registered the memory itself and did not say so.
+    let unsaid = Slots::new(&vm.memory).unwrap();
+    assert!(!unsaid.is_registered());
+    let mut bitmap = KvmBitmap::new(vm.vm.clone(), unsaid);
+    let e = bitmap.enable().unwrap_err();
+    assert!(matches!(e, dirty_log::Error::NotRegistered), "{e}");
+    assert!(e.to_string().contains("Slots::assume_registered"), "{e}");
+    let no_stall = ManualConfig {
+        max_stall: Duration::ZERO,
+        ..ManualConfig::default()
+    };
+    let e = KvmManualProtect::new(vm.vm.clone(), vm.slots().unwrap(), no_stall).unwrap_err();
+    assert!(e.to_string().contains("max_stall of 0"), "{e}");
+    // A ring larger than the VM's, and a VM with none: touching the pages
+    // past KVM's ring would raise SIGBUS.
+    let larger = KvmDirtyRing::new(vm.vm.clone(), vm.slots().unwrap(), RING_BYTES * 2);
+    let e = larger.attach(0, &vcpu).unwrap_err();
+    assert!(
+        matches!(e, dirty_log::Error::RingNotEnabled { vcpu: 0, .. }),
+        "{e}"
+    );
+    let plain = WriterVm::new(4 << 20, false, |_| Ok(())).unwrap();
+    let vcpu = plain.vcpu(0, Writer::Sequential, 0, 16).unwrap();
+    let never = KvmDirtyRing::new(plain.vm.clone(), plain.slots().unwrap(), RING_BYTES);
+    let e = never.attach(0, &vcpu).unwrap_err();
+    assert!(
+        e.to_string().contains("enable_dirty_ring with that size"),
+        "{e}"
+    );
+}
+
+/// Resets a vCPU thread makes on a full ring are in the backend's events
+/// before any harvest.
+#[test]
+fn resets_on_a_full_ring_are_counted_where_they_run() {
+    if !kvm_available() {
+        return;
+    }
+    // A one-page ring (256 entries) fills in the first round of 4096 pages.
+    const SMALL_RING: u32 = 4096;
+    let vm = WriterVm::new(DATA_BYTES, false, |vm| {
+        enable_dirty_ring(vm, SMALL_RING)?;
+        Ok(())
+    })
+    .unwrap();
+    let pages = vm.data_pages();
+    let mut vcpu = vm.vcpu(0, Writer::Sequential, 0, pages).unwrap();
+    let stats = Arc::new(DirtyStats::default());
+    let mut log = KvmDirtyRing::with_events(
+        vm.vm.clone(),
+        vm.slots().unwrap(),
+        SMALL_RING,
+        stats.clone(),
+    );
+    log.attach(0, &vcpu).unwrap();
+    let full = log.full_handler();
+    log.enable().unwrap();
+    assert!(matches!(run(&mut vcpu).unwrap(), Stop::RingFull));
+    full.drain(0).unwrap();
+    assert_eq!(stats.reset_calls.load(Ordering::Relaxed), 1);
+    assert!(stats.reset_ns.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        stats.pages_harvested.load(Ordering::Relaxed),
+        0,
+        "no harvest yet"
+    );
+}
+
 #[test]
 fn a_slow_clear_shrinks_the_chunk_so_no_single_call_stalls_long() {
     if !kvm_available() {
@@ -336,8 +429,7 @@ fn a_slow_clear_shrinks_the_chunk_so_no_single_call_stalls_long() {
         chunk_bytes: 4 << 20,
         max_stall: std::time::Duration::from_nanos(1),
     };
-    let mut log =
-        KvmManualProtect::new(vm.vm.clone(), Slots::new(&vm.memory).unwrap(), config).unwrap();
+    let mut log = KvmManualProtect::new(vm.vm.clone(), vm.slots().unwrap(), config).unwrap();
     assert_eq!(log.chunk_pages(), 1024);
     log.enable().unwrap();
     let dirty = log.get(1).unwrap();

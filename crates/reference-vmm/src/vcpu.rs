@@ -178,6 +178,7 @@ impl VcpuRunner {
         };
         self.exits += 1;
         let mut ctx = VcpuExits {
+            index: self.index,
             shared: &self.shared,
             chip: &mut *chip,
             reader,
@@ -250,6 +251,8 @@ impl VcpuRunner {
 /// The run loop's side of [`handle_exit`]: the vCPU's interrupt controller,
 /// its RCU reader for the bus, and the VM's memory, reports and dirty rings.
 struct VcpuExits<'a, C> {
+    /// The vCPU's index.
+    index: u32,
     shared: &'a VmShared,
     chip: &'a mut C,
     reader: &'a Reader,
@@ -289,6 +292,8 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
             .ring_full
             .as_ref()
             .ok_or(VcpuError::NoDirtyRing)?;
-        rings.drain().map_err(VcpuError::DrainDirtyRing)
+        rings
+            .drain(self.index as usize)
+            .map_err(VcpuError::DrainDirtyRing)
     }
 }

@@ -410,6 +410,16 @@ impl Vm {
         self.memory.clone()
     }
 
+    /// Guest memory as dirty-log slots (region i as slot i), as this VM
+    /// registered them: what a dirty-log backend tracks.
+    pub fn dirty_slots(&self) -> Result<dirty_log::Slots<AtomicBitmap>, dirty_log::Error> {
+        let slots = dirty_log::Slots::new(&self.memory)?;
+        // SAFETY: `Vm::new` registered region i of this memory as slot i
+        // (`register_memory`), and the VM and its vCPU threads keep it mapped.
+        unsafe { slots.assume_registered() };
+        Ok(slots)
+    }
+
     /// The VM, for dirty logging.
     pub fn vm_fd(&self) -> Arc<VmFd> {
         self.vm.clone()

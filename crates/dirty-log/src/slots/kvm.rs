@@ -2,6 +2,7 @@
 //! on and off, and what every KVM backend holds.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use kvm_bindings::{KVM_MEM_LOG_DIRTY_PAGES, kvm_userspace_memory_region};
@@ -20,7 +21,30 @@ impl<B: VmmWrites> Slots<B> {
     /// memory mapped for as long as the VM can run (these slots hold a handle
     /// to it, so keeping them alive beside the VM is enough).
     pub unsafe fn register(&self, vm: &VmFd) -> Result<(), Error> {
-        self.set_logging(vm, false, &crate::NoEvents)
+        self.set_logging(vm, false, &crate::NoEvents)?;
+        self.registered.store(true, Relaxed);
+        Ok(())
+    }
+
+    /// Says that the VMM registered these slots with the VM itself, so that
+    /// a KVM backend may switch their logging. Without this or
+    /// [`register`](Self::register), enabling logging is
+    /// [`Error::NotRegistered`]: re-registering a slot that does not exist
+    /// would create it.
+    ///
+    /// # Safety
+    /// Each slot is registered with the VM the backend will use, as its id,
+    /// with this memory's region (its guest address, size and host mapping),
+    /// and that memory stays mapped as long as the VM can run: a backend
+    /// re-registers the slots to switch logging on and off.
+    pub unsafe fn assume_registered(&self) {
+        self.registered.store(true, Relaxed);
+    }
+
+    /// Whether [`register`](Self::register) or
+    /// [`assume_registered`](Self::assume_registered) was called.
+    pub fn is_registered(&self) -> bool {
+        self.registered.load(Relaxed)
     }
 
     /// Re-registers every slot with logging on or off.
@@ -89,6 +113,9 @@ impl<B: VmmWrites, E: DirtyEvents> Tracked<B, E> {
     pub fn set_logging(&mut self, on: bool) -> Result<(), Error> {
         if self.enabled == on {
             return Err(Error::Enabled(on));
+        }
+        if !self.slots.is_registered() {
+            return Err(Error::NotRegistered);
         }
         self.slots.set_logging(&self.vm, on, &self.events)?;
         self.enabled = on;

@@ -165,6 +165,16 @@ impl WriterVm {
         })
     }
 
+    /// The memory as dirty-log slots: region i as slot i, which `new`
+    /// registered.
+    pub fn slots(&self) -> Result<dirty_log::Slots<AtomicBitmap>, dirty_log::Error> {
+        let slots = dirty_log::Slots::new(&self.memory)?;
+        // SAFETY: `new` registered region i of this memory as slot i of this
+        // VM, and the memory lives beside the VM.
+        unsafe { slots.assume_registered() };
+        Ok(slots)
+    }
+
     /// Pages of data memory.
     pub fn data_pages(&self) -> u64 {
         self.memory.iter().nth(1).map_or(0, |r| r.len() / PAGE)

@@ -7,8 +7,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use dirty_log::DirtyStats;
 use dirty_log::perf::{self, Mode, RING_BYTES, Tracker};
-use dirty_log::{DirtyStats, Slots};
 
 use crate::bench::{Cell, Options, Table};
 use crate::devices::PioDevice;
@@ -144,7 +144,7 @@ fn measure(mode: Mode, mib: u64, iterations: usize) -> Result<perf::Row, Error> 
     let gate = Arc::new(Gate::default());
     vm.add_device(GATE_PORT, 1, gate.clone());
     let stats = Arc::new(DirtyStats::default());
-    let slots = Slots::new(&vm.memory())?;
+    let slots = vm.dirty_slots()?;
     let vcpus: Vec<_> = vm.vcpu_fds().iter().collect();
     let (mut tracker, ring) = Tracker::new(mode, vm.vm_fd(), slots, stats.clone(), &vcpus)?;
     if let Some(ring) = ring {
@@ -214,7 +214,7 @@ mod tests {
         let mut vm = Vm::new(&config).unwrap();
         let gate = Arc::new(Gate::default());
         vm.add_device(GATE_PORT, 1, gate.clone());
-        let slots = Slots::new(&vm.memory()).unwrap();
+        let slots = vm.dirty_slots().unwrap();
         let mut log: Box<dyn DirtyLog + Send> = match ring_bytes {
             None => Box::new(KvmBitmap::new(vm.vm_fd(), slots)),
             Some(bytes) => {

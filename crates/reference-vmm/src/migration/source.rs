@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use dirty_log::perf::RING_BYTES;
 use dirty_log::{
-    CopyRun, DirtyLog, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig, Slots, copy_round,
+    CopyRun, DirtyLog, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig, copy_round,
     copy_round_pipelined,
 };
 use vm_memory::bitmap::AtomicBitmap;
@@ -225,7 +225,7 @@ impl Migration {
     pub fn prepare(vm: &mut Vm, target: Target, options: MigrateOptions) -> Result<Self, Error> {
         let target = target.open()?;
         let memory = vm.memory();
-        let slots = Slots::new(&memory)?;
+        let slots = vm.dirty_slots()?;
         let log = match options.backend {
             DirtyLogBackend::Bitmap => Log::Plain(Box::new(KvmBitmap::new(vm.vm_fd(), slots))),
             DirtyLogBackend::Manual => Log::Manual(KvmManualProtect::new(
