@@ -39,7 +39,7 @@ pub struct SimParams {
 }
 
 impl Default for SimParams {
-    /// Costs measured on this project's machines (ENVIRONMENT.md): a blocked
+    /// Costs measured on this project's machines (PVM, on 2 cores): a blocked
     /// thread resumes about 30 µs after its wake-up, a timed sleep ends about
     /// 25 µs late.
     fn default() -> Self {

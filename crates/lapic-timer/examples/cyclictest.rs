@@ -126,9 +126,6 @@ fn parse() -> Result<Opts, String> {
             "--stall-ms" => ms = Some(value("--stall-ms")?),
             "--policy" => {
                 let name = args.next().ok_or("--policy needs a value")?;
-                if name == "own" {
-                    return Err("--policy \"own\" is now called \"percentile\"".into());
-                }
                 let index = ["none", "kvm", "percentile"]
                     .iter()
                     .position(|&n| n == name);

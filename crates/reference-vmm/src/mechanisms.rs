@@ -19,43 +19,22 @@ use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
 
 /// A choice given on the command line that names nothing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ChoiceError {
-    /// Not one of the choices.
-    #[error("{what} {given:?} is not one of: {choices}")]
-    Unknown {
-        /// The option.
-        what: &'static str,
-        /// What was given.
-        given: String,
-        /// What it takes.
-        choices: String,
-    },
-    /// `own`, which named this family's policy of each mechanism before the
-    /// policies went by their own names.
-    #[error("{what} \"own\" is now called {renamed:?}: use {what} {renamed}")]
-    Renamed {
-        /// The option.
-        what: &'static str,
-        /// The policy's name.
-        renamed: &'static str,
-    },
+#[error("{what} {given:?} is not one of: {choices}")]
+pub struct ChoiceError {
+    /// The option.
+    pub what: &'static str,
+    /// What was given.
+    pub given: String,
+    /// What it takes.
+    pub choices: String,
 }
 
-/// The error for `given`; for the mechanisms that had an `own` policy, it
-/// points `own` at that policy's name (`renamed`).
-fn choice<T>(
-    what: &'static str,
-    choices: &str,
-    renamed: Option<&'static str>,
-    given: &str,
-) -> Result<T, ChoiceError> {
-    Err(match renamed {
-        Some(renamed) if given == "own" => ChoiceError::Renamed { what, renamed },
-        _ => ChoiceError::Unknown {
-            what,
-            given: given.to_owned(),
-            choices: choices.to_owned(),
-        },
+/// The error for `given`.
+fn choice<T>(what: &'static str, choices: &str, given: &str) -> Result<T, ChoiceError> {
+    Err(ChoiceError {
+        what,
+        given: given.to_owned(),
+        choices: choices.to_owned(),
     })
 }
 
@@ -69,14 +48,13 @@ fn names<T: ValueEnum>() -> String {
 }
 
 /// `FromStr` and `Display` by a switch's `ValueEnum` names, with its option
-/// in errors (and, for `own`, the name that replaced it).
+/// in errors.
 macro_rules! switch {
-    ($t:ty, $what:literal, $renamed:expr) => {
+    ($t:ty, $what:literal) => {
         impl FromStr for $t {
             type Err = ChoiceError;
             fn from_str(s: &str) -> Result<Self, ChoiceError> {
-                <$t as ValueEnum>::from_str(s, false)
-                    .or_else(|_| choice($what, &names::<$t>(), $renamed, s))
+                <$t as ValueEnum>::from_str(s, false).or_else(|_| choice($what, &names::<$t>(), s))
             }
         }
 
@@ -91,11 +69,11 @@ macro_rules! switch {
     };
 }
 
-switch!(HaltPoll, "--halt-poll", Some("predictive"));
-switch!(Boost, "--boost", Some("directed-yield"));
-switch!(BusAccess, "--bus", None);
-switch!(Irqchip, "--irqchip", None);
-switch!(TimerPlacement, "--timer-placement", None);
+switch!(HaltPoll, "--halt-poll");
+switch!(Boost, "--boost");
+switch!(BusAccess, "--bus");
+switch!(Irqchip, "--irqchip");
+switch!(TimerPlacement, "--timer-placement");
 
 /// How a halted vCPU waits (`halt-poll`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -223,7 +201,7 @@ impl FromStr for TimerAdvance {
             ) {
                 (Some(Ok(ns)), _) if ns <= 1_000_000 => Self::Fixed(Duration::from_nanos(ns)),
                 (_, Some(Ok(q))) if (50..=99).contains(&q) => Self::PercentileAt(q),
-                _ => return choice("--timer-advance", CHOICES, Some("percentile"), s),
+                _ => return choice("--timer-advance", CHOICES, s),
             },
         })
     }
@@ -493,30 +471,7 @@ mod tests {
             err.contains("kvm, haltpoll, aio, predictive, off, always, tuned"),
             "{err}"
         );
-        for (err, renamed) in [
-            (
-                "own".parse::<HaltPoll>().unwrap_err(),
-                "--halt-poll predictive",
-            ),
-            (
-                "own".parse::<TimerAdvance>().unwrap_err(),
-                "--timer-advance percentile",
-            ),
-            (
-                "own".parse::<Boost>().unwrap_err(),
-                "--boost directed-yield",
-            ),
-        ] {
-            let err = err.to_string();
-            assert!(
-                err.contains("\"own\" is now called") && err.ends_with(renamed),
-                "{err}"
-            );
-        }
-        assert!(matches!(
-            "own".parse::<BusAccess>(),
-            Err(ChoiceError::Unknown { .. })
-        ));
+        assert!("own".parse::<Boost>().is_err());
         assert!("fixed:x".parse::<TimerAdvance>().is_err());
         assert!("fixed:9999999".parse::<TimerAdvance>().is_err());
         assert!("spin".parse::<BusAccess>().is_err());

@@ -21,7 +21,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 29] = [
+    let cases: [(&[&str], &str); 28] = [
         (&["run"], "--guest or --image is needed"),
         (
             &["run", "--guest", "nope"],
@@ -116,10 +116,6 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
                 "predictive",
             ],
             "--halt-poll haltpoll|aio|predictive has nothing to act on",
-        ),
-        (
-            &["run", "--guest", "hello", "--boost", "own"],
-            "--boost \"own\" is now called \"directed-yield\": use --boost directed-yield",
         ),
         (
             &["bench", "halt", "--update-benchmarks-md"],

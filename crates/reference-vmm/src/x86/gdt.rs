@@ -2,7 +2,7 @@
 //!
 //! Guest code runs at CPL3 because this machine's KVM (PVM) emulates CPL0 code one
 //! instruction at a time; CPL0 is entered only through exceptions, which switch to
-//! the TSS's RSP0. The layout is the one measured to work on PVM (ENVIRONMENT.md).
+//! the TSS's RSP0. The layout is the one measured to work on PVM.
 
 use kvm_bindings::kvm_segment;
 
