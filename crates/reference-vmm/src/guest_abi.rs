@@ -10,7 +10,7 @@
 //! | gate port | `out` to [`GATE_PORT`] (0x1002) | `dirty-writer` ends a pass | holds the vCPU until the next pass | `bench dirty` |
 //! | yield port | `out` of a vCPU index to [`YIELD_PORT`] (0x1003) | asks to yield to that vCPU (`KVM_HC_SCHED_YIELD`) | `vcpu_sched::pv_yield_to` | the `--boost` policy acts on it |
 //! | interrupt record | [`IRQ_RECORD_SIZE`](crate::layout::IRQ_RECORD_SIZE) bytes at [`irq_record`](crate::layout::irq_record)`(vcpu)`, the top of the interrupt stack | its interrupt entry writes the TSC it ran at and a count (`runtime.s`) | [`TimerLead`] learns how long timer delivery takes | always: the delivery lead |
-//! | migration count | a u64 at [`MIGRATIONS_OFFSET`](crate::layout::MIGRATIONS_OFFSET) in the shared page | `migrate` and `halt-wake` can wait for it to change before they go on, so that a move never races a fixed run time | adds one where the guest runs on after a migration ends ([`note_migration_ended`]) | the migration tests |
+//! | migration count | a u64 at [`MIGRATIONS_OFFSET`] in the shared page | `migrate` and `halt-wake` can wait for it to change before they go on, so that a move never races a fixed run time | adds one where the guest runs on after a migration ends ([`note_migration_ended`]) | the migration tests |
 //! | mailbox | 256 bytes at [`mailbox`](crate::layout::mailbox)`(vcpu)`: +0 the window in TSC ticks, +8 state, +16 count, +32 a ring of outcomes | polls for the window before it halts; writes each wait's outcome | [`GuestPoll`] learns from the outcomes and writes the next window | `--guest-poll` |
 //!
 //! Both read guest memory that the guest may fill with anything: every value
