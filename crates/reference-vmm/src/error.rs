@@ -6,8 +6,8 @@ use std::io;
 use kvm_bindings::{kvm_regs, kvm_sregs};
 
 use crate::stop::StopReason;
-use crate::ucall::UcallError;
 use crate::vm::RunReport;
+use test_guests::ucall::UcallError;
 
 /// Everything that can end a run early.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +32,7 @@ pub enum Error {
     AllocateMemory(#[source] vm_memory::mmap::FromRangesError),
     /// An image file could not be loaded.
     #[error(transparent)]
-    Image(#[from] crate::pvh::ImageError),
+    Image(#[from] test_guests::pvh::ImageError),
     /// An image file could not be written.
     #[error("cannot write the image file {path}: {source}")]
     WriteImage {
@@ -159,81 +159,16 @@ pub enum Error {
 /// A configuration that cannot work, with the accepted values.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    /// Too few or too many vCPUs.
-    #[error("the number of vCPUs must be between 1 and {max}, not {requested}")]
-    VcpuCount {
-        /// What was asked for.
-        requested: u32,
-        /// The most this VMM and this KVM allow.
-        max: u32,
-    },
-    /// Guest memory size out of range or not a whole number of 2 MiB pages.
-    #[error("guest memory must be an even number of MiB between {min} and {max}, not {requested}")]
-    MemorySize {
-        /// What was asked for, in MiB.
-        requested: u64,
-        /// Smallest accepted size in MiB.
-        min: u64,
-        /// Largest accepted size in MiB.
-        max: u64,
-    },
+    /// A machine the guest kit's layout does not fit (vCPUs, memory), or
+    /// more vCPUs than KVM allows.
+    #[error(transparent)]
+    Layout(#[from] test_guests::LayoutError),
+    /// A guest program that cannot run as asked.
+    #[error(transparent)]
+    Program(#[from] test_guests::ProgramError),
     /// A device could not be added to the bus.
     #[error("cannot add a device: {0}")]
     Device(#[from] crate::devices::BusError),
-    /// A guest program parameter below what the program needs.
-    #[error(
-        "guest program {guest} needs params[{index}] ({name}) of at least {min}, not {got} (--params)"
-    )]
-    Param {
-        /// The program.
-        guest: &'static str,
-        /// Which parameter.
-        index: usize,
-        /// What it means.
-        name: &'static str,
-        /// The smallest value it takes.
-        min: u64,
-        /// The value given.
-        got: u64,
-    },
-    /// A guest program given fewer vCPUs than it works on.
-    #[error("guest program {guest} needs at least {min} vCPUs, not {got} (--vcpus)")]
-    TooFewVcpus {
-        /// The program.
-        guest: &'static str,
-        /// The fewest it runs on.
-        min: u32,
-        /// The number given.
-        got: u32,
-    },
-    /// A guest program whose parameters ask for more memory than the VM has.
-    #[error(
-        "guest program {guest} needs {needs_mib} MiB of guest memory for its parameters, not \
-         {got_mib} (--mem-mib, or smaller --params)"
-    )]
-    TooLittleMemory {
-        /// The program.
-        guest: &'static str,
-        /// The memory it needs, MiB (even).
-        needs_mib: u64,
-        /// The memory given, MiB.
-        got_mib: u64,
-    },
-    /// A guest program told to wait for a migration, run without one.
-    #[error(
-        "guest program {guest}'s parameters make it wait for a migration to end: give it one \
-         (--migrate-to or --snapshot-to), or set that parameter to 0"
-    )]
-    NeedsMigration {
-        /// The program.
-        guest: &'static str,
-    },
-    /// A guest program that never finishes, run without a timeout.
-    #[error("guest program {guest} runs until it is stopped: give it a timeout (--timeout-ms)")]
-    NeedsTimeout {
-        /// The program.
-        guest: &'static str,
-    },
     /// `--halt-poll tuned` on this VMM's APIC, where KVM does not halt.
     #[error(
         "--halt-poll tuned sets KVM's in-kernel halt-polling window: it needs --irqchip kernel"
@@ -244,14 +179,6 @@ pub enum ConfigError {
         "a VM created with Boot::Incoming runs only once every vCPU's state is set (Vm::set_incoming)"
     )]
     NoIncomingState,
-    /// No built-in guest program has this name.
-    #[error("no guest program is called {name:?}; the built-in ones are: {known}")]
-    UnknownGuest {
-        /// The name given.
-        name: String,
-        /// The names there are, comma-separated.
-        known: String,
-    },
 }
 
 /// What a guest did that ends its run.

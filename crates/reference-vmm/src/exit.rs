@@ -11,8 +11,8 @@ use vm_memory::GuestMemory;
 
 use crate::devices::IoBus;
 use crate::error::GuestFault;
-use crate::guest_abi::{PAUSE_PORT, UCALL_PORT, YIELD_PORT};
-use crate::ucall::{self, Ucall};
+use test_guests::abi::{PAUSE_PORT, UCALL_PORT, YIELD_PORT};
+use test_guests::ucall::{self, Ucall};
 
 /// What the run loop does after an exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -320,8 +320,8 @@ fn handle_ucall(call: Ucall, reports: &mut Vec<Report>) -> Result<Flow, ExitErro
 mod tests {
     use super::*;
     use crate::devices::PioDevice;
-    use crate::ucall::{CMD_DONE, CMD_REPORT, UcallError, UcallFrame};
     use std::sync::{Arc, Mutex};
+    use test_guests::ucall::{CMD_DONE, CMD_REPORT, UcallError, UcallFrame};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     #[derive(Default)]
@@ -416,7 +416,7 @@ mod tests {
             &mut reports,
         );
         assert_eq!(flow.unwrap(), Flow::Continue);
-        assert_eq!(u32::from_le_bytes(data), crate::ucall::UCALL_PROBE);
+        assert_eq!(u32::from_le_bytes(data), test_guests::ucall::UCALL_PROBE);
         let mut byte = [0xffu8; 1];
         devices_exit(
             VcpuExit::IoIn(UCALL_PORT, &mut byte),
@@ -425,7 +425,7 @@ mod tests {
             &mut reports,
         )
         .unwrap();
-        assert_eq!(byte[0], crate::ucall::UCALL_PROBE.to_le_bytes()[0]);
+        assert_eq!(byte[0], test_guests::ucall::UCALL_PROBE.to_le_bytes()[0]);
     }
 
     #[test]

@@ -1,17 +1,8 @@
-//! The bench guests' ABI: the side channels between the built-in programs
-//! and this VMM, a contract no real guest follows: a VMM for real guests
-//! keeps none of it. Apart from ucalls, all of it is the side of this VMM's
-//! own local APIC (`--irqchip user`); with KVM's, only ucalls reach the VMM.
-//!
-//! | channel | where | the guest | the VMM | used with |
-//! |---|---|---|---|---|
-//! | ucall | `out` of a frame's address to [`UCALL_PORT`] (0x1000); frame: `cmd`, 4 args (u64s) | reports values, asserts, finishes | decodes it ([`crate::ucall`]), checking every address | always |
-//! | pause port | `out` to [`PAUSE_PORT`] (0x1001), any width | spins waiting for other vCPUs | hears a pause-loop exit: the scheduler's `waiting` | the `--boost` policy acts on it |
-//! | gate port | `out` to [`GATE_PORT`] (0x1002) | `dirty-writer` ends a pass | holds the vCPU until the next pass | `bench dirty` |
-//! | yield port | `out` of a vCPU index to [`YIELD_PORT`] (0x1003) | asks to yield to that vCPU (`KVM_HC_SCHED_YIELD`) | `vcpu_sched::pv_yield_to` | the `--boost` policy acts on it |
-//! | interrupt record | [`IRQ_RECORD_SIZE`](crate::layout::IRQ_RECORD_SIZE) bytes at [`irq_record`](crate::layout::irq_record)`(vcpu)`, the top of the interrupt stack | its interrupt entry writes the TSC it ran at and a count (`runtime.s`) | [`TimerLead`] learns how long timer delivery takes | always: the delivery lead |
-//! | migration count | a u64 at [`MIGRATIONS_OFFSET`] in the shared page | `migrate` and `halt-wake` can wait for it to change before they go on, so that a move never races a fixed run time | adds one where the guest runs on after a migration ends ([`note_migration_ended`]) | the migration tests |
-//! | mailbox | 256 bytes at [`mailbox`](crate::layout::mailbox)`(vcpu)`: +0 the window in TSC ticks, +8 state, +16 count, +32 a ring of outcomes | polls for the window before it halts; writes each wait's outcome | [`GuestPoll`] learns from the outcomes and writes the next window | `--guest-poll` |
+//! This VMM's side of the guest kit's channels ([`test_guests::abi`]) that
+//! carry measurements: the delivery lead a timer learns from the guest's
+//! interrupt record, and guest-side polling through the mailbox. A contract
+//! only the kit's programs follow; both are on this VMM's own local APIC
+//! (`Irqchip::User`).
 //!
 //! Both read guest memory that the guest may fill with anything: every value
 //! is bounded before use, and nothing a guest writes can panic the VMM or
@@ -22,31 +13,10 @@ use std::time::Duration;
 
 use halt_poll::{HaltOutcome, PollPolicy};
 use lapic_timer::{DeliveryLead, GuestTime};
+use test_guests::layout::MAILBOX_RING;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::vm::{VmMemory, bucket_holding};
-
-use crate::layout::{MAILBOX_RING, MIGRATIONS_OFFSET, SHARED_DATA_ADDR};
-pub use crate::ucall::UCALL_PORT;
-
-/// The port a spinning guest writes its vCPU index to, as a pause-loop exit:
-/// the VMM's boost policy hears that this vCPU waits on others.
-pub const PAUSE_PORT: u16 = 0x1001;
-/// The port `dirty-writer` writes to after each pass; the VMM's iteration
-/// gate holds the vCPU there until the next pass (a device of `bench dirty`).
-pub const GATE_PORT: u16 = 0x1002;
-/// An `out` of a vCPU index here is the guest's "yield to that vCPU"
-/// (KVM's `KVM_HC_SCHED_YIELD` hypercall): the VMM boosts the target's
-/// thread and gives up the caller's CPU (`vcpu_sched::pv_yield_to`).
-pub const YIELD_PORT: u16 = 0x1003;
-
-/// Tells the guest that a migration of it ended, where it runs on: adds one
-/// to its migration count (a guest that waits for the move reads it).
-pub fn note_migration_ended(memory: &VmMemory) -> Result<(), vm_memory::GuestMemoryError> {
-    let at = GuestAddress(SHARED_DATA_ADDR + MIGRATIONS_OFFSET);
-    let count: u64 = memory.read_obj(at)?;
-    memory.write_obj(count.wrapping_add(1), at)
-}
 
 /// Guest-side polling: a halt-poll policy whose window the guest polls its
 /// mailbox for; the guest reports each wait's outcome in the mailbox ring,

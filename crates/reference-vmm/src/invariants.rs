@@ -14,13 +14,13 @@ use crate::apic::{self, Action, LocalApic, XAPIC_BASE};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
 use crate::error::GuestFault;
 use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
-use crate::guest::SERIAL_PORT;
 use crate::guest_abi::{DeliveryPath, GuestPoll, MAX_LEAD, TimerLead};
-use crate::layout::PAGE_SIZE;
 use crate::mechanisms::HaltPoll;
 use crate::migration::stream::{MAGIC, Record, StreamReader, VERSION};
-use crate::ucall::{self, MAX_STRING_LEN, UCALL_PORT, Ucall};
 use crate::vm::VmMemory;
+use test_guests::abi::SERIAL_PORT;
+use test_guests::layout::PAGE_SIZE;
+use test_guests::ucall::{self, MAX_STRING_LEN, UCALL_PORT, Ucall};
 
 /// Reads the `n`-th little-endian u64 of `data`, zero past its end.
 fn u64_at(data: &[u8], at: usize) -> u64 {

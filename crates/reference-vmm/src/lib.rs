@@ -5,8 +5,8 @@
 //! [`Vm::new`] creates a KVM VM with [vm-memory](vm_memory) guest memory, builds
 //! 4-level page tables, a GDT, and each vCPU's IDT and TSS in guest memory, and
 //! starts each vCPU directly in 64-bit mode at CPL3. [`Vm::run`] runs a built-in
-//! [guest program](guest) on every vCPU, one thread each, with a 16550 serial
-//! console from vm-superio and a [ucall] channel through which the guest
+//! [guest program](test_guests::GuestProgram) on every vCPU, one thread each, with a 16550 serial
+//! console from vm-superio and a [ucall](test_guests::ucall) channel through which the guest
 //! reports values, failed assertions and completion, the way KVM selftests do.
 //!
 //! Guest hot code runs at CPL3 because this machine's KVM (PVM) emulates CPL0 code
@@ -16,12 +16,12 @@
 //!
 //! # Example
 //! ```
-//! use reference_vmm::{Vm, VmConfig, guest};
+//! use reference_vmm::{Vm, VmConfig};
 //!
 //! # if std::env::var_os("VM_LATENCY_ALLOW_NO_KVM").is_some() && kvm_ioctls::Kvm::new().is_err() { return; }
 //! let config = VmConfig { vcpus: 2, ..VmConfig::default() };
 //! let vm = Vm::new(&config).unwrap();
-//! let report = vm.run(guest::find("hello").unwrap(), Box::new(std::io::sink())).unwrap();
+//! let report = vm.run(test_guests::find("hello").unwrap(), Box::new(std::io::sink())).unwrap();
 //! assert_eq!(report.value(1, "apic_id"), Some(1));
 //! ```
 
@@ -33,29 +33,23 @@
 
 pub mod apic;
 pub mod bench;
-pub mod boot_memory;
 pub mod devices;
 pub mod error;
 pub mod exit;
-pub mod guest;
 pub mod guest_abi;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
 pub mod irq;
 pub mod irqchip;
 pub mod kick;
-pub mod layout;
 pub mod mechanisms;
 pub mod migration;
 pub mod pause;
-pub mod pvh;
 pub mod qemu;
 pub mod shared;
 pub mod stop;
-pub mod ucall;
 pub mod vcpu;
 pub mod vm;
-pub mod x86;
 
 pub use error::{ConfigError, Error, GuestFault};
 pub use stop::{StopHandle, StopReason};

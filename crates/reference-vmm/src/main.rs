@@ -10,8 +10,6 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use reference_vmm::bench;
-use reference_vmm::guest::{self, GuestProgram, PROGRAMS};
-use reference_vmm::layout::{MAX_VCPUS, PARAMS};
 use reference_vmm::mechanisms::{
     Boost, BusAccess, HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement,
 };
@@ -19,10 +17,13 @@ use reference_vmm::migration::{
     self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, MigrationReport,
     StreamReader, Target,
 };
-use reference_vmm::pvh::Image;
 use reference_vmm::qemu::{QEMU_BINARY, Qemu, QemuApic};
-use reference_vmm::vm::{check_mem_mib, check_vcpus};
 use reference_vmm::{Boot, ConfigError, Error, StopHandle, StopReason, Vm, VmConfig};
+use test_guests::ProgramError;
+use test_guests::layout::{MAX_VCPUS, PARAMS};
+use test_guests::layout::{check_mem_mib, check_vcpus};
+use test_guests::programs::{self as guest, GuestProgram, PROGRAMS};
+use test_guests::pvh::{Image, ImageError};
 
 /// A reference VMM on real KVM for the vm-latency crates.
 #[derive(Debug, Parser)]
@@ -449,15 +450,21 @@ fn parse_params(s: &str) -> Result<Params, String> {
     Ok(Params(params))
 }
 
-fn parse_guest(name: &str) -> Result<&'static GuestProgram, ConfigError> {
-    guest::find(name).ok_or_else(|| ConfigError::UnknownGuest {
-        name: name.to_owned(),
-        known: PROGRAMS
-            .iter()
-            .map(|p| p.name)
-            .collect::<Vec<_>>()
-            .join(", "),
-    })
+fn parse_guest(name: &str) -> Result<&'static GuestProgram, test_guests::ProgramError> {
+    guest::named(name)
+}
+
+/// `e`, with the option that would mend it.
+fn with_flag(e: &ProgramError) -> String {
+    let flag = match e {
+        ProgramError::Param { .. } => "--params",
+        ProgramError::TooFewVcpus { .. } => "--vcpus",
+        ProgramError::TooLittleMemory { .. } => "--mem-mib, or smaller --params",
+        ProgramError::NeedsMigration { .. } => "--migrate-to or --snapshot-to",
+        ProgramError::NeedsTimeout { .. } => "--timeout-ms",
+        ProgramError::Unknown { .. } => "--guest",
+    };
+    format!("{e} ({flag})")
 }
 
 fn parse_vcpus(s: &str) -> Result<u32, String> {
@@ -518,7 +525,7 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let migrating = args.migrate.target().is_some();
     if let Err(e) = program.check_run(&params, vcpus, mem_mib, timeout, migrating) {
-        return usage_error(&e.to_string());
+        return usage_error(&with_flag(&e));
     }
     let config = VmConfig {
         vcpus: p.vcpus,
@@ -669,6 +676,7 @@ fn image(args: ImageArgs) -> ExitCode {
     };
     let image = match Image::build(guest, p.vcpus, p.mem_mib, p.params.0) {
         Ok(image) => image,
+        Err(ImageError::Program(e)) => return usage_error(&with_flag(&e)),
         Err(e) => return usage_error(&e.to_string()),
     };
     if let Err(e) = std::fs::write(&args.out, image.bytes()) {

@@ -1,4 +1,4 @@
-//! QEMU, the peer VMM: boots an image file ([`crate::pvh`]) under QEMU on
+//! QEMU, the peer VMM: boots an image file ([`test_guests::pvh`]) under QEMU on
 //! the same KVM and collects what the guest reported, so that this VMM's
 //! figures can stand beside QEMU's for the same guest code.
 //!
@@ -23,8 +23,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::exit::Report;
-use crate::pvh::DEBUG_EXIT_PORT;
-use crate::ucall::{self, TEXT_TAG, Ucall, UcallError};
+use test_guests::pvh::DEBUG_EXIT_PORT;
+use test_guests::ucall::{self, TEXT_TAG, Ucall, UcallError};
 
 /// The QEMU binary looked for on `PATH`.
 pub const QEMU_BINARY: &str = "qemu-system-x86_64";

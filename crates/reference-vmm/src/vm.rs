@@ -14,31 +14,33 @@ use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
-use crate::boot_memory;
 use crate::devices::{
     BoundedOutput, IoBus, OUTPUT_BUFFER_BYTES, POST_PORT, PostCode, SerialConsole, SharedBus,
 };
 use crate::error::{ConfigError, Error};
 use crate::exit::Report;
-use crate::guest::{GuestProgram, SERIAL_PORT};
-use crate::guest_abi::note_migration_ended;
 use crate::irq::Interrupts;
 use crate::irqchip::{self, KernelIrqChip, TunerThread, UserIrqChip};
 use crate::kick;
-use crate::layout::*;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms};
 use crate::migration::{ChipState, StateSupport, VcpuState, VmDescription};
 use crate::pause::{Decision, PauseError};
-use crate::pvh::Image;
 use crate::shared::VmShared;
 use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
 use crate::vcpu::{VcpuRunner, VcpuSummary};
-use crate::x86::boot::{
+use test_guests::GuestProgram;
+use test_guests::abi::SERIAL_PORT;
+use test_guests::abi::note_migration_ended;
+use test_guests::boot_memory;
+use test_guests::layout::*;
+use test_guests::layout::{check_mem_mib, check_vcpus};
+use test_guests::pvh::Image;
+use test_guests::x86::boot::{
     VcpuBootInfo, advertise_apic_features, entry_regs, long_mode_sregs, pvh_regs, pvh_sregs,
     set_apic_id,
 };
-use crate::x86::gdt::build_gdt;
-use crate::x86::idt::IDT_SIZE;
+use test_guests::x86::gdt::build_gdt;
+use test_guests::x86::idt::IDT_SIZE;
 
 /// Guest memory as this VMM maps it: vm-memory's mmap regions with a
 /// dirty bitmap of the VMM's own writes, which a migration's dirty log merges
@@ -73,11 +75,11 @@ pub struct VmConfig {
 /// How a VM's vCPUs start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Boot {
-    /// The VMM writes the [boot memory](crate::boot_memory) and sets every
+    /// The VMM writes the [boot memory](test_guests::boot_memory) and sets every
     /// vCPU's registers for the program at CPL3: no CPL0 code runs first.
     #[default]
     Direct,
-    /// From an image file ([`crate::pvh`]): every vCPU enters its PVH
+    /// From an image file ([`test_guests::pvh`]): every vCPU enters its PVH
     /// start-up in 32-bit protected mode. The image's vCPU count, memory
     /// size and parameters take the place of the configuration's.
     Image(Arc<Image>),
@@ -99,32 +101,6 @@ impl Default for VmConfig {
             dirty_ring: None,
             boot: Boot::Direct,
         }
-    }
-}
-
-/// Checks a vCPU count against the most this VMM (and a KVM allowing `kvm_max`) runs.
-pub fn check_vcpus(vcpus: u32, kvm_max: u32) -> Result<u32, ConfigError> {
-    let max = MAX_VCPUS.min(kvm_max);
-    if (1..=max).contains(&vcpus) {
-        Ok(vcpus)
-    } else {
-        Err(ConfigError::VcpuCount {
-            requested: vcpus,
-            max,
-        })
-    }
-}
-
-/// Checks a guest memory size in MiB.
-pub fn check_mem_mib(mem_mib: u64) -> Result<u64, ConfigError> {
-    if (MIN_MEM_MIB..=MAX_MEM_MIB).contains(&mem_mib) && mem_mib % 2 == 0 {
-        Ok(mem_mib)
-    } else {
-        Err(ConfigError::MemorySize {
-            requested: mem_mib,
-            min: MIN_MEM_MIB,
-            max: MAX_MEM_MIB,
-        })
     }
 }
 
@@ -337,8 +313,8 @@ impl Vm {
         };
         let kvm = Kvm::new().map_err(Error::OpenKvm)?;
         let kvm_max = u32::try_from(kvm.get_max_vcpus()).unwrap_or(u32::MAX);
-        let vcpus = check_vcpus(vcpus, kvm_max)?;
-        let mem_size = check_mem_mib(mem_mib)? << 20;
+        let vcpus = check_vcpus(vcpus, kvm_max).map_err(ConfigError::from)?;
+        let mem_size = check_mem_mib(mem_mib).map_err(ConfigError::from)? << 20;
         let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
         if let Some(bytes) = config.dirty_ring {
             dirty_log::enable_dirty_ring(&vm, bytes)?;
@@ -466,7 +442,9 @@ impl Vm {
     ) -> Result<RunReport, Error> {
         let count = self.vcpus.len() as u32;
         let migrating = self.controller.is_some() || self.boot == Boot::Incoming;
-        program.check_run(&self.params, count, self.mem_mib, self.timeout, migrating)?;
+        program
+            .check_run(&self.params, count, self.mem_mib, self.timeout, migrating)
+            .map_err(ConfigError::from)?;
         let entry = IMAGE_ADDR + program.entry_offset();
         for (i, fd) in (0..count).zip(&self.vcpus) {
             let regs = match &self.boot {
@@ -914,40 +892,6 @@ mod tests {
         assert_eq!(p99_bucket_edge(&hist), Some(8192));
         hist[15].store(2, Relaxed);
         assert_eq!(p99_bucket_edge(&hist), Some(32768));
-    }
-
-    #[test]
-    fn vcpu_count_is_checked_against_the_layout_and_kvm() {
-        assert_eq!(check_vcpus(4, 1024), Ok(4));
-        assert_eq!(
-            check_vcpus(0, 1024),
-            Err(ConfigError::VcpuCount {
-                requested: 0,
-                max: MAX_VCPUS
-            })
-        );
-        assert_eq!(
-            check_vcpus(65, 1024),
-            Err(ConfigError::VcpuCount {
-                requested: 65,
-                max: 64
-            })
-        );
-        assert_eq!(
-            check_vcpus(3, 2),
-            Err(ConfigError::VcpuCount {
-                requested: 3,
-                max: 2
-            })
-        );
-    }
-
-    #[test]
-    fn memory_size_is_even_and_in_range() {
-        assert_eq!(check_mem_mib(64), Ok(64));
-        for bad in [0, 30, 33, 3074, u64::MAX] {
-            assert!(check_mem_mib(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::kvm_available;
-use reference_vmm::{Vm, VmConfig, guest};
+use reference_vmm::{Vm, VmConfig};
 use vcpu_sched::{BoostBudget, FifoBoost};
 
 /// Yields from vCPU 0 to the spinner, and pauses between them (about 1 ms):
@@ -69,7 +69,7 @@ fn a_boosted_vcpu_spinning_at_cpl3_is_real_time_no_longer_than_the_budget() {
     let vm = Vm::new(&config).unwrap();
     let run = thread::spawn(move || {
         vm.run(
-            guest::find("yield-spin").unwrap(),
+            test_guests::find("yield-spin").unwrap(),
             Box::new(std::io::sink()),
         )
     });

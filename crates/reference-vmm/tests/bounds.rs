@@ -16,7 +16,7 @@ use common::kvm_available;
 use lapic_timer::TscClock;
 use reference_vmm::exit::MAX_REPORTS;
 use reference_vmm::mechanisms::Mechanisms;
-use reference_vmm::{Error, GuestFault, Vm, VmConfig, guest};
+use reference_vmm::{Error, GuestFault, Vm, VmConfig};
 
 #[test]
 fn a_report_flood_ends_at_the_cap_with_a_clear_error() {
@@ -166,7 +166,7 @@ fn periodic(
     let report = Vm::new(&config)
         .unwrap()
         .run(
-            guest::find("periodic-timer").unwrap(),
+            test_guests::find("periodic-timer").unwrap(),
             Box::new(std::io::sink()),
         )
         .unwrap();

@@ -273,7 +273,7 @@ fn a_bench_runs_the_qemu_it_is_given() {
 fn guests_lists_every_program() {
     let out = vmm(&["guests"]);
     assert!(out.status.success());
-    for p in reference_vmm::guest::PROGRAMS {
+    for p in test_guests::programs::PROGRAMS {
         assert!(text(&out.stdout).contains(p.name), "{}", p.name);
     }
 }

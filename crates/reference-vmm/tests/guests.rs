@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::kvm_available;
 use reference_vmm::devices::SharedBuffer;
-use reference_vmm::ucall::UcallError;
-use reference_vmm::{Error, GuestFault, RunReport, StopReason, Vm, VmConfig, guest};
+use reference_vmm::{Error, GuestFault, RunReport, StopReason, Vm, VmConfig};
+use test_guests::ucall::UcallError;
 
 fn lines(serial: &SharedBuffer) -> Vec<String> {
     let text = String::from_utf8(serial.contents()).unwrap();
@@ -27,7 +27,7 @@ fn run(name: &str, vcpus: u32) -> (Result<RunReport, Error>, SharedBuffer) {
     let serial = SharedBuffer::default();
     let result = Vm::new(&config)
         .unwrap()
-        .run(guest::find(name).unwrap(), Box::new(serial.clone()));
+        .run(test_guests::find(name).unwrap(), Box::new(serial.clone()));
     (result, serial)
 }
 
@@ -186,7 +186,7 @@ fn timeout_kicks_vcpus_that_never_exit() {
     };
     let result = Vm::new(&config)
         .unwrap()
-        .run(guest::find("spin").unwrap(), Box::new(io::sink()));
+        .run(test_guests::find("spin").unwrap(), Box::new(io::sink()));
     let Err(Error::Stopped { reason, partial }) = result else {
         panic!("expected a stop at the timeout, got {result:?}");
     };

@@ -19,7 +19,7 @@ use reference_vmm::migration::{
     self, Address, ChipState, DirtyLogBackend, MigrateOptions, StreamReader, StreamWriter,
     VcpuState, VmDescription,
 };
-use reference_vmm::{Boot, Vm, VmConfig, guest};
+use reference_vmm::{Boot, Vm, VmConfig};
 
 const VCPUS: u32 = 2;
 /// The smallest memory with room for the guest's pages (from 32 MiB on).
@@ -62,7 +62,7 @@ fn migrate(irqchip: Irqchip, backend: DirtyLogBackend, address: Address) -> Move
     };
     move_guest(
         &config,
-        guest::find("migrate").unwrap(),
+        test_guests::find("migrate").unwrap(),
         options,
         &address,
         true,
@@ -160,7 +160,7 @@ fn a_halted_vcpu_moves_halted_and_wakes_on_an_ipi_sent_after_the_move() {
             max_precopy: MAX_PRECOPY,
             ..MigrateOptions::default()
         };
-        let halt_wake = guest::find("halt-wake").unwrap();
+        let halt_wake = test_guests::find("halt-wake").unwrap();
         let moved = move_guest(&config, halt_wake, options, &socket("halt"), true).unwrap();
         let d = &moved.destination;
         assert_eq!(moved.migration.halted, 1, "{irqchip}: {}", moved.migration);
@@ -658,7 +658,10 @@ fn a_vm_made_to_receive_a_stream_does_not_run_without_one() {
             vm.set_incoming(states); // none for its one vCPU
         }
         let e = vm
-            .run(guest::find("hello").unwrap(), Box::new(std::io::sink()))
+            .run(
+                test_guests::find("hello").unwrap(),
+                Box::new(std::io::sink()),
+            )
             .unwrap_err();
         assert!(e.to_string().contains("Vm::set_incoming"), "{e}");
     }

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{kvm_available, skip};
-use reference_vmm::layout::PARAMS;
-use reference_vmm::pvh::Image;
 use reference_vmm::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuError};
-use reference_vmm::{Boot, Error, GuestFault, Vm, VmConfig, guest};
+use reference_vmm::{Boot, Error, GuestFault, Vm, VmConfig};
+use test_guests::layout::PARAMS;
+use test_guests::pvh::Image;
 
 const QEMU_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn image(name: &str, vcpus: u32) -> Image {
-    Image::build(guest::find(name).unwrap(), vcpus, 64, [0; PARAMS]).unwrap()
+    Image::build(test_guests::find(name).unwrap(), vcpus, 64, [0; PARAMS]).unwrap()
 }
 
 /// Writes `image` to a file of its own under the target directory.

@@ -189,10 +189,7 @@ fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
         );
         let mut bytes = vec![0u8; SAMPLES as usize * 8];
         memory
-            .read_slice(
-                &mut bytes,
-                GuestAddress(reference_vmm::layout::SAMPLES_ADDR),
-            )
+            .read_slice(&mut bytes, GuestAddress(test_guests::layout::SAMPLES_ADDR))
             .unwrap();
         let early = bytes
             .chunks_exact(8)

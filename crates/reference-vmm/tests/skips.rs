@@ -10,7 +10,7 @@ use std::process::Output;
 
 use common::{ALLOW_NO_KVM, kvm_available, skip};
 use hidden_dev::{namespace_refused, without_dev};
-use reference_vmm::{Vm, VmConfig, guest};
+use reference_vmm::{Vm, VmConfig};
 
 const KVM_TEST: &str = "a_guest_runs_on_dev_kvm";
 
@@ -21,7 +21,10 @@ fn a_guest_runs_on_dev_kvm() {
     }
     let vm = Vm::new(&VmConfig::default()).unwrap();
     let report = vm
-        .run(guest::find("hello").unwrap(), Box::new(std::io::sink()))
+        .run(
+            test_guests::find("hello").unwrap(),
+            Box::new(std::io::sink()),
+        )
         .unwrap();
     assert_eq!(report.value(0, "apic_id"), Some(0));
 }

@@ -13,10 +13,11 @@ use dirty_log::perf::{self, Mode, RING_BYTES, Tracker};
 use crate::bench::{Cell, Options, Table};
 use crate::devices::PioDevice;
 use crate::error::Error;
-use crate::guest::{self, GATE_PORT};
-use crate::layout::{DIRTY_AREA_ADDR, PAGE_SIZE};
 use crate::mechanisms::Mechanisms;
 use crate::vm::{Vm, VmConfig};
+use test_guests::abi::GATE_PORT;
+use test_guests::layout::{DIRTY_AREA_ADDR, PAGE_SIZE};
+use test_guests::programs as guest;
 
 /// vCPUs, MiB each, passes after the populating one (without `--quick`).
 const VCPUS: u32 = 2;

@@ -17,9 +17,9 @@ use halt_poll::kvm::TunerConfig;
 
 use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
-use crate::layout::PARAMS;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance};
 use crate::qemu::{Qemu, QemuApic};
+use test_guests::layout::PARAMS;
 
 /// Round trips per ping-pong run, without `--quick`.
 const ROUNDS: u64 = 2000;

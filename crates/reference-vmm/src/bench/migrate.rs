@@ -9,14 +9,14 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::bench::{Cell, Options, Runs, Table, goal, ticks_per_us};
 use crate::error::Error;
-use crate::guest::{self, GuestProgram};
-use crate::layout::{PAGE_SIZE, irq_record};
 use crate::migration::{
     self, Address, DirtyLogBackend, Incoming, MigrateOptions, Migration, MigrationError,
     MigrationReport, Target,
 };
 use crate::pause::PauseError;
 use crate::vm::{RunReport, Vm, VmConfig, VmMemory};
+use test_guests::layout::{PAGE_SIZE, irq_record};
+use test_guests::programs::{self as guest, GuestProgram};
 
 /// vCPUs of the guest.
 const VCPUS: u32 = 2;

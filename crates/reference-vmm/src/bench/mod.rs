@@ -29,7 +29,8 @@ use crate::error::Error;
 use crate::mechanisms::Mechanisms;
 use crate::qemu::Qemu;
 use crate::vm::{RunReport, Vm, VmConfig};
-use crate::{guest, layout::PARAMS};
+use test_guests::layout::PARAMS;
+use test_guests::programs as guest;
 
 /// How much to measure, and with which peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,14 +1,14 @@
 //! The peer VMM in a bench: a bench guest booted by QEMU from an image file
-//! ([`crate::pvh`]), with its parameters in the image.
+//! ([`test_guests::pvh`]), with its parameters in the image.
 
 use std::time::Duration;
 
 use crate::bench::{Options, Runs, goal};
 use crate::error::Error;
-use crate::guest;
-use crate::layout::PARAMS;
-use crate::pvh::Image;
+
 use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuRun};
+use test_guests::layout::PARAMS;
+use test_guests::pvh::Image;
 
 /// How long one QEMU run may take (a QEMU that does not get through the
 /// guest is killed then; `--quick` runs a tenth of the rounds).
@@ -29,7 +29,7 @@ pub fn run_image(
     const MEM_MIB: u64 = 64;
     let mut all = [0; PARAMS];
     all[..params.len().min(PARAMS)].copy_from_slice(&params[..params.len().min(PARAMS)]);
-    let program = guest::find(program).expect("bench programs are built in");
+    let program = test_guests::find(program).expect("bench programs are built in");
     let image = Image::build(program, vcpus, MEM_MIB, all)?;
     let path = std::env::temp_dir().join(format!(
         "reference-vmm-bench-{}-{}.elf",

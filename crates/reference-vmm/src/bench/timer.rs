@@ -13,9 +13,9 @@ use crate::bench::peer::run_image;
 use crate::bench::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
 use crate::error::Error;
 use crate::guest_abi::MAX_LEAD;
-use crate::layout::SAMPLES_ADDR;
 use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement};
 use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuError};
+use test_guests::layout::SAMPLES_ADDR;
 
 /// Timers per run, without `--quick`.
 const SAMPLES: u64 = 2000;

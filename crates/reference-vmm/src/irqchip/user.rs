@@ -20,9 +20,9 @@ use crate::error::Error;
 use crate::exit::ApicExits;
 use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{WAKE_INTERRUPT, WAKE_TIMER};
-use crate::layout::{irq_record, mailbox};
 use crate::migration::ChipState;
 use crate::shared::VmShared;
+use test_guests::layout::{irq_record, mailbox};
 
 // The halt poller keeps one policy per wake source: policy `i` learns from
 // the halts that source `i` (bit `i` of the events) ended.

@@ -10,9 +10,9 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::stream::{Record, StreamReader};
 use super::{ChipState, MigrationError, VcpuState};
-use crate::guest::{self, GuestProgram};
 use crate::mechanisms::Irqchip;
 use crate::vm::{Boot, Vm, VmConfig};
+use test_guests::programs::{self as guest, GuestProgram};
 
 /// A VM received whole, ready to run its program where it left off.
 pub struct Incoming {
@@ -53,7 +53,7 @@ pub fn receive<R: Read>(
         match input.next_record()? {
             Record::Pages { gpa, data } => {
                 memory.write_slice(&data, GuestAddress(gpa))?;
-                pages += data.len() as u64 / crate::layout::PAGE_SIZE;
+                pages += data.len() as u64 / test_guests::layout::PAGE_SIZE;
             }
             Record::Vcpu(state) => states.push(*state),
             Record::End => break,

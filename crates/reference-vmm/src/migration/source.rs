@@ -19,9 +19,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
 use super::{Address, Connection, MigrationError, VcpuState, read_answer};
 use crate::error::Error;
-use crate::guest_abi::note_migration_ended;
-use crate::layout::PAGE_SIZE;
 use crate::vm::{RunControl, Vm, VmMemory};
+use test_guests::abi::note_migration_ended;
+use test_guests::layout::PAGE_SIZE;
 
 /// How long the vCPUs may take to park.
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -20,9 +20,9 @@ use zerocopy::{FromBytes, IntoBytes};
 use super::stream::{Decoder, Encoder};
 use crate::apic::{ApicState, X2APIC_FIRST, X2APIC_LAST};
 use crate::error::Error;
-use crate::layout::PARAMS;
 use crate::mechanisms::Mechanisms;
-use crate::vm::{check_mem_mib, check_vcpus};
+use test_guests::layout::PARAMS;
+use test_guests::layout::{check_mem_mib, check_vcpus};
 
 /// IA32_TSC.
 const MSR_TSC: u32 = 0x10;
@@ -30,7 +30,7 @@ const MSR_TSC: u32 = 0x10;
 /// Everything the destination needs to create the VM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmDescription {
-    /// The guest program's name (see [`crate::guest::find`]).
+    /// The guest program's name (see [`test_guests::programs::find`]).
     pub program: String,
     /// vCPUs.
     pub vcpus: u32,

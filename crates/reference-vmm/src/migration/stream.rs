@@ -19,7 +19,7 @@
 use std::io::{self, Read, Write};
 
 use super::state::{VcpuState, VmDescription};
-use crate::layout::PAGE_SIZE;
+use test_guests::layout::PAGE_SIZE;
 
 /// The first bytes of every stream.
 pub const MAGIC: [u8; 8] = *b"RVMMSTRM";

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use reference_vmm::VmMemory;
 use reference_vmm::mechanisms::Mechanisms;
-use reference_vmm::{Error, RunReport, Vm, VmConfig, guest};
+use reference_vmm::{Error, RunReport, Vm, VmConfig};
 
 /// Runs `name` on `vcpus` vCPUs; returns its report and its memory after the run.
 pub fn run(
@@ -24,7 +24,7 @@ pub fn run(
     let vm = Vm::new(&config)?;
     let memory = vm.memory();
     let report = vm.run(
-        guest::find(name).expect("a built-in program"),
+        test_guests::find(name).expect("a built-in program"),
         Box::new(std::io::sink()),
     )?;
     Ok((report, memory))

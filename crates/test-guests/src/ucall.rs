@@ -10,9 +10,9 @@ use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory};
 
 /// The port guest programs send ucalls to.
 pub const UCALL_PORT: u16 = 0x1000;
-/// What a 4-byte read of [`UCALL_PORT`] returns on this VMM, so that a guest
+/// What a 4-byte read of [`UCALL_PORT`] returns on a VMM that implements the port, so that a guest
 /// booted from an image file can tell it from a VMM without the port, where
-/// the read returns all ones (`guest/pvh.s`).
+/// the read returns all ones (`programs/pvh.s`).
 pub const UCALL_PROBE: u32 = 0x7563_616c; // "ucal"
 /// A named value for the run report: `(name, value)`.
 pub const CMD_REPORT: u64 = 1;
@@ -25,6 +25,15 @@ pub const CMD_EXCEPTION: u64 = 4;
 
 /// Longest string (without its NUL) a ucall may point at.
 pub const MAX_STRING_LEN: usize = 64;
+
+/// A named value a guest reported through a ucall.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// Its name.
+    pub name: String,
+    /// Its value.
+    pub value: u64,
+}
 
 /// A ucall as the guest lays it out in memory.
 #[repr(C)]
@@ -144,7 +153,7 @@ fn from_frame(
 /// The start of a ucall sent as a line of text on the serial console, the
 /// transport of a guest booted by a VMM without the ucall port (QEMU):
 /// `@ucall <vcpu> <cmd> <arg0> <arg1> <arg2> <arg3>[ <string at arg0>]`, in
-/// decimal (see `rt_ucall_text` in `guest/runtime.s`).
+/// decimal (see `rt_ucall_text` in `programs/runtime.s`).
 pub const TEXT_TAG: &str = "@ucall ";
 
 /// Decodes a ucall text line (with or without its [`TEXT_TAG`]) into the

@@ -1,11 +1,11 @@
-//! Guest programs: readable assembly in this folder, assembled by rustc into one
-//! image that the VMM copies into guest memory.
+//! The guest programs: readable assembly in this folder, assembled by rustc
+//! into one image that a VMM copies into guest memory.
 //!
 //! `runtime.s` holds what every program shares: the CPL0 exception stubs (the
 //! IDT points at them), the CPL3 → CPL0 service call, and a CPL3 library for
 //! the serial console and ucalls. Each program is an entry point in the same image,
 //! so programs call the library with ordinary relative `call`s. The image is
-//! position-independent: it is built into this binary's read-only data and only
+//! position-independent: it is built into the binary's read-only data and only
 //! ever executed by the guest, at [`crate::layout::IMAGE_ADDR`].
 //!
 //! Every program starts at CPL3 in 64-bit mode with
@@ -15,8 +15,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::apic;
-use crate::error::ConfigError;
+use crate::abi::{
+    DEBUG_EXIT_PORT, GATE_PORT, PAUSE_PORT, POST_PORT, SERIAL_PORT, UCALL_PORT, YIELD_PORT,
+};
 use crate::layout::{
     ACKS_OFFSET, APIC_READY_OFFSET, BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR, DONE_COUNT_OFFSET,
     EXCEPTION_STACK_GAP, IDT_OFFSET, IMAGE_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET,
@@ -25,12 +26,10 @@ use crate::layout::{
     UCALL_TRANSPORT_OFFSET, USER_STACK_TOP_OFFSET, VCPU_AREA_BASE, VCPU_AREA_SIZE,
     VCPU_DATA_OFFSET,
 };
-use crate::ucall::{self, UCALL_PORT};
+use crate::ucall;
 use crate::x86::idt::IDT_SIZE;
-use crate::x86::{boot, gdt};
+use crate::x86::{apic, boot, gdt};
 
-/// Port of the 16550 serial console (COM1).
-pub const SERIAL_PORT: u16 = 0x3f8;
 /// `ud2` service number (in `eax`) that runs CPUID at CPL0, where KVM answers it.
 pub const SYS_CPUID: u32 = 1;
 /// `ud2` service number (in `eax`) that triple-faults the vCPU.
@@ -41,7 +40,6 @@ pub const SYS_HALT: u32 = 3;
 pub const SYS_WRMSR: u32 = 4;
 /// `ud2` service number: read MSR `edi` into `rax`.
 pub const SYS_RDMSR: u32 = 5;
-pub use crate::guest_abi::{GATE_PORT, PAUSE_PORT, YIELD_PORT};
 /// Number of exception vectors the runtime has a stub for.
 pub const EXCEPTION_VECTORS: u8 = 32;
 /// Distance between two exception stubs in the image.
@@ -56,8 +54,8 @@ core::arch::global_asm!(
     include_str!("bounds.s"),
     include_str!("migrate.s"),
     include_str!("pvh.s"),
-    ".globl reference_vmm_guest_image_end",
-    "reference_vmm_guest_image_end:",
+    ".globl test_guests_image_end",
+    "test_guests_image_end:",
     ".popsection",
     ucall_port = const UCALL_PORT,
     ucall_report = const ucall::CMD_REPORT,
@@ -78,8 +76,8 @@ core::arch::global_asm!(
     msr_icr = const apic::MSR_ICR,
     msr_esr = const apic::MSR_ESR,
     msr_lvt_timer = const apic::MSR_LVT_TIMER,
-    msr_timer_initial = const lapic_timer::registers::x2apic_msr(lapic_timer::registers::INITIAL_COUNT),
-    msr_timer_divide = const lapic_timer::registers::x2apic_msr(lapic_timer::registers::DIVIDE_CONFIG),
+    msr_timer_initial = const apic::MSR_TIMER_INITIAL_COUNT,
+    msr_timer_divide = const apic::MSR_TIMER_DIVIDE,
     msr_tsc_deadline = const apic::MSR_TSC_DEADLINE,
     irq_record_below_data = const VCPU_DATA_OFFSET - KERNEL_STACK_TOP_OFFSET + IRQ_RECORD_SIZE,
     params = const SHARED_DATA_ADDR + PARAMS_OFFSET,
@@ -87,7 +85,7 @@ core::arch::global_asm!(
     acks = const SHARED_DATA_ADDR + ACKS_OFFSET,
     apic_ready = const SHARED_DATA_ADDR + APIC_READY_OFFSET,
     pause_port = const PAUSE_PORT,
-    post_port = const crate::devices::POST_PORT,
+    post_port = const POST_PORT,
     gate_port = const GATE_PORT,
     yield_port = const YIELD_PORT,
     mailboxes = const SHARED_DATA_ADDR + MAILBOX_OFFSET,
@@ -100,7 +98,7 @@ core::arch::global_asm!(
     migrations = const SHARED_DATA_ADDR + MIGRATIONS_OFFSET,
     boot_table = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET,
     boot_vcpus = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET + 16,
-    debug_exit_port = const crate::pvh::DEBUG_EXIT_PORT,
+    debug_exit_port = const DEBUG_EXIT_PORT,
     ucall_probe = const ucall::UCALL_PROBE,
     vcpu_area_base = const VCPU_AREA_BASE,
     image_addr = const IMAGE_ADDR,
@@ -131,41 +129,41 @@ const EFER_LMA: u64 = 1 << 10;
 // SAFETY: these symbols are labels in the read-only image emitted by the
 // `global_asm!` above; they are never written, so reading them is always sound.
 unsafe extern "C" {
-    safe static reference_vmm_guest_image_start: u8;
-    safe static reference_vmm_guest_image_end: u8;
-    safe static reference_vmm_guest_exception_stubs: u8;
-    safe static reference_vmm_guest_hello: u8;
-    safe static reference_vmm_guest_triple_fault: u8;
-    safe static reference_vmm_guest_bad_port: u8;
-    safe static reference_vmm_guest_bad_ucall: u8;
-    safe static reference_vmm_guest_gp_fault: u8;
-    safe static reference_vmm_guest_assert_fail: u8;
-    safe static reference_vmm_guest_spin: u8;
-    safe static reference_vmm_guest_irq_entry: u8;
-    safe static reference_vmm_guest_xapic_irq_entry: u8;
-    safe static reference_vmm_guest_pingpong: u8;
-    safe static reference_vmm_guest_apic_abuse: u8;
-    safe static reference_vmm_guest_apic_gp: u8;
-    safe static reference_vmm_guest_cyclictest: u8;
-    safe static reference_vmm_guest_timer_spin: u8;
-    safe static reference_vmm_guest_sched_ipi: u8;
-    safe static reference_vmm_guest_ipi_ring: u8;
-    safe static reference_vmm_guest_port_exits: u8;
-    safe static reference_vmm_guest_dirty_writer: u8;
-    safe static reference_vmm_guest_migrate: u8;
-    safe static reference_vmm_guest_halt_wake: u8;
-    safe static reference_vmm_guest_report_flood: u8;
-    safe static reference_vmm_guest_serial_flood: u8;
-    safe static reference_vmm_guest_periodic_timer: u8;
-    safe static reference_vmm_guest_xapic_bytes: u8;
-    safe static reference_vmm_guest_yield_spin: u8;
-    safe static reference_vmm_guest_pvh_entry: u8;
+    safe static test_guests_image_start: u8;
+    safe static test_guests_image_end: u8;
+    safe static test_guests_exception_stubs: u8;
+    safe static test_guests_hello: u8;
+    safe static test_guests_triple_fault: u8;
+    safe static test_guests_bad_port: u8;
+    safe static test_guests_bad_ucall: u8;
+    safe static test_guests_gp_fault: u8;
+    safe static test_guests_assert_fail: u8;
+    safe static test_guests_spin: u8;
+    safe static test_guests_irq_entry: u8;
+    safe static test_guests_xapic_irq_entry: u8;
+    safe static test_guests_pingpong: u8;
+    safe static test_guests_apic_abuse: u8;
+    safe static test_guests_apic_gp: u8;
+    safe static test_guests_cyclictest: u8;
+    safe static test_guests_timer_spin: u8;
+    safe static test_guests_sched_ipi: u8;
+    safe static test_guests_ipi_ring: u8;
+    safe static test_guests_port_exits: u8;
+    safe static test_guests_dirty_writer: u8;
+    safe static test_guests_migrate: u8;
+    safe static test_guests_halt_wake: u8;
+    safe static test_guests_report_flood: u8;
+    safe static test_guests_serial_flood: u8;
+    safe static test_guests_periodic_timer: u8;
+    safe static test_guests_xapic_bytes: u8;
+    safe static test_guests_yield_spin: u8;
+    safe static test_guests_pvh_entry: u8;
 }
 
 /// The whole guest image: runtime and every program.
 pub fn image() -> &'static [u8] {
-    let start = &raw const reference_vmm_guest_image_start;
-    let len = offset_of(&reference_vmm_guest_image_end) as usize;
+    let start = &raw const test_guests_image_start;
+    let len = offset_of(&test_guests_image_end) as usize;
     // SAFETY: start and end label the beginning and end of one contiguous,
     // immutable section emitted by the `global_asm!` above, end after start.
     unsafe { std::slice::from_raw_parts(start, len) }
@@ -173,20 +171,20 @@ pub fn image() -> &'static [u8] {
 
 /// Offset of an image label from the start of the image.
 fn offset_of(label: &'static u8) -> u64 {
-    let start = &raw const reference_vmm_guest_image_start as usize;
+    let start = &raw const test_guests_image_start as usize;
     (label as *const u8 as usize - start) as u64
 }
 
 /// Offset in the image of the runtime's entry for external interrupts (32 up
 /// to [`XAPIC_VECTORS`], and 0xFF).
 pub fn irq_entry_offset() -> u64 {
-    offset_of(&reference_vmm_guest_irq_entry)
+    offset_of(&test_guests_irq_entry)
 }
 
 /// Offset in the [`image`] of the PVH start-up (`pvh.s`), where a VMM that
 /// boots an image file enters it.
 pub fn pvh_entry_offset() -> u64 {
-    offset_of(&reference_vmm_guest_pvh_entry)
+    offset_of(&test_guests_pvh_entry)
 }
 
 /// First vector whose interrupts enter [`xapic_irq_entry_offset`]'s handler.
@@ -195,19 +193,84 @@ pub const XAPIC_VECTORS: u8 = 0xF0;
 /// Offset in the [`image`] of the interrupt entry for vectors
 /// [`XAPIC_VECTORS`]-0xFE, which EOIs through the xAPIC page.
 pub fn xapic_irq_entry_offset() -> u64 {
-    offset_of(&reference_vmm_guest_xapic_irq_entry)
+    offset_of(&test_guests_xapic_irq_entry)
 }
 
 /// Offset in the image of the runtime's stub for exception `vector` (< 32).
 pub fn exception_stub_offset(vector: u8) -> u64 {
     debug_assert!(vector < EXCEPTION_VECTORS);
-    offset_of(&reference_vmm_guest_exception_stubs) + u64::from(vector) * EXCEPTION_STUB_SIZE
+    offset_of(&test_guests_exception_stubs) + u64::from(vector) * EXCEPTION_STUB_SIZE
 }
 
-/// A guest program built into the VMM.
+/// A program that cannot run as asked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProgramError {
+    /// A parameter below what the program needs.
+    #[error("guest program {guest} needs params[{index}] ({name}) of at least {min}, not {got}")]
+    Param {
+        /// The program.
+        guest: &'static str,
+        /// Which parameter.
+        index: usize,
+        /// What it means.
+        name: &'static str,
+        /// The smallest value it takes.
+        min: u64,
+        /// The value given.
+        got: u64,
+    },
+    /// Fewer vCPUs than the program works on.
+    #[error("guest program {guest} needs at least {min} vCPUs, not {got}")]
+    TooFewVcpus {
+        /// The program.
+        guest: &'static str,
+        /// The fewest it runs on.
+        min: u32,
+        /// The number given.
+        got: u32,
+    },
+    /// Parameters that ask for more memory than the VM has.
+    #[error(
+        "guest program {guest} needs {needs_mib} MiB of guest memory for its parameters, not \
+         {got_mib}"
+    )]
+    TooLittleMemory {
+        /// The program.
+        guest: &'static str,
+        /// The memory it needs, MiB (even).
+        needs_mib: u64,
+        /// The memory given, MiB.
+        got_mib: u64,
+    },
+    /// Parameters that make the program wait for a migration, run without one.
+    #[error(
+        "guest program {guest}'s parameters make it wait for a migration to end: give it one, \
+         or set that parameter to 0"
+    )]
+    NeedsMigration {
+        /// The program.
+        guest: &'static str,
+    },
+    /// A program that never finishes, run without a timeout.
+    #[error("guest program {guest} runs until it is stopped: give it a timeout")]
+    NeedsTimeout {
+        /// The program.
+        guest: &'static str,
+    },
+    /// No built-in program has this name.
+    #[error("no guest program is called {name:?}; the built-in ones are: {known}")]
+    Unknown {
+        /// The name given.
+        name: String,
+        /// The names there are, comma-separated.
+        known: String,
+    },
+}
+
+/// A built-in guest program.
 #[derive(Clone, Copy)]
 pub struct GuestProgram {
-    /// Name used on the command line.
+    /// Its name.
     pub name: &'static str,
     /// One line on what it does.
     pub about: &'static str,
@@ -277,9 +340,9 @@ impl GuestProgram {
     /// parameter at least its minimum (a program asked for 0 rounds would
     /// measure nothing and say nothing), and a timeout for one that never
     /// finishes.
-    pub fn check(&self, params: &[u64], timeout: Option<Duration>) -> Result<(), ConfigError> {
+    pub fn check(&self, params: &[u64], timeout: Option<Duration>) -> Result<(), ProgramError> {
         if self.until_stopped && timeout.is_none() {
-            return Err(ConfigError::NeedsTimeout { guest: self.name });
+            return Err(ProgramError::NeedsTimeout { guest: self.name });
         }
         self.check_params(params)
     }
@@ -293,9 +356,9 @@ impl GuestProgram {
         params: &[u64],
         vcpus: u32,
         mem_mib: u64,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), ProgramError> {
         if vcpus < self.min_vcpus {
-            return Err(ConfigError::TooFewVcpus {
+            return Err(ProgramError::TooFewVcpus {
                 guest: self.name,
                 min: self.min_vcpus,
                 got: vcpus,
@@ -305,7 +368,7 @@ impl GuestProgram {
         if end > mem_mib.saturating_mul(1 << 20) {
             // Guest memory comes in even MiB.
             let needs_mib = end.div_ceil(2 << 20).saturating_mul(2);
-            return Err(ConfigError::TooLittleMemory {
+            return Err(ProgramError::TooLittleMemory {
                 guest: self.name,
                 needs_mib,
                 got_mib: mem_mib,
@@ -324,11 +387,11 @@ impl GuestProgram {
         mem_mib: u64,
         timeout: Option<Duration>,
         migrating: bool,
-    ) -> Result<(), ConfigError> {
+    ) -> Result<(), ProgramError> {
         self.check(params, timeout)?;
         self.check_machine(params, vcpus, mem_mib)?;
         match self.waits_for_migration(params) && !migrating {
-            true => Err(ConfigError::NeedsMigration { guest: self.name }),
+            true => Err(ProgramError::NeedsMigration { guest: self.name }),
             false => Ok(()),
         }
     }
@@ -343,11 +406,11 @@ impl GuestProgram {
     }
 
     /// Whether every parameter is at least its minimum.
-    pub fn check_params(&self, params: &[u64]) -> Result<(), ConfigError> {
+    pub fn check_params(&self, params: &[u64]) -> Result<(), ProgramError> {
         for (index, p) in self.params.iter().enumerate() {
             let got = params.get(index).copied().unwrap_or(0);
             if got < p.min {
-                return Err(ConfigError::Param {
+                return Err(ProgramError::Param {
                     guest: self.name,
                     index,
                     name: p.name,
@@ -405,7 +468,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_hello,
+        entry: &test_guests_hello,
     },
     GuestProgram {
         name: "spin",
@@ -414,7 +477,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: true,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_spin,
+        entry: &test_guests_spin,
     },
     GuestProgram {
         name: "triple-fault",
@@ -423,7 +486,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_triple_fault,
+        entry: &test_guests_triple_fault,
     },
     GuestProgram {
         name: "bad-port",
@@ -432,7 +495,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_bad_port,
+        entry: &test_guests_bad_port,
     },
     GuestProgram {
         name: "bad-ucall",
@@ -441,7 +504,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_bad_ucall,
+        entry: &test_guests_bad_ucall,
     },
     GuestProgram {
         name: "gp-fault",
@@ -450,7 +513,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_gp_fault,
+        entry: &test_guests_gp_fault,
     },
     GuestProgram {
         name: "pingpong",
@@ -467,7 +530,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 2,
         data: DataArea::None,
-        entry: &reference_vmm_guest_pingpong,
+        entry: &test_guests_pingpong,
     },
     GuestProgram {
         name: "apic-abuse",
@@ -476,7 +539,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_apic_abuse,
+        entry: &test_guests_apic_abuse,
     },
     GuestProgram {
         name: "apic-gp",
@@ -485,7 +548,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_apic_gp,
+        entry: &test_guests_apic_gp,
     },
     GuestProgram {
         name: "cyclictest",
@@ -498,7 +561,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::Samples,
-        entry: &reference_vmm_guest_cyclictest,
+        entry: &test_guests_cyclictest,
     },
     GuestProgram {
         name: "timer-spin",
@@ -507,7 +570,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_timer_spin,
+        entry: &test_guests_timer_spin,
     },
     GuestProgram {
         name: "sched-ipi",
@@ -520,7 +583,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_sched_ipi,
+        entry: &test_guests_sched_ipi,
     },
     GuestProgram {
         name: "ipi-ring",
@@ -533,7 +596,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_ipi_ring,
+        entry: &test_guests_ipi_ring,
     },
     GuestProgram {
         name: "port-exits",
@@ -542,7 +605,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_port_exits,
+        entry: &test_guests_port_exits,
     },
     GuestProgram {
         name: "dirty-writer",
@@ -553,7 +616,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         data: DataArea::Pages {
             bytes_each: PAGE_SIZE,
         },
-        entry: &reference_vmm_guest_dirty_writer,
+        entry: &test_guests_dirty_writer,
     },
     GuestProgram {
         name: "migrate",
@@ -570,7 +633,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         data: DataArea::Pages {
             bytes_each: PAGE_SIZE + 8,
         },
-        entry: &reference_vmm_guest_migrate,
+        entry: &test_guests_migrate,
     },
     GuestProgram {
         name: "halt-wake",
@@ -582,7 +645,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 2,
         data: DataArea::None,
-        entry: &reference_vmm_guest_halt_wake,
+        entry: &test_guests_halt_wake,
     },
     GuestProgram {
         name: "report-flood",
@@ -591,7 +654,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_report_flood,
+        entry: &test_guests_report_flood,
     },
     GuestProgram {
         name: "serial-flood",
@@ -600,7 +663,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: true,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_serial_flood,
+        entry: &test_guests_serial_flood,
     },
     GuestProgram {
         name: "periodic-timer",
@@ -613,7 +676,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_periodic_timer,
+        entry: &test_guests_periodic_timer,
     },
     GuestProgram {
         name: "xapic-bytes",
@@ -622,7 +685,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_xapic_bytes,
+        entry: &test_guests_xapic_bytes,
     },
     GuestProgram {
         name: "yield-spin",
@@ -631,7 +694,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 2,
         data: DataArea::None,
-        entry: &reference_vmm_guest_yield_spin,
+        entry: &test_guests_yield_spin,
     },
     GuestProgram {
         name: "assert-fail",
@@ -640,13 +703,25 @@ pub static PROGRAMS: &[GuestProgram] = &[
         until_stopped: false,
         min_vcpus: 1,
         data: DataArea::None,
-        entry: &reference_vmm_guest_assert_fail,
+        entry: &test_guests_assert_fail,
     },
 ];
 
 /// The built-in program called `name`.
 pub fn find(name: &str) -> Option<&'static GuestProgram> {
     PROGRAMS.iter().find(|p| p.name == name)
+}
+
+/// The built-in program called `name`, or an error that lists them all.
+pub fn named(name: &str) -> Result<&'static GuestProgram, ProgramError> {
+    find(name).ok_or_else(|| ProgramError::Unknown {
+        name: name.to_owned(),
+        known: PROGRAMS
+            .iter()
+            .map(|p| p.name)
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
 }
 
 #[cfg(test)]
@@ -684,7 +759,7 @@ mod tests {
         let pingpong = find("pingpong").unwrap();
         assert_eq!(
             pingpong.check(&[0, 0], None),
-            Err(ConfigError::Param {
+            Err(ProgramError::Param {
                 guest: "pingpong",
                 index: 0,
                 name: "rounds",
@@ -695,15 +770,12 @@ mod tests {
         assert_eq!(pingpong.check(&[5, 0], None), Ok(()));
         assert_eq!(
             pingpong.check(&[], None).map_err(|e| e.to_string()),
-            Err(
-                "guest program pingpong needs params[0] (rounds) of at least 1, not 0 (--params)"
-                    .into()
-            )
+            Err("guest program pingpong needs params[0] (rounds) of at least 1, not 0".into())
         );
         let spin = find("spin").unwrap();
         assert_eq!(
             spin.check(&[], None),
-            Err(ConfigError::NeedsTimeout { guest: "spin" })
+            Err(ProgramError::NeedsTimeout { guest: "spin" })
         );
         assert_eq!(spin.check(&[], Some(Duration::from_millis(1))), Ok(()));
         assert_eq!(find("hello").unwrap().check(&[], None), Ok(()));
@@ -714,7 +786,7 @@ mod tests {
         let pingpong = find("pingpong").unwrap();
         assert_eq!(
             pingpong.check_machine(&[1], 1, 64),
-            Err(ConfigError::TooFewVcpus {
+            Err(ProgramError::TooFewVcpus {
                 guest: "pingpong",
                 min: 2,
                 got: 1
@@ -727,7 +799,7 @@ mod tests {
         assert_eq!(migrate.check_machine(&[fits], 2, 64), Ok(()));
         assert_eq!(
             migrate.check_machine(&[fits + 1], 2, 64),
-            Err(ConfigError::TooLittleMemory {
+            Err(ProgramError::TooLittleMemory {
                 guest: "migrate",
                 needs_mib: 66,
                 got_mib: 64

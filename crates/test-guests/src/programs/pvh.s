@@ -1,11 +1,11 @@
 // The PVH entry: how a VMM that boots ELF images starts this image (QEMU's
-// `-kernel`, this VMM's `run --image`; the file comes from `reference-vmm
-// image`, see pvh.rs). The PVH boot protocol enters here in 32-bit protected
-// mode, paging off, at CPL0. In a few instructions this does what this VMM's
+// `-kernel`, the reference VMM's `run --image`; the file comes from
+// `Image::build`, see pvh.rs). The PVH boot protocol enters here in 32-bit
+// protected mode, paging off, at CPL0. In a few instructions this does what a
 // direct boot does with KVM_SET_SREGS (x86/boot.rs): long mode on the image's
 // page tables, its GDT, the vCPU's TSS and IDT; then it probes for the ucall
 // port, and enters the program at CPL3 with the program ABI's registers.
-// This VMM starts every vCPU here; elsewhere the boot vCPU starts the others
+// A VMM with the ucall port starts every vCPU here; elsewhere the boot vCPU starts the others
 // with INIT and start-up IPIs through a real-mode trampoline (below).
 // CPL0 code is emulated on PVM: keep it short. The image always lives at
 // IMAGE_ADDR, so the 32-bit part's absolute addresses are the image's base
@@ -26,14 +26,14 @@
 
     .code32
     .balign 16
-    .globl reference_vmm_guest_pvh_entry
-reference_vmm_guest_pvh_entry:
+    .globl test_guests_pvh_entry
+test_guests_pvh_entry:
     long_mode_tables
     mov eax, {cr0}              // paging on: long mode, in 32-bit code for now
     mov cr0, eax
     lgdt [{boot_table}]
     .byte 0xea                  // ljmp to 64-bit kernel code
-    .long {image_addr} + rt_pvh_long_mode - reference_vmm_guest_image_start
+    .long {image_addr} + rt_pvh_long_mode - test_guests_image_start
     .word {kernel_cs}
 
     .code64
@@ -59,14 +59,14 @@ rt_pvh_long_mode:
     mov [rsp + 8], rax
     lidt [rsp + 6]
     add rsp, 16
-    mov dx, {ucall_port}        // only this VMM answers the probe
+    mov dx, {ucall_port}        // only a VMM with the port answers
     in eax, dx
     xor ecx, ecx
     cmp eax, {ucall_probe}
     setne cl
     mov rax, {ucall_transport}
     mov [rax], rcx
-    jrcxz 1f                    // this VMM starts every vCPU itself
+    jrcxz 1f                    // that VMM starts every vCPU itself
     test ebx, ebx
     jnz 1f
     push rsi                    // elsewhere the boot vCPU starts the others
@@ -116,7 +116,7 @@ rt_pvh_trampoline:
     mov eax, {cr0}
     mov cr0, eax
     .byte 0x66, 0xea            // ljmp to 64-bit kernel code
-    .long {image_addr} + rt_pvh_long_mode - reference_vmm_guest_image_start
+    .long {image_addr} + rt_pvh_long_mode - test_guests_image_start
     .word {kernel_cs}
     .balign 8
 rt_pvh_trampoline_gdtr:

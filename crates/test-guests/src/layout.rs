@@ -45,7 +45,7 @@ pub const PD_ADDR: u64 = PDPT_ADDR + PAGE_SIZE;
 pub const APIC_PD_ADDR: u64 = PD_ADDR + 3 * PAGE_SIZE;
 
 /// Where the boot vCPU of an image booted by another VMM copies the
-/// real-mode trampoline that the other vCPUs start at (`guest/pvh.s`): a
+/// real-mode trampoline that the other vCPUs start at (`programs/pvh.s`): a
 /// page below 1 MiB, whose number is the start-up IPI's vector.
 pub const TRAMPOLINE_ADDR: u64 = 0x8000;
 
@@ -66,7 +66,7 @@ pub const IDT_OFFSET: u64 = 0x3000;
 pub const KERNEL_STACK_TOP_OFFSET: u64 = 0x8000;
 /// Bytes of the per-vCPU interrupt record, at the top of the kernel stack
 /// area: the guest's interrupt entry stores the TSC of the last interrupt at
-/// +0 and counts interrupts at +8 (see `guest/runtime.s`).
+/// +0 and counts interrupts at +8 (see `programs/runtime.s`).
 pub const IRQ_RECORD_SIZE: u64 = 64;
 /// How far below the interrupt stack the exception stack (RSP0) starts.
 pub const EXCEPTION_STACK_GAP: u64 = 0x1000;
@@ -95,7 +95,7 @@ pub const ACKS_OFFSET: u64 = 0x200;
 /// page, on a cache line of its own (the guests' start-up barrier).
 pub const APIC_READY_OFFSET: u64 = 0x240;
 /// Offset of the PVH boot table in the shared page, which an image file
-/// carries for its start-up (`guest/pvh.s`, [`crate::pvh::BootTable`]).
+/// carries for its start-up (`programs/pvh.s`, [`crate::pvh::BootTable`]).
 pub const BOOT_TABLE_OFFSET: u64 = 0x280;
 /// Offset of the ucall transport in the shared page: 0, the ucall port (this
 /// VMM, the default); 1, text lines on the serial console, for a VMM without
@@ -108,7 +108,7 @@ pub const DONE_COUNT_OFFSET: u64 = 0x300;
 /// cache line of its own: the VMM adds one where the guest runs on after a
 /// migration or snapshot (at the destination before its vCPUs start, at the
 /// source when the move failed), so that a guest can wait for the move
-/// instead of racing it (see [`crate::guest_abi`]).
+/// instead of racing it (see [`crate::abi`]).
 pub const MIGRATIONS_OFFSET: u64 = 0x340;
 /// Offset of the per-vCPU mailboxes (guest-side polling) in the shared area:
 /// `1 << MAILBOX_SHIFT` bytes each. +0: the poll window in TSC ticks (the
@@ -179,6 +179,56 @@ pub const fn vcpu_data(index: u32) -> u64 {
     vcpu_area(index) + VCPU_DATA_OFFSET
 }
 
+/// A machine the layout does not fit.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// Too few or too many vCPUs.
+    #[error("the number of vCPUs must be between 1 and {max}, not {requested}")]
+    VcpuCount {
+        /// What was asked for.
+        requested: u32,
+        /// The most the layout (and the caller) allows.
+        max: u32,
+    },
+    /// Guest memory size out of range or not a whole number of 2 MiB pages.
+    #[error("guest memory must be an even number of MiB between {min} and {max}, not {requested}")]
+    MemorySize {
+        /// What was asked for, in MiB.
+        requested: u64,
+        /// Smallest accepted size in MiB.
+        min: u64,
+        /// Largest accepted size in MiB.
+        max: u64,
+    },
+}
+
+/// Checks a vCPU count against [`MAX_VCPUS`] and `max` (a hypervisor's own
+/// limit, say).
+pub fn check_vcpus(vcpus: u32, max: u32) -> Result<u32, LayoutError> {
+    let max = MAX_VCPUS.min(max);
+    if (1..=max).contains(&vcpus) {
+        Ok(vcpus)
+    } else {
+        Err(LayoutError::VcpuCount {
+            requested: vcpus,
+            max,
+        })
+    }
+}
+
+/// Checks a guest memory size in MiB: even, [`MIN_MEM_MIB`] to [`MAX_MEM_MIB`].
+pub fn check_mem_mib(mem_mib: u64) -> Result<u64, LayoutError> {
+    if (MIN_MEM_MIB..=MAX_MEM_MIB).contains(&mem_mib) && mem_mib % 2 == 0 {
+        Ok(mem_mib)
+    } else {
+        Err(LayoutError::MemorySize {
+            requested: mem_mib,
+            min: MIN_MEM_MIB,
+            max: MAX_MEM_MIB,
+        })
+    }
+}
+
 // The fixed layout must not overlap; these fail the build if it ever does.
 const _: () = assert!(APIC_PD_ADDR + PAGE_SIZE <= VCPU_AREA_BASE);
 const _: () = assert!(TRAMPOLINE_ADDR % PAGE_SIZE == 0 && TRAMPOLINE_ADDR < 1 << 20);
@@ -215,5 +265,22 @@ mod tests {
     fn everything_a_ucall_can_point_at_is_below_4_gib() {
         assert!(user_stack_top(MAX_VCPUS - 1) < 1 << 32);
         assert!(kernel_stack_top(MAX_VCPUS - 1) < 1 << 32);
+    }
+
+    #[test]
+    fn vcpu_count_is_checked_against_the_layout_and_the_callers_limit() {
+        assert_eq!(check_vcpus(4, 1024), Ok(4));
+        let count = |requested, max| Err(LayoutError::VcpuCount { requested, max });
+        assert_eq!(check_vcpus(0, 1024), count(0, MAX_VCPUS));
+        assert_eq!(check_vcpus(65, 1024), count(65, 64));
+        assert_eq!(check_vcpus(3, 2), count(3, 2));
+    }
+
+    #[test]
+    fn memory_size_is_even_and_in_range() {
+        assert_eq!(check_mem_mib(64), Ok(64));
+        for bad in [0, 30, 33, 3074, u64::MAX] {
+            assert!(check_mem_mib(bad).is_err(), "{bad}");
+        }
     }
 }

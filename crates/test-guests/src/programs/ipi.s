@@ -14,8 +14,8 @@
 // vCPUs finish at once. params[5] = 1: the xAPIC page instead of x2APIC MSRs
 // (vector 0xF0), as an APIC without x2APIC (QEMU's own) has it; no gaps then.
 // params[6] = 1: the receiver spins for the IPI instead of halting.
-    .globl reference_vmm_guest_pingpong
-reference_vmm_guest_pingpong:
+    .globl test_guests_pingpong
+test_guests_pingpong:
     mov r12, rdi                // vCPU index
     lea r13, [rdx - {irq_record_below_data}]
     mov rdi, rsi
@@ -232,8 +232,8 @@ rt_wait_count:
 // answer: an IPI with vector 5 is not sent and sets ESR ("esr"); an IPI to a
 // vCPU that does not exist vanishes; a TSC deadline in the past fires at once
 // ("irqs" = 1: only the timer's interrupt arrives).
-    .globl reference_vmm_guest_apic_abuse
-reference_vmm_guest_apic_abuse:
+    .globl test_guests_apic_abuse
+test_guests_apic_abuse:
     lea r13, [rdx - {irq_record_below_data}]
     call rt_apic_enable
     xor edi, edi
@@ -267,8 +267,8 @@ reference_vmm_guest_apic_abuse:
 2:  .asciz "irqs"
 
 // apic-gp: writes a non-zero value to EOI, which raises #GP.
-    .globl reference_vmm_guest_apic_gp
-reference_vmm_guest_apic_gp:
+    .globl test_guests_apic_gp
+test_guests_apic_gp:
     call rt_apic_enable
     mov edi, {msr_eoi}
     mov esi, 1
@@ -282,8 +282,8 @@ reference_vmm_guest_apic_gp:
 // acknowledge it. vCPU 0 reports the TSC ticks of all rounds ("ticks") and
 // the acknowledgements ("acks"). params[2] = 1: through the xAPIC page
 // (vector 0xF1), as an APIC without x2APIC (QEMU's own) has it.
-    .globl reference_vmm_guest_sched_ipi
-reference_vmm_guest_sched_ipi:
+    .globl test_guests_sched_ipi
+test_guests_sched_ipi:
     mov r12, rdi                // vCPU index
     mov rbx, rsi                // vCPU count
     lea r13, [rdx - {irq_record_below_data}]
@@ -362,8 +362,8 @@ reference_vmm_guest_sched_ipi:
 // exits to the pause port, 0: never). With params[2] = 1 the APICs stay in
 // xAPIC mode and every access goes through the xAPIC page (MMIO), vector 0xF0.
 // Reports "irqs".
-    .globl reference_vmm_guest_ipi_ring
-reference_vmm_guest_ipi_ring:
+    .globl test_guests_ipi_ring
+test_guests_ipi_ring:
     mov r12, rdi                // vCPU index
     lea r13, [rdx - {irq_record_below_data}]
     lea rbx, [rdi + 1]          // the next vCPU
@@ -418,8 +418,8 @@ reference_vmm_guest_ipi_ring:
 // port-exits: every vCPU writes params[0] times to the POST-code port, with
 // params[1] pause instructions between two writes; each write is an exit that
 // the VMM routes through its device bus. Reports "exits".
-    .globl reference_vmm_guest_port_exits
-reference_vmm_guest_port_exits:
+    .globl test_guests_port_exits
+test_guests_port_exits:
     mov r14, [{params}]
     xor r15, r15
 1:  cmp r15, r14
@@ -443,8 +443,8 @@ reference_vmm_guest_port_exits:
 // free memory (from the dirty area, vCPU i's part after vCPU i-1's) once per
 // pass, then stops at the iteration gate (a port write the VMM holds until
 // the next pass); params[1] passes in all (dirty_log_perf_test's loop).
-    .globl reference_vmm_guest_dirty_writer
-reference_vmm_guest_dirty_writer:
+    .globl test_guests_dirty_writer
+test_guests_dirty_writer:
     mov r14, [{params}]         // pages
     mov r15, [{params} + 8]     // passes
     mov rax, r14

@@ -2,7 +2,7 @@
 // guest program is assembled together with, into one position-independent image.
 //
 // Conventions
-// - Intel syntax; names in braces are constants substituted from Rust (guest/mod.rs),
+// - Intel syntax; names in braces are constants substituted from Rust (programs/mod.rs),
 //   so this file must not contain other braces.
 // - Only RIP-relative references inside the image and absolute guest-physical
 //   constants: the image is copied to guest memory, so it must not need relocating.
@@ -10,10 +10,10 @@
 //   rdx, rcx, r8; rax, rcx, rdx, rsi, rdi, r8-r11 are clobbered.
 // - CPL0 code is emulated instruction by instruction on PVM: keep it short.
 
-    .pushsection .rodata.reference_vmm_guest_image, "a"
+    .pushsection .rodata.test_guests_image, "a"
     .balign 4096
-    .globl reference_vmm_guest_image_start
-reference_vmm_guest_image_start:
+    .globl test_guests_image_start
+test_guests_image_start:
 
 // ---------------------------------------------------------------------------
 // CPL0: one 16-byte entry stub per exception vector 0..31, vector 0 first.
@@ -29,8 +29,8 @@ reference_vmm_guest_image_start:
 .endm
 
     .balign 16
-    .globl reference_vmm_guest_exception_stubs
-reference_vmm_guest_exception_stubs:
+    .globl test_guests_exception_stubs
+test_guests_exception_stubs:
     exception_stub 0, 0
     exception_stub 1, 0
     exception_stub 2, 0
@@ -174,8 +174,8 @@ rt_sys_rdmsr:
 .endm
 
     .balign 16
-    .globl reference_vmm_guest_irq_entry
-reference_vmm_guest_irq_entry:
+    .globl test_guests_irq_entry
+test_guests_irq_entry:
     irq_record
     mov ecx, {msr_eoi}
     xor eax, eax
@@ -190,8 +190,8 @@ rt_irq_return:
 // The same for vectors 0xF0-0xFE, which xAPIC-mode programs use: EOI through
 // the xAPIC page (the x2APIC EOI MSR #GPs in xAPIC mode).
     .balign 16
-    .globl reference_vmm_guest_xapic_irq_entry
-reference_vmm_guest_xapic_irq_entry:
+    .globl test_guests_xapic_irq_entry
+test_guests_xapic_irq_entry:
     irq_record
     mov rax, {xapic_base}
     mov dword ptr [rax + 0xB0], 0

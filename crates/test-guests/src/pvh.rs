@@ -1,11 +1,12 @@
-//! The guest programs as an ELF image with a PVH entry point: a small kit
-//! that another VMM boots (QEMU's `-kernel`) and this one too (`run --image`).
+//! The guest programs as an ELF image with a PVH entry point, which any VMM
+//! that boots kernels can start (QEMU's `-kernel`, the reference VMM's
+//! `run --image`).
 //!
-//! `reference-vmm image` writes one. It holds the [boot
-//! memory](crate::boot_memory) that this VMM's direct boot writes and the
+//! [`Image::build`] makes one. It holds the [boot memory](crate::boot_memory)
+//! that a direct boot writes and the
 //! shared page with the program's parameters and a [`BootTable`], each a
 //! `PT_LOAD` segment at its guest physical address, and a
-//! `XEN_ELFNOTE_PHYS32_ENTRY` note naming the start-up in `guest/pvh.s`. That
+//! `XEN_ELFNOTE_PHYS32_ENTRY` note naming the start-up in `programs/pvh.s`. That
 //! start-up enters long mode on the image's page tables, loads the vCPU's
 //! GDT, TSS and IDT, and starts the program at CPL3 with the registers the
 //! direct boot gives it: one guest code, two ways in.
@@ -16,38 +17,30 @@
 //! - CPUID leaf 1 reporting each vCPU's index as its initial APIC ID.
 //!
 //! How results come back: where a read of the ucall port returns
-//! [`UCALL_PROBE`] (this VMM), as ucalls; anywhere else as text lines on COM1
+//! [`UCALL_PROBE`] (a VMM with the ucall port), as ucalls; anywhere else as text lines on COM1
 //! ([`TEXT_TAG`](crate::ucall::TEXT_TAG)), and the guest ends the run through
 //! QEMU's `isa-debug-exit` device at [`DEBUG_EXIT_PORT`]: 0 once every vCPU
 //! has finished, 1 at the first failure.
 //!
-//! The PVH protocol starts the boot vCPU only. This VMM starts every vCPU at
-//! the entry; under another VMM the boot vCPU starts the others with INIT and
+//! The PVH protocol starts the boot vCPU only. A VMM may start every vCPU at
+//! the entry (the reference VMM does); otherwise the boot vCPU starts the others with INIT and
 //! start-up IPIs through a real-mode trampoline it copies to
 //! [`TRAMPOLINE_ADDR`](crate::layout::TRAMPOLINE_ADDR).
 
 use std::io::Cursor;
 
 use linux_loader::loader::{Elf, KernelLoader, PvhBootCapability};
-use vm_memory::{ByteValued, Bytes, GuestAddress};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::vm::VmMemory;
-
+pub use crate::abi::DEBUG_EXIT_PORT;
 use crate::boot_memory::{self, Segment};
-use crate::error::ConfigError;
-use crate::guest::{self, GuestProgram};
 use crate::layout::{
-    BOOT_TABLE_OFFSET, GDT_ADDR, IMAGE_ADDR, MAX_VCPUS, MIN_MEM_MIB, PAGE_SIZE, PARAMS,
-    PARAMS_OFFSET, SHARED_DATA_ADDR, tss_addr,
+    BOOT_TABLE_OFFSET, GDT_ADDR, IMAGE_ADDR, LayoutError, MAX_VCPUS, MIN_MEM_MIB, PAGE_SIZE,
+    PARAMS, PARAMS_OFFSET, SHARED_DATA_ADDR, check_mem_mib, check_vcpus, tss_addr,
 };
+use crate::programs::{self as guest, GuestProgram, ProgramError};
 use crate::ucall::UCALL_PROBE;
-use crate::vm::{check_mem_mib, check_vcpus};
 use crate::x86::gdt::build_gdt;
-
-/// The port of QEMU's `isa-debug-exit` device (`-device
-/// isa-debug-exit,iobase=0xf4,iosize=4`): a write of `v` ends QEMU with
-/// status `2 * v + 1`.
-pub const DEBUG_EXIT_PORT: u16 = 0xf4;
 
 /// Longest program name the boot table holds.
 const NAME_LEN: usize = 32;
@@ -87,12 +80,18 @@ pub enum ImageError {
     NoPvhEntry,
     /// The boot table is missing or names no built-in program.
     #[error(
-        "the image's boot table names no built-in program ({0:?}); write the image again with `reference-vmm image`"
+        "the image's boot table names no built-in program ({0:?}); build the image again with this version of test-guests"
     )]
     UnknownProgram(String),
     /// The boot table's vCPU count or memory size is out of range.
     #[error("the image's boot table is out of range: {0}")]
-    BootTable(#[source] ConfigError),
+    BootTable(#[source] LayoutError),
+    /// An image asked for a machine the layout does not fit.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// An image asked for a program that cannot run as asked.
+    #[error(transparent)]
+    Program(#[from] ProgramError),
 }
 
 /// An image file: its bytes and what its boot table says.
@@ -123,7 +122,7 @@ impl Image {
         vcpus: u32,
         mem_mib: u64,
         params: [u64; PARAMS],
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, ImageError> {
         let vcpus = check_vcpus(vcpus, MAX_VCPUS)?;
         let mem_size = check_mem_mib(mem_mib)? << 20;
         program.check_params(&params)?;
@@ -144,8 +143,9 @@ impl Image {
     /// Reads an image file's bytes: loads them into scratch memory as a VMM
     /// would and checks the boot table.
     pub fn parse(bytes: Vec<u8>) -> Result<Self, ImageError> {
-        let scratch = VmMemory::from_ranges(&[(GuestAddress(0), (MIN_MEM_MIB << 20) as usize)])
-            .map_err(ImageError::Scratch)?;
+        let scratch =
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), (MIN_MEM_MIB << 20) as usize)])
+                .map_err(ImageError::Scratch)?;
         let entry = load(&bytes, &scratch)?;
         let table: BootTable = scratch
             .read_obj(GuestAddress(SHARED_DATA_ADDR + BOOT_TABLE_OFFSET))
@@ -174,7 +174,7 @@ impl Image {
     }
 
     /// Loads the image into `memory`; returns the PVH entry.
-    pub fn load(&self, memory: &VmMemory) -> Result<u64, ImageError> {
+    pub fn load<M: GuestMemoryBackend>(&self, memory: &M) -> Result<u64, ImageError> {
         load(&self.bytes, memory)
     }
 
@@ -210,7 +210,7 @@ impl Image {
 }
 
 /// Loads an ELF image into `memory` and returns its PVH entry.
-fn load(bytes: &[u8], memory: &VmMemory) -> Result<u64, ImageError> {
+fn load<M: GuestMemoryBackend>(bytes: &[u8], memory: &M) -> Result<u64, ImageError> {
     let loaded =
         Elf::load(memory, None, &mut Cursor::new(bytes), None).map_err(ImageError::Load)?;
     match loaded.pvh_boot_cap {
@@ -319,7 +319,7 @@ fn elf(entry: u64, segments: &[Segment]) -> Vec<u8> {
     out
 }
 
-// The start-up tells this VMM from one without the port by the probe value,
+// The start-up tells a VMM with the port from one without it by the probe value,
 // so it must differ from what a read of an absent port returns.
 const _: () = assert!(UCALL_PROBE != u32::MAX);
 
@@ -349,7 +349,7 @@ mod tests {
     #[test]
     fn loading_writes_the_boot_memory_and_the_boot_table() {
         let image = Image::build(hello(), 3, 64, [0; PARAMS]).unwrap();
-        let memory = VmMemory::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
+        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
         assert_eq!(image.load(&memory).unwrap(), image.entry());
         for segment in boot_memory::segments(3, 64 << 20) {
             let mut bytes = vec![0; segment.bytes.len()];

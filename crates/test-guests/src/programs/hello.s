@@ -2,8 +2,8 @@
 // CPUID reports it, through the runtime's CPL0 service) and a TSC reading through ucall, and finishes.
 // Entry: rdi = vCPU index, rsi = vCPU count, rdx = per-vCPU data block.
 
-    .globl reference_vmm_guest_hello
-reference_vmm_guest_hello:
+    .globl test_guests_hello
+test_guests_hello:
     mov r12, rdi
 
     call rt_serial_lock

@@ -5,8 +5,8 @@
 // and the interrupts it took ("irqs"); with params[2] = 1 it also reports
 // each lateness ("lateness", in order), for a VMM that cannot read its memory.
 // Only vCPU 0 measures; the others finish at once.
-    .globl reference_vmm_guest_cyclictest
-reference_vmm_guest_cyclictest:
+    .globl test_guests_cyclictest
+test_guests_cyclictest:
     test rdi, rdi
     jnz 9f
     lea r13, [rdx - {irq_record_below_data}]
@@ -58,8 +58,8 @@ reference_vmm_guest_cyclictest:
 // interrupt has arrived. The interrupt is posted while the vCPU is on its way
 // back into the guest from the deadline write, so a poster that misses the
 // vCPU's entry loses it and the vCPU spins for ever. Reports "irqs".
-    .globl reference_vmm_guest_timer_spin
-reference_vmm_guest_timer_spin:
+    .globl test_guests_timer_spin
+test_guests_timer_spin:
     lea r13, [rdx - {irq_record_below_data}]
     call timer_setup            // r14 = deadlines, r15 = distance in ticks
 1:  cmp rbx, r14

@@ -52,8 +52,8 @@
 92:
 .endm
 
-    .globl reference_vmm_guest_migrate
-reference_vmm_guest_migrate:
+    .globl test_guests_migrate
+test_guests_migrate:
     sub rsp, 64
     mov [rsp], rdi              // index
     mov [rsp + 8], rsi          // count
@@ -240,8 +240,8 @@ migrate_arm_timer:
 // migration count change), then the last sends vCPU 0 an IPI (vector
 // 0x42), and each waits until vCPU 0 has taken it. Reports "irqs" (vCPU 0's: 1). For
 // a migration that must move a halted vCPU and wake it afterwards.
-    .globl reference_vmm_guest_halt_wake
-reference_vmm_guest_halt_wake:
+    .globl test_guests_halt_wake
+test_guests_halt_wake:
     lea r13, [rdx - {irq_record_below_data}]
     mov r12, rdi                // index
     mov r14, rsi                // count

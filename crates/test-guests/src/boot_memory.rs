@@ -1,11 +1,11 @@
 //! What guest memory holds before a vCPU's first instruction: the GDT, the
 //! page tables, the guest image, each vCPU's TSS and IDT (see
-//! [`crate::layout`]). The direct boot writes these pieces into the VM's
+//! [`crate::layout`]). A direct boot writes these pieces into the VM's
 //! memory; [`crate::pvh`] puts the same pieces into an image file.
 
-use crate::apic::XAPIC_BASE;
-use crate::guest::{self, EXCEPTION_VECTORS};
 use crate::layout::*;
+use crate::programs::{self as guest, EXCEPTION_VECTORS};
+use crate::x86::apic::XAPIC_BASE;
 use crate::x86::gdt::{IO_BITMAP_SIZE, TSS_HEADER_SIZE, build_gdt, tss_header};
 use crate::x86::idt::build_idt;
 use crate::x86::paging::{identity_map, map_mmio};

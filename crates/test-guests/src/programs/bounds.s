@@ -3,8 +3,8 @@
 // rdx = per-vCPU data block.
 
 // report-flood: every vCPU reports the same named value for ever.
-    .globl reference_vmm_guest_report_flood
-reference_vmm_guest_report_flood:
+    .globl test_guests_report_flood
+test_guests_report_flood:
 1:  lea rdi, [rip + 10f]
     xor esi, esi
     call rt_report
@@ -13,8 +13,8 @@ reference_vmm_guest_report_flood:
 
 // serial-flood: every vCPU writes to the serial port for ever, without waiting
 // for the transmitter.
-    .globl reference_vmm_guest_serial_flood
-reference_vmm_guest_serial_flood:
+    .globl test_guests_serial_flood
+test_guests_serial_flood:
     mov dx, {serial_port}
     mov al, 0x78                // 'x'
 1:  out dx, al
@@ -25,8 +25,8 @@ reference_vmm_guest_serial_flood:
 // it spins until params[1] interrupts have arrived; masked (params[2] = 1) it
 // makes params[1] exits to the POST-code port, 1000 pauses apart. Reports the
 // interrupts it took ("irqs") and the TSC ticks from arming to the end ("ticks").
-    .globl reference_vmm_guest_periodic_timer
-reference_vmm_guest_periodic_timer:
+    .globl test_guests_periodic_timer
+test_guests_periodic_timer:
     test rdi, rdi
     jnz 9f
     lea r13, [rdx - {irq_record_below_data}]
@@ -85,8 +85,8 @@ reference_vmm_guest_periodic_timer:
 // 15:0 of the version register), "version_qword" (an 8-byte load, which runs
 // past the register), "tpr_after_byte_store" (TPR after a 1-byte store of
 // 0x80), "tpr_after_dword_store" (after a 32-bit store of 0x40).
-    .globl reference_vmm_guest_xapic_bytes
-reference_vmm_guest_xapic_bytes:
+    .globl test_guests_xapic_bytes
+test_guests_xapic_bytes:
     test rdi, rdi
     jnz 9f
     mov rbx, {xapic_base}
@@ -119,8 +119,8 @@ reference_vmm_guest_xapic_bytes:
 // guest mode without an exit until the flag is up. The VMM boosts vCPU 1 at
 // each yield, and only its budget can take the boost back. vCPU 0 reports
 // "yields", the others "spun" (1).
-    .globl reference_vmm_guest_yield_spin
-reference_vmm_guest_yield_spin:
+    .globl test_guests_yield_spin
+test_guests_yield_spin:
     mov r8, {acks}
     test rdi, rdi
     jnz 5f
