@@ -33,17 +33,6 @@ pub enum Error {
     /// An image file could not be loaded.
     #[error(transparent)]
     Image(#[from] test_guests::pvh::ImageError),
-    /// An image file could not be written.
-    #[error("cannot write the image file {path}: {source}")]
-    WriteImage {
-        /// Where.
-        path: std::path::PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// QEMU, the peer VMM, gave no result.
-    #[error(transparent)]
-    Qemu(#[from] crate::qemu::QemuError),
     /// Guest memory could not be registered with KVM.
     #[error("cannot register guest memory with KVM: {0}")]
     RegisterMemory(#[source] dirty_log::Error),
@@ -121,9 +110,6 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The host timer `bench timer` measures the host's wake-up with failed.
-    #[error("the bench's host timer failed: {0}")]
-    HostTimer(#[source] io::Error),
     /// A vCPU thread panicked: a bug in the VMM, never the guest's doing.
     #[error("the thread of vCPU {0} panicked")]
     VcpuPanicked(u32),

@@ -11,6 +11,7 @@ use vm_memory::GuestMemory;
 
 use crate::devices::IoBus;
 use crate::error::GuestFault;
+use test_guests::Report;
 use test_guests::abi::{PAUSE_PORT, UCALL_PORT, YIELD_PORT};
 use test_guests::ucall::{self, Ucall};
 
@@ -66,15 +67,6 @@ pub enum VcpuError {
 /// in a loop would otherwise grow the VMM without bound. The built-in
 /// programs report a handful each.
 pub const MAX_REPORTS: usize = 1024;
-
-/// A named value a guest reported through ucall.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Report {
-    /// Its name.
-    pub name: String,
-    /// Its value.
-    pub value: u64,
-}
 
 /// The exits a vCPU's local APIC and its scheduler hooks take.
 pub trait ApicExits {

@@ -32,7 +32,6 @@
 #![allow(missing_debug_implementations)]
 
 pub mod apic;
-pub mod bench;
 pub mod devices;
 pub mod error;
 pub mod exit;
@@ -45,7 +44,6 @@ pub mod kick;
 pub mod mechanisms;
 pub mod migration;
 pub mod pause;
-pub mod qemu;
 pub mod shared;
 pub mod stop;
 pub mod vcpu;

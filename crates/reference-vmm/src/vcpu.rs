@@ -30,12 +30,13 @@ use rcu_qs::Reader;
 
 use crate::devices::IoBus;
 use crate::error::{Error, GuestFault, RegisterDump};
-use crate::exit::{ExitContext, ExitError, Flow, Report, VcpuError, handle_exit};
+use crate::exit::{ExitContext, ExitError, Flow, VcpuError, handle_exit};
 use crate::irqchip::IrqChip;
 use crate::kick;
 use crate::migration::{ChipState, VcpuState};
 use crate::pause::Decision;
 use crate::shared::VmShared;
+use test_guests::Report;
 
 /// How a vCPU's run ended, and what its guest program reported.
 #[derive(Clone, Debug, PartialEq, Eq)]

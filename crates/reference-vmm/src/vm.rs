@@ -18,7 +18,6 @@ use crate::devices::{
     BoundedOutput, IoBus, OUTPUT_BUFFER_BYTES, POST_PORT, PostCode, SerialConsole, SharedBus,
 };
 use crate::error::{ConfigError, Error};
-use crate::exit::Report;
 use crate::irq::Interrupts;
 use crate::irqchip::{self, KernelIrqChip, TunerThread, UserIrqChip};
 use crate::kick;
@@ -29,6 +28,7 @@ use crate::shared::VmShared;
 use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
 use crate::vcpu::{VcpuRunner, VcpuSummary};
 use test_guests::GuestProgram;
+use test_guests::Report;
 use test_guests::abi::SERIAL_PORT;
 use test_guests::abi::note_migration_ended;
 use test_guests::boot_memory;

@@ -84,7 +84,7 @@ fn the_tuned_window_switches_kvm_polling_off_for_an_idle_timer() {
     let _turn = one_at_a_time();
     // Halts of about 1 ms between timers: polling never pays, so the tuner
     // (every 10 ms) sets a window of 0 once it has seen enough of them.
-    let period = (1000.0 * reference_vmm::bench::ticks_per_us()) as u64;
+    let period = lapic_timer::TscClock::shared().tsc_khz();
     let (report, _) =
         program::run("cyclictest", 1, kernel(HaltPoll::Tuned), &[300, period]).unwrap();
     assert_eq!(report.value(0, "samples"), Some(300));

@@ -24,6 +24,7 @@
 //! record, and the destination's VM never runs.
 
 pub mod destination;
+mod local;
 pub mod source;
 pub mod state;
 pub mod stream;
@@ -39,6 +40,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use destination::{Incoming, receive};
+pub use local::{Moved, move_in_process};
 pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Target};
 pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};

@@ -2,21 +2,18 @@
 //! process over a Unix socket, per dirty-log backend and dirtying rate, with
 //! the memory of both compared at the switch-over.
 
-use std::thread;
 use std::time::Duration;
 
-use vm_memory::{Bytes, GuestAddress};
-
-use crate::bench::{Cell, Options, Runs, Table, goal, ticks_per_us};
-use crate::error::Error;
-use crate::migration::{
-    self, Address, DirtyLogBackend, Incoming, MigrateOptions, Migration, MigrationError,
-    MigrationReport, Target,
+use crate::Error;
+use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
+use reference_vmm::Error as VmError;
+use reference_vmm::migration::{
+    Address, DirtyLogBackend, MigrateOptions, MigrationError, Moved, move_in_process,
 };
-use crate::pause::PauseError;
-use crate::vm::{RunReport, Vm, VmConfig, VmMemory};
-use test_guests::layout::{PAGE_SIZE, irq_record};
-use test_guests::programs::{self as guest, GuestProgram};
+use reference_vmm::pause::PauseError;
+use reference_vmm::vm::{RunReport, Vm, VmConfig};
+use test_guests::layout::PAGE_SIZE;
+use test_guests::programs as guest;
 
 /// vCPUs of the guest.
 const VCPUS: u32 = 2;
@@ -34,105 +31,6 @@ const AFTER: Duration = Duration::from_millis(300);
 /// the guest ends.
 const MAX_ROUNDS: u32 = 12;
 const MAX_PRECOPY: Duration = Duration::from_secs(2);
-
-/// One guest moved: what the migration, both runs and the memories showed.
-#[derive(Debug)]
-pub struct Moved {
-    /// The source's account.
-    pub migration: MigrationReport,
-    /// The source's run, handed over.
-    pub source: RunReport,
-    /// The destination's run, to the guest's end.
-    pub destination: RunReport,
-    /// Bytes that differed between the two memories at the switch-over,
-    /// where they were compared.
-    pub differing: Option<u64>,
-    /// vCPU 0's interrupt count when it moved.
-    pub irqs_at_switch: u64,
-}
-
-/// Runs `program` as `config` says and moves it, after
-/// `options.after`, to a VM that receives it on `address` in this process,
-/// which runs the guest to its end. With `compare`, the destination waits
-/// until both memories have been compared (its guest then sees that wait
-/// as part of its stall); without, it runs at once, as a destination
-/// process does.
-pub fn move_guest(
-    config: &VmConfig,
-    program: &'static GuestProgram,
-    options: MigrateOptions,
-    address: &Address,
-    compare: bool,
-) -> Result<Moved, Error> {
-    let listener = address.listen()?;
-    let address = listener.address().map_err(|source| {
-        Error::Migration(migration::MigrationError::Connect {
-            what: address.to_string(),
-            source,
-        })
-    })?;
-    let timeout = config.timeout;
-    let destination = thread::spawn(move || {
-        let mut input = listener.accept_stream()?;
-        let incoming = migration::receive(&mut input, timeout)?;
-        migration::answer(input.get_mut(), Ok(())).map_err(|e| MigrationError::Stream(e.into()))?;
-        match compare {
-            true => Ok(Err(incoming)),
-            false => Ok(Ok(incoming.vm.run(program, Box::new(std::io::sink()))?)),
-        }
-    });
-    let mut vm = Vm::new(config)?;
-    let source_memory = vm.memory();
-    let moving = Migration::prepare(&mut vm, Target::Peer(address), options)?;
-    let (tx, migrated) = std::sync::mpsc::channel();
-    vm.on_start(Box::new(move |control| {
-        let _ = tx.send(moving.run(control));
-    }));
-    let source = vm.run(program, Box::new(std::io::sink()))?;
-    let migration = migrated
-        .recv()
-        .map_err(|_| Error::ThreadPanicked("migration"))??;
-    let irqs_at_switch = source_memory
-        .read_obj::<u64>(GuestAddress(irq_record(0) + 8))
-        .map_err(migration::MigrationError::from)?;
-    let joined: Result<Result<RunReport, Incoming>, Error> = destination
-        .join()
-        .map_err(|_| Error::ThreadPanicked("destination"))?;
-    let (destination, differing) = match joined? {
-        Ok(report) => (report, None),
-        Err(incoming) => {
-            let differing = differing_bytes(&source_memory, &incoming.vm.memory())?;
-            let report = incoming.vm.run(program, Box::new(std::io::sink()))?;
-            (report, Some(differing))
-        }
-    };
-    Ok(Moved {
-        migration,
-        source,
-        destination,
-        differing,
-        irqs_at_switch,
-    })
-}
-
-/// Compares two memories of the same size, a MiB at a time.
-fn differing_bytes(a: &VmMemory, b: &VmMemory) -> Result<u64, Error> {
-    let size = vm_memory::GuestMemoryBackend::last_addr(a).0 + 1;
-    let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
-    let mut differing = 0;
-    for at in (0..size).step_by(1 << 20) {
-        let n = ((size - at) as usize).min(x.len());
-        a.read_slice(&mut x[..n], GuestAddress(at))
-            .and_then(|()| b.read_slice(&mut y[..n], GuestAddress(at)))
-            .map_err(migration::MigrationError::from)?;
-        // A slice comparison first: a byte-by-byte count only where a MiB
-        // differs, so the destination is not held up (its guest's clock runs).
-        if x[..n] != y[..n] {
-            differing += x[..n].iter().zip(&y[..n]).filter(|(p, q)| p != q).count() as u64;
-        }
-    }
-    Ok(differing)
-}
 
 /// The `migrate` guest's configuration: `mem_mib` of memory, `pages` per
 /// vCPU rewritten `rate_us` apart for `run`, a 1 ms timer on vCPU 0.
@@ -194,7 +92,7 @@ impl Cells {
     /// Adds a run; one whose guest ended first counts as unfinished.
     fn add(&mut self, moved: Result<Moved, Error>) -> Result<(), Error> {
         let moved = match moved {
-            Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
+            Err(Error::Vm(VmError::Migration(MigrationError::Pause(PauseError::Ended(_))))) => {
                 self.unfinished += 1;
                 return Ok(());
             }
@@ -264,7 +162,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             progress(&format!("migrate: {rate}, {backend:?}, memories compared"));
             match move_with(&config, *backend, &socket, true) {
                 Ok(moved) => cell.differing = moved.differing.unwrap_or(u64::MAX),
-                Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
+                Err(Error::Vm(VmError::Migration(MigrationError::Pause(PauseError::Ended(_))))) => {
                     cell.unfinished += 1;
                 }
                 Err(e) => return Err(e),
@@ -338,7 +236,13 @@ fn move_with(
         dirty_ring: options.dirty_ring(),
         ..config.clone()
     };
-    move_guest(&config, program(), options, socket, compare)
+    Ok(move_in_process(
+        &config,
+        program(),
+        options,
+        socket,
+        compare,
+    )?)
 }
 
 /// Guest-seen downtime at most 20 ms at the lower rate, with the better of

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::bench::Runs;
+use crate::Runs;
 
 /// One cell: its text, and its number for JSON where it has one.
 #[derive(Clone, Debug, PartialEq)]

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use dirty_log::DirtyStats;
 use dirty_log::perf::{self, Mode, RING_BYTES, Tracker};
 
-use crate::bench::{Cell, Options, Table};
-use crate::devices::PioDevice;
-use crate::error::Error;
-use crate::mechanisms::Mechanisms;
-use crate::vm::{Vm, VmConfig};
+use crate::Error;
+use crate::{Cell, Options, Table};
+use reference_vmm::devices::PioDevice;
+use reference_vmm::mechanisms::Mechanisms;
+use reference_vmm::vm::{Vm, VmConfig};
 use test_guests::abi::GATE_PORT;
 use test_guests::layout::{DIRTY_AREA_ADDR, PAGE_SIZE};
 use test_guests::programs as guest;

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::bench::cpu_time_with_children;
+use crate::cpu_time_with_children;
 
 /// Other processes above this many CPUs on average make a run "busy".
 pub const BUSY_CPUS: f64 = 0.25;

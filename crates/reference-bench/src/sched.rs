@@ -5,11 +5,11 @@
 
 use test_support::Hogs;
 
-use crate::bench::peer::{PeerSeen, goal_against_qemu, run_image};
-use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
-use crate::error::Error;
-use crate::mechanisms::{Boost, Mechanisms};
+use crate::Error;
+use crate::peer::{PeerSeen, goal_against_qemu, run_image};
 use crate::qemu::{Qemu, QemuApic};
+use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
+use reference_vmm::mechanisms::{Boost, Mechanisms};
 
 /// Rounds per run, without `--quick`.
 const ROUNDS: u64 = 2000;

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::bench::{Options, Runs, goal};
-use crate::error::Error;
+use crate::Error;
+use crate::{Options, Runs, goal};
 
 use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuRun};
 use test_guests::layout::PARAMS;

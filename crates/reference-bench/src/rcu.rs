@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
-use crate::error::Error;
-use crate::mechanisms::{BusAccess, Mechanisms};
+use crate::Error;
+use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
+use reference_vmm::mechanisms::{BusAccess, Mechanisms};
 
 /// Exits per vCPU for the lookup cost, without `--quick`.
 const LOOKUP_EXITS: u64 = 20_000;

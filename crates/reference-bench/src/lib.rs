@@ -1,15 +1,22 @@
-//! `reference-vmm bench`: each mechanism measured end to end on real KVM,
-//! against its baseline, in one process run.
+//! Each mechanism of the vm-latency crates measured end to end on real KVM,
+//! through the reference VMM, against its baseline, in one process run: the
+//! scenarios of `reference-bench`.
 //!
 //! Every scenario runs its guest program once per variant (and, without
 //! `--quick`, several times, alternating, reporting medians), and returns a
 //! [`Table`] with ratios to the baseline measured in the same run.
+
+#![deny(missing_docs)]
+// A program's harness: its types hold runs and reports whose Debug output
+// would say nothing; the Debug requirement is for the five published crates.
+#![allow(missing_debug_implementations)]
 
 pub mod dirty;
 pub mod halt;
 pub mod host;
 pub mod migrate;
 pub mod peer;
+pub mod qemu;
 pub mod rcu;
 pub mod runs;
 pub mod sched;
@@ -19,16 +26,70 @@ pub mod timer;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::vm::VmMemory;
+use reference_vmm::vm::VmMemory;
 
 pub use host::HostLoad;
 pub use runs::{Runs, goal};
 pub use table::{Cell, Table};
 
-use crate::error::Error;
-use crate::mechanisms::Mechanisms;
+/// Why a scenario gave no table.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The VMM failed a run.
+    #[error(transparent)]
+    Vm(#[from] reference_vmm::Error),
+    /// QEMU, the peer VMM, gave no result.
+    #[error(transparent)]
+    Qemu(#[from] qemu::QemuError),
+    /// An image file could not be built.
+    #[error(transparent)]
+    Image(#[from] test_guests::ImageError),
+    /// An image file could not be written.
+    #[error("cannot write the image file {path}: {source}")]
+    WriteImage {
+        /// Where.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The host timer `timer` measures the host's wake-up with failed.
+    #[error("the bench's host timer failed: {0}")]
+    HostTimer(#[source] std::io::Error),
+    /// Dirty logging failed (`dirty`).
+    #[error("dirty logging: {0}")]
+    DirtyLog(#[from] dirty_log::Error),
+    /// Guest memory could not be read after a run.
+    #[error("cannot read {what} from guest memory: {source}")]
+    ReadMemory {
+        /// What was being read.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+    /// A process or thread of the bench could not be started.
+    #[error("cannot start the {thread}: {source}")]
+    Spawn {
+        /// Which.
+        thread: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread of the bench panicked: a bug.
+    #[error("the {0} thread panicked")]
+    ThreadPanicked(&'static str),
+}
+
+impl From<reference_vmm::migration::MigrationError> for Error {
+    fn from(e: reference_vmm::migration::MigrationError) -> Self {
+        Self::Vm(e.into())
+    }
+}
+
 use crate::qemu::Qemu;
-use crate::vm::{RunReport, Vm, VmConfig};
+use reference_vmm::mechanisms::Mechanisms;
+use reference_vmm::vm::{RunReport, Vm, VmConfig};
 use test_guests::layout::PARAMS;
 use test_guests::programs as guest;
 

@@ -2,19 +2,10 @@
 //! the same KVM and collects what the guest reported, so that this VMM's
 //! figures can stand beside QEMU's for the same guest code.
 //!
-//! QEMU runs as `qemu-system-x86_64 -M microvm` (its firmware is qboot,
-//! which boots a PVH image in about a tenth of a second here) with the
-//! image as `-kernel`, COM1 on its standard output and `isa-debug-exit` at
-//! [`DEBUG_EXIT_PORT`]. The guest reports in ucall text lines and ends QEMU
-//! through the debug-exit port; a QEMU that has not ended by the timeout is
-//! killed by its pid (on an emulation failure QEMU pauses instead of
-//! exiting).
-//!
-//! On this KVM QEMU 7.2 with its own local APIC (`kernel-irqchip=off`) fails
-//! at start-up writing KVM's poll-control MSR unless the CPU model hides
-//! KVM's paravirtual features, so every run uses `-cpu host,kvm=off` (the
-//! guest programs use none of them), without `arch-capabilities`, which
-//! this KVM does not let QEMU set.
+//! QEMU runs with the arguments of [`qemu_args`]. The guest reports in ucall
+//! text lines on COM1 and ends QEMU through the debug-exit port at
+//! [`DEBUG_EXIT_PORT`](test_guests::abi::DEBUG_EXIT_PORT); a QEMU that has not ended by the timeout is killed by
+//! its pid (on an emulation failure QEMU pauses instead of exiting).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -22,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::exit::Report;
-use test_guests::pvh::DEBUG_EXIT_PORT;
+use test_guests::Report;
+use test_guests::pvh::qemu_args;
 use test_guests::ucall::{self, TEXT_TAG, Ucall, UcallError};
 
 /// The QEMU binary looked for on `PATH`.
@@ -40,16 +31,6 @@ pub enum QemuApic {
     User,
     /// KVM's in-kernel LAPIC (`kernel-irqchip=on`), for reference.
     Kernel,
-}
-
-impl QemuApic {
-    /// The `-accel` argument.
-    fn accel(self) -> &'static str {
-        match self {
-            Self::User => "kvm,kernel-irqchip=off",
-            Self::Kernel => "kvm,kernel-irqchip=on",
-        }
-    }
 }
 
 /// One QEMU run's result.
@@ -161,17 +142,7 @@ impl Qemu {
     /// MiB) under QEMU with `apic`.
     pub fn command(&self, image: &Path, vcpus: u32, mem_mib: u64, apic: QemuApic) -> Command {
         let mut cmd = Command::new(&self.binary);
-        cmd.args(["-M", "microvm", "-accel", apic.accel()])
-            .args(["-cpu", "host,-arch-capabilities,kvm=off"])
-            .args(["-smp", &vcpus.to_string(), "-m", &mem_mib.to_string()])
-            .args(["-nodefaults", "-no-reboot", "-display", "none"])
-            .args(["-serial", "stdio", "-monitor", "none"])
-            .arg("-device")
-            .arg(format!(
-                "isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"
-            ))
-            .arg("-kernel")
-            .arg(image);
+        cmd.args(qemu_args(image, vcpus, mem_mib, apic == QemuApic::Kernel));
         cmd
     }
 

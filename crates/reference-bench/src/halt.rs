@@ -11,14 +11,14 @@
 
 use std::process::{Child, Command, Stdio};
 
-use crate::bench::peer::{PeerSeen, goal_against_qemu, run_image};
-use crate::bench::timer::cyclictest;
+use crate::peer::{PeerSeen, goal_against_qemu, run_image};
+use crate::timer::cyclictest;
 use halt_poll::kvm::TunerConfig;
 
-use crate::bench::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
-use crate::error::Error;
-use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance};
+use crate::Error;
 use crate::qemu::{Qemu, QemuApic};
+use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
+use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance};
 use test_guests::layout::PARAMS;
 
 /// Round trips per ping-pong run, without `--quick`.
@@ -190,7 +190,7 @@ impl Hog {
             .stdin(Stdio::null())
             .spawn()
             .map(Self)
-            .map_err(|source| Error::SpawnHelper {
+            .map_err(|source| Error::Spawn {
                 thread: "CPU hog",
                 source,
             })
@@ -676,7 +676,7 @@ fn kernel_cost_goal(cells: &[Cells]) -> String {
 }
 
 fn runs_ratio(v: f64) -> String {
-    format!("{}x", crate::bench::runs::ratio(v))
+    format!("{}x", crate::runs::ratio(v))
 }
 
 /// KVM's module-wide halt-polling window, as the kernel reports it.

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::bench::peer::run_image;
-use crate::bench::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
-use crate::error::Error;
-use crate::guest_abi::MAX_LEAD;
-use crate::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement};
+use crate::Error;
+use crate::peer::run_image;
 use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuError};
+use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
+use reference_vmm::guest_abi::MAX_LEAD;
+use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement};
 use test_guests::layout::SAMPLES_ADDR;
 
 /// Timers per run, without `--quick`.
@@ -555,8 +555,8 @@ pub fn cyclictest(
     let mut bytes = vec![0u8; n * 8];
     run.memory
         .read_slice(&mut bytes, GuestAddress(SAMPLES_ADDR))
-        .map_err(|source| Error::WriteMemory {
-            what: "the samples (reading)",
+        .map_err(|source| Error::ReadMemory {
+            what: "the samples",
             source,
         })?;
     let us = ticks_per_us();

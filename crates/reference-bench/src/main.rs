@@ -1,0 +1,294 @@
+//! `reference-bench`: each mechanism of the vm-latency crates measured end to
+//! end on KVM against its baseline, through the reference VMM.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use reference_bench as bench;
+
+/// Measure each mechanism end to end against its baseline, and write the report.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct BenchArgs {
+    /// The scenario.
+    #[arg(value_enum)]
+    scenario: Scenario,
+    /// Print the results as JSON instead of Markdown tables.
+    #[arg(long)]
+    json: bool,
+    /// Few rounds and one repetition: checks that everything runs.
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the report (Markdown, or JSON with --json) [default:
+    /// target/bench/<SCENARIO>.md or .json in the workspace].
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// With `all`: also rewrite the workspace's BENCHMARKS.md with this run's
+    /// Markdown report (not with --quick).
+    #[arg(long)]
+    update_benchmarks_md: bool,
+    /// The QEMU binary for the peer rows [default: qemu-system-x86_64 on
+    /// PATH; without it those rows are skipped, saying how to install it].
+    #[arg(long, value_name = "PATH")]
+    qemu: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    /// What a reader would type to rerun this.
+    fn command(&self) -> String {
+        format!(
+            "cargo run --release -p reference-bench -- {}{}{}{}",
+            self.scenario.name(),
+            if self.quick { " --quick" } else { "" },
+            if self.update_benchmarks_md {
+                " --update-benchmarks-md"
+            } else {
+                ""
+            },
+            match &self.qemu {
+                Some(path) => format!(" --qemu {}", path.display()),
+                None => String::new(),
+            }
+        )
+    }
+
+    /// Where the report goes.
+    fn out(&self) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| {
+            let ext = if self.json { "json" } else { "md" };
+            workspace_root()
+                .join("target/bench")
+                .join(format!("{}.{ext}", self.scenario.name()))
+        })
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.update_benchmarks_md && self.scenario != Scenario::All {
+            return Err("--update-benchmarks-md is for `all`, whose report it is".into());
+        }
+        if self.update_benchmarks_md && self.quick {
+            return Err("--update-benchmarks-md takes a full run, not --quick".into());
+        }
+        if let Some(path) = self.qemu.as_ref().filter(|p| !p.is_file()) {
+            return Err(format!("--qemu {}: no such file", path.display()));
+        }
+        Ok(())
+    }
+}
+
+/// The workspace this binary was built in, where `target/` and
+/// `BENCHMARKS.md` are.
+fn workspace_root() -> PathBuf {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    crate_dir
+        .ancestors()
+        .nth(2)
+        .unwrap_or(crate_dir)
+        .to_path_buf()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    /// IPI ping-pong between halting vCPUs, per halt-poll policy.
+    Halt,
+    /// A guest cyclictest on the TSC-deadline timer, per timer-advance policy.
+    Timer,
+    /// IPIs to overcommitted vCPUs beside a CPU hog, per boost policy.
+    Sched,
+    /// Device-bus reads per exit and writer grace periods, per RCU mode.
+    Rcu,
+    /// dirty_log_perf_test per dirty-log backend.
+    Dirty,
+    /// Live migration per dirty-log backend and dirtying rate.
+    Migrate,
+    /// Every scenario, in this order.
+    All,
+}
+
+impl Scenario {
+    /// As typed on the command line.
+    fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    }
+}
+
+fn main() -> ExitCode {
+    let args = BenchArgs::parse();
+    if let Err(e) = args.check() {
+        return usage_error(&e);
+    }
+    let opts = bench::Options {
+        quick: args.quick,
+        qemu: args.qemu.as_deref(),
+    };
+    let start = std::time::Instant::now();
+    let whole_run = bench::HostLoad::start();
+    let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
+    let scenarios: &[Scenario] = match args.scenario {
+        // Every scenario, in the order they are declared.
+        Scenario::All => &<Scenario as clap::ValueEnum>::value_variants()[..Scenario::All as usize],
+        _ => std::slice::from_ref(&args.scenario),
+    };
+    let estimate = Estimate::from_benchmarks_md(scenarios, args.quick);
+    eprintln!("{}", estimate.before());
+    let (mut tables, mut times) = (Vec::new(), Vec::new());
+    let mut failed = None;
+    for (done, scenario) in scenarios.iter().enumerate() {
+        let host = bench::HostLoad::start();
+        let began = std::time::Instant::now();
+        let table = match scenario {
+            Scenario::Halt => bench::halt::run(opts, &mut progress),
+            Scenario::Timer => bench::timer::run(opts, &mut progress),
+            Scenario::Sched => bench::sched::run(opts, &mut progress),
+            Scenario::Rcu => bench::rcu::run(opts, &mut progress),
+            Scenario::Dirty => bench::dirty::run(opts, &mut progress),
+            Scenario::Migrate => bench::migrate::run(opts, &mut progress),
+            Scenario::All => unreachable!("expanded above"),
+        };
+        let name = scenario.name();
+        match table {
+            Ok(mut t) => {
+                t.note(host.note());
+                tables.push(t);
+                times.push((name.clone(), began.elapsed()));
+                progress(&estimate.after(&name, began.elapsed(), &scenarios[done + 1..]));
+            }
+            Err(e) => {
+                failed = Some(format!("bench {name}: {e}"));
+                break;
+            }
+        }
+    }
+    let mut host_note = whole_run.note();
+    if let Some(e) = &failed {
+        host_note.push_str(&format!(
+            "\n\nIncomplete: {e}; the tables below are the scenarios that finished before it."
+        ));
+    }
+    let markdown = bench::report(
+        &tables,
+        &args.command(),
+        start.elapsed(),
+        &host_note,
+        &times,
+    );
+    let output = if args.json {
+        let items: Vec<String> = tables.iter().map(bench::Table::json).collect();
+        format!("[{}]\n", items.join(",\n"))
+    } else {
+        markdown.clone()
+    };
+    let mut files = vec![(args.out(), &output)];
+    // BENCHMARKS.md is the report of a whole run.
+    if args.update_benchmarks_md && failed.is_none() {
+        files.push((workspace_root().join("BENCHMARKS.md"), &markdown));
+    }
+    for (path, text) in files {
+        if let Err(e) = write_report(&path, text) {
+            return fail(&format!("cannot write {}: {e}", path.display()));
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    match failed {
+        None => print_or_fail(&output),
+        Some(e) => {
+            let _ = print_or_fail(&output);
+            fail(&format!("{e} (the report has the scenarios that finished)"))
+        }
+    }
+}
+
+/// How long a bench run should take: each scenario's time in the
+/// workspace's BENCHMARKS.md, the last full run's, on an idle machine.
+struct Estimate {
+    times: Vec<(String, Duration)>,
+    quick: bool,
+}
+
+impl Estimate {
+    fn from_benchmarks_md(scenarios: &[Scenario], quick: bool) -> Self {
+        let report = std::fs::read_to_string(workspace_root().join("BENCHMARKS.md"));
+        let known = bench::scenario_times(&report.unwrap_or_default());
+        let times = scenarios
+            .iter()
+            .filter_map(|s| known.iter().find(|(n, _)| *n == s.name()).cloned())
+            .collect();
+        Self { times, quick }
+    }
+
+    /// The time a scenario took in BENCHMARKS.md's run.
+    fn of(&self, name: &str) -> Option<Duration> {
+        self.times.iter().find(|(n, _)| n == name).map(|(_, d)| *d)
+    }
+
+    /// The line printed before the run starts.
+    fn before(&self) -> String {
+        match (self.quick, self.times.is_empty()) {
+            (true, _) => "estimate: none for --quick (BENCHMARKS.md times full runs)".into(),
+            (false, true) => "estimate: none (BENCHMARKS.md gives no scenario times)".into(),
+            (false, false) => {
+                let total: Duration = self.times.iter().map(|(_, d)| *d).sum();
+                let each: Vec<String> = self
+                    .times
+                    .iter()
+                    .map(|(n, d)| format!("{n} {:.0} s", d.as_secs_f64()))
+                    .collect();
+                format!(
+                    "estimate: about {:.0} s ({}), as BENCHMARKS.md's run took on an idle machine; \
+                     a busy or slower one takes longer",
+                    total.as_secs_f64(),
+                    each.join(", ")
+                )
+            }
+        }
+    }
+
+    /// The line printed once scenario `name` has taken `took`, with `left` to go.
+    fn after(&self, name: &str, took: Duration, left: &[Scenario]) -> String {
+        let expected = match (self.quick, self.of(name)) {
+            (false, Some(d)) => format!(" (estimate {:.0} s)", d.as_secs_f64()),
+            _ => String::new(),
+        };
+        let remaining: Option<Duration> = left.iter().map(|s| self.of(&s.name())).sum();
+        let rest = match (left.len(), remaining.filter(|_| !self.quick)) {
+            (0, _) => "; that was the last".to_owned(),
+            (n, Some(d)) => format!(
+                "; {n} to go, about {:.0} s by the estimate",
+                d.as_secs_f64()
+            ),
+            (n, None) => format!("; {n} to go"),
+        };
+        format!("{name} done in {:.0} s{expected}{rest}", took.as_secs_f64())
+    }
+}
+
+fn write_report(path: &Path, text: &str) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, text)
+}
+
+fn print_or_fail(text: &str) -> ExitCode {
+    match io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        // Nobody is reading (e.g. `| head`): not worth an error message.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => fail(&format!("cannot write to stdout: {e}")),
+    }
+}
+
+/// A command line that parses but cannot be run: clap's status, 2.
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(2)
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::FAILURE
+}

@@ -1,0 +1,114 @@
+//! Both ends of a migration in one process: a source VM moved over a real
+//! socket to a destination VM of the same process, so that the two memories
+//! can be compared at the switch-over. What the migration tests and the
+//! bench use; a VMM that migrates between hosts runs [`Migration`] at the
+//! source and [`receive`] at the destination, each in its own process.
+
+use std::thread;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::{
+    Address, Incoming, MigrateOptions, Migration, MigrationError, MigrationReport, Target, answer,
+    receive,
+};
+use crate::error::Error;
+use crate::vm::{RunReport, Vm, VmConfig, VmMemory};
+use test_guests::GuestProgram;
+
+/// One guest moved: what the migration, both runs and the memories showed.
+#[derive(Debug)]
+pub struct Moved {
+    /// The source's account.
+    pub migration: MigrationReport,
+    /// The source's run, handed over.
+    pub source: RunReport,
+    /// The destination's run, to the guest's end.
+    pub destination: RunReport,
+    /// Bytes that differed between the two memories at the switch-over,
+    /// where they were compared.
+    pub differing: Option<u64>,
+    /// The source's memory as it was handed over (the source's vCPUs
+    /// stopped there).
+    pub source_memory: VmMemory,
+}
+
+/// Runs `program` as `config` says and moves it, after
+/// `options.after`, to a VM that receives it on `address` in this process,
+/// which runs the guest to its end. With `compare`, the destination waits
+/// until both memories have been compared (its guest then sees that wait
+/// as part of its stall); without, it runs at once, as a destination
+/// process does.
+pub fn move_in_process(
+    config: &VmConfig,
+    program: &'static GuestProgram,
+    options: MigrateOptions,
+    address: &Address,
+    compare: bool,
+) -> Result<Moved, Error> {
+    let listener = address.listen()?;
+    let address = listener.address().map_err(|source| {
+        Error::Migration(MigrationError::Connect {
+            what: address.to_string(),
+            source,
+        })
+    })?;
+    let timeout = config.timeout;
+    let destination = thread::spawn(move || {
+        let mut input = listener.accept_stream()?;
+        let incoming = receive(&mut input, timeout)?;
+        answer(input.get_mut(), Ok(())).map_err(|e| MigrationError::Stream(e.into()))?;
+        match compare {
+            true => Ok(Err(incoming)),
+            false => Ok(Ok(incoming.vm.run(program, Box::new(std::io::sink()))?)),
+        }
+    });
+    let mut vm = Vm::new(config)?;
+    let source_memory = vm.memory();
+    let moving = Migration::prepare(&mut vm, Target::Peer(address), options)?;
+    let (tx, migrated) = std::sync::mpsc::channel();
+    vm.on_start(Box::new(move |control| {
+        let _ = tx.send(moving.run(control));
+    }));
+    let source = vm.run(program, Box::new(std::io::sink()))?;
+    let migration = migrated
+        .recv()
+        .map_err(|_| Error::ThreadPanicked("migration"))??;
+    let joined: Result<Result<RunReport, Incoming>, Error> = destination
+        .join()
+        .map_err(|_| Error::ThreadPanicked("destination"))?;
+    let (destination, differing) = match joined? {
+        Ok(report) => (report, None),
+        Err(incoming) => {
+            let differing = differing_bytes(&source_memory, &incoming.vm.memory())?;
+            let report = incoming.vm.run(program, Box::new(std::io::sink()))?;
+            (report, Some(differing))
+        }
+    };
+    Ok(Moved {
+        migration,
+        source,
+        destination,
+        differing,
+        source_memory,
+    })
+}
+
+/// Compares two memories of the same size, a MiB at a time.
+fn differing_bytes(a: &VmMemory, b: &VmMemory) -> Result<u64, Error> {
+    let size = vm_memory::GuestMemoryBackend::last_addr(a).0 + 1;
+    let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    let mut differing = 0;
+    for at in (0..size).step_by(1 << 20) {
+        let n = ((size - at) as usize).min(x.len());
+        a.read_slice(&mut x[..n], GuestAddress(at))
+            .and_then(|()| b.read_slice(&mut y[..n], GuestAddress(at)))
+            .map_err(MigrationError::from)?;
+        // A slice comparison first: a byte-by-byte count only where a MiB
+        // differs, so the destination is not held up (its guest's clock runs).
+        if x[..n] != y[..n] {
+            differing += x[..n].iter().zip(&y[..n]).filter(|(p, q)| p != q).count() as u64;
+        }
+    }
+    Ok(differing)
+}
