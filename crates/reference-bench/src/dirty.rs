@@ -13,8 +13,7 @@ use dirty_log::perf::{self, Mode, RING_BYTES, Tracker};
 use crate::Error;
 use crate::{Cell, Options, Table};
 use reference_vmm::devices::PioDevice;
-use reference_vmm::mechanisms::Mechanisms;
-use reference_vmm::vm::{Vm, VmConfig};
+use reference_vmm::{Vm, VmConfig};
 use test_guests::abi::GATE_PORT;
 use test_guests::layout::{DIRTY_AREA_ADDR, PAGE_SIZE};
 use test_guests::programs as guest;
@@ -135,7 +134,6 @@ fn measure(mode: Mode, mib: u64, iterations: usize) -> Result<perf::Row, Error> 
         vcpus: VCPUS,
         mem_mib: ((DIRTY_AREA_ADDR >> 20) + u64::from(VCPUS) * mib + 2).next_multiple_of(2),
         timeout: Some(Duration::from_secs(600)),
-        mechanisms: Mechanisms::default(),
         dirty_ring: (mode == Mode::Ring).then_some(RING_BYTES),
         ..VmConfig::default()
     };

@@ -18,7 +18,8 @@ use halt_poll::kvm::TunerConfig;
 use crate::Error;
 use crate::qemu::{Qemu, QemuApic};
 use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
-use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance};
+use reference_vmm::Irqchip;
+use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
 use test_guests::layout::PARAMS;
 
 /// Round trips per ping-pong run, without `--quick`.
@@ -95,12 +96,12 @@ impl Workload {
     }
 
     /// Runs it once under `m` (`guest_poll`: the ping-pong's guest-side polling).
-    fn run(self, m: Mechanisms, opts: Options) -> Result<Sample, Error> {
+    fn run(self, m: Choices, opts: Options) -> Result<Sample, Error> {
         let ticks = |us: u64| (us as f64 * ticks_per_us()) as u64;
         let rounds = opts.rounds(ROUNDS);
         let params = match self {
             Self::IdleTimer => return idle_timer(m, opts.rounds(TIMERS)),
-            Self::PingPong | Self::Contended => vec![rounds, u64::from(m.guest_poll)],
+            Self::PingPong | Self::Contended => vec![rounds, u64::from(m.presets.guest_poll)],
             Self::Bursty => vec![rounds, 0, ticks(BURST_GAP_US), BURST, 0],
             Self::Bimodal => vec![rounds, 0, ticks(BIMODAL_GAP_US), 2, 1],
             Self::XapicPingPong | Self::XapicSpinning => self.xapic_params(rounds).to_vec(),
@@ -164,11 +165,8 @@ fn qemu_pingpong(
 /// The idle timer: one vCPU, a TSC deadline every period, halting between.
 /// The userspace APIC runs it without a timer advance, so that the halt-poll
 /// policy, not the advance, meets each wake-up.
-fn idle_timer(m: Mechanisms, timers: u64) -> Result<Sample, Error> {
-    let m = Mechanisms {
-        timer_advance: TimerAdvance::None,
-        ..m
-    };
+fn idle_timer(m: Choices, timers: u64) -> Result<Sample, Error> {
+    let m = m.with_timer_advance(TimerAdvance::None);
     let period = (TIMER_PERIOD_US as f64 * ticks_per_us()) as u64;
     let (run, lateness) = cyclictest(m, timers, period)?;
     let per_timer = |v: f64| v / timers as f64;
@@ -276,20 +274,12 @@ impl Variant {
         }
     }
 
-    fn mechanisms(self) -> Mechanisms {
-        let m = Mechanisms::default();
+    fn choices(self) -> Choices {
         match self {
-            Self::Vmm(halt_poll) => Mechanisms { halt_poll, ..m },
-            Self::GuestSide => Mechanisms {
-                guest_poll: true,
-                ..m
-            },
-            Self::Kernel(halt_poll) => Mechanisms {
-                irqchip: Irqchip::Kernel,
-                halt_poll,
-                ..m
-            },
-            Self::Qemu(_) => m,
+            Self::Vmm(halt_poll) => Choices::default().with_halt_poll(halt_poll),
+            Self::GuestSide => Choices::default().with_guest_poll(),
+            Self::Kernel(halt_poll) => Choices::on(Irqchip::Kernel).with_halt_poll(halt_poll),
+            Self::Qemu(_) => Choices::default(),
         }
     }
 
@@ -302,7 +292,7 @@ impl Variant {
     ) -> Option<Result<Sample, Error>> {
         match self {
             Self::Qemu(apic) => qemu.map(|q| qemu_pingpong(q, workload, apic, opts)),
-            _ => Some(workload.run(self.mechanisms(), opts)),
+            _ => Some(workload.run(self.choices(), opts)),
         }
     }
 }

@@ -26,7 +26,7 @@ pub mod timer;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use reference_vmm::vm::VmMemory;
+use reference_vmm::VmMemory;
 
 pub use host::HostLoad;
 pub use runs::{Runs, goal};
@@ -88,8 +88,8 @@ impl From<reference_vmm::migration::MigrationError> for Error {
 }
 
 use crate::qemu::Qemu;
-use reference_vmm::mechanisms::Mechanisms;
-use reference_vmm::vm::{RunReport, Vm, VmConfig};
+use reference_vmm::presets::Choices;
+use reference_vmm::{RunReport, Vm, VmConfig};
 use test_guests::layout::PARAMS;
 use test_guests::programs as guest;
 
@@ -134,21 +134,35 @@ pub struct Measured {
     pub wall: Duration,
 }
 
-/// Runs `program` on `vcpus` vCPUs with `mechanisms` and `params`.
+/// Runs `program` on `vcpus` vCPUs with `choices` and `params`.
 pub fn measure(
     program: &str,
     vcpus: u32,
-    mechanisms: Mechanisms,
+    choices: Choices,
     params: &[u64],
     prepare: impl FnOnce(&mut Vm),
 ) -> Result<Measured, Error> {
-    let mut config = VmConfig {
+    measure_config(program, config(vcpus, choices, params), prepare)
+}
+
+/// The configuration [`measure`] runs: a 300 s watchdog, `params` first.
+pub fn config(vcpus: u32, choices: Choices, params: &[u64]) -> VmConfig {
+    let mut config = choices.config(VmConfig {
         vcpus,
         timeout: Some(Duration::from_secs(300)),
-        mechanisms,
         ..VmConfig::default()
-    };
-    config.params[..params.len().min(PARAMS)].copy_from_slice(&params[..params.len().min(PARAMS)]);
+    });
+    let n = params.len().min(PARAMS);
+    config.params[..n].copy_from_slice(&params[..n]);
+    config
+}
+
+/// Runs `program` as `config` says.
+pub fn measure_config(
+    program: &str,
+    config: VmConfig,
+    prepare: impl FnOnce(&mut Vm),
+) -> Result<Measured, Error> {
     let mut vm = Vm::new(&config)?;
     prepare(&mut vm);
     let memory = vm.memory();

@@ -7,11 +7,11 @@ use std::time::Duration;
 use crate::Error;
 use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
 use reference_vmm::Error as VmError;
+use reference_vmm::migration::pause::PauseError;
 use reference_vmm::migration::{
     Address, DirtyLogBackend, MigrateOptions, MigrationError, Moved, move_in_process,
 };
-use reference_vmm::pause::PauseError;
-use reference_vmm::vm::{RunReport, Vm, VmConfig};
+use reference_vmm::{RunReport, Vm, VmConfig};
 use test_guests::layout::PAGE_SIZE;
 use test_guests::programs as guest;
 

@@ -3,14 +3,18 @@
 //! while vCPUs run guest code, with guest mode as an extended quiescent state
 //! and without.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::Error;
-use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
-use reference_vmm::mechanisms::{BusAccess, Mechanisms};
+use crate::{Cell, Options, Runs, Table, config, goal, measure, measure_config, ticks_per_us};
+use arc_swap::ArcSwap;
+use rcu_qs::{Domain, Reader};
+use reference_vmm::devices::{BusAccess, IoBus};
+use reference_vmm::presets::Choices;
+use reference_vmm::{FamilyPolicies, Policies};
 
 /// Exits per vCPU for the lookup cost, without `--quick`.
 const LOOKUP_EXITS: u64 = 20_000;
@@ -32,17 +36,15 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
 }
 
 fn lookups(opts: Options, progress: &mut dyn FnMut(&str), t: &mut Table) -> Result<(), Error> {
-    const MODES: [BusAccess; 3] = [BusAccess::RwLock, BusAccess::Rcu, BusAccess::ArcSwap];
+    const MODES: [Bus; 3] = [Bus::RwLock, Bus::Rcu, Bus::ArcSwap];
     let exits = opts.rounds(LOOKUP_EXITS);
     let mut ns = vec![Runs::new(); MODES.len()];
     for rep in 0..opts.reps() {
         for (i, &bus) in MODES.iter().enumerate() {
             progress(&format!("rcu: --bus {bus} ({}/{})", rep + 1, opts.reps()));
-            let m = Mechanisms {
-                bus,
-                ..Mechanisms::default()
-            };
-            let run = measure("port-exits", VCPUS, m, &[exits, 1], |_| {})?;
+            let mut config = config(VCPUS, Choices::default(), &[exits, 1]);
+            config.policies = Arc::new(bus);
+            let run = measure_config("port-exits", config, |_| {})?;
             let s = run.report.stats;
             ns[i].push(
                 s.bus_lookup_ticks as f64 / ticks_per_us() * 1e3 / s.bus_lookups.max(1) as f64,
@@ -158,9 +160,9 @@ fn grace_periods(
 
 /// Runs `port-exits` while a writer thread waits for grace periods.
 fn grace_period_run(extended_qs: bool, exits: u64) -> Result<GracePeriods, Error> {
-    let m = Mechanisms {
+    let m = Choices {
         extended_qs,
-        ..Mechanisms::default()
+        ..Choices::default()
     };
     let stop = Arc::new(AtomicBool::new(false));
     let mut writer = None;
@@ -188,4 +190,89 @@ fn grace_period_run(extended_qs: bool, exits: u64) -> Result<GracePeriods, Error
         max: waits.range().1,
         exit_interval: run.wall.as_secs_f64() * 1e6 / exits as f64,
     })
+}
+
+/// How the vCPU threads read the bus: the family's RCU cell, or one of its
+/// baselines, each a [`BusAccess`] the VMM takes as a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bus {
+    /// rcu-qs: a load and a dereference per lookup.
+    Rcu,
+    /// A read lock per lookup.
+    RwLock,
+    /// arc-swap: a guarded load per lookup.
+    ArcSwap,
+}
+
+impl std::fmt::Display for Bus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Rcu => "rcu",
+            Self::RwLock => "rwlock",
+            Self::ArcSwap => "arc-swap",
+        })
+    }
+}
+
+/// The family's policies, with the bus read this way.
+impl Policies for Bus {
+    fn bus(&self, bus: IoBus, domain: &Domain) -> Box<dyn BusAccess> {
+        match self {
+            Self::Rcu => FamilyPolicies.bus(bus, domain),
+            Self::RwLock => Box::new(RwLockBus(RwLock::new(bus))),
+            Self::ArcSwap => Box::new(ArcSwapBus(ArcSwap::from_pointee(bus))),
+        }
+    }
+}
+
+/// The bus behind a `RwLock`.
+struct RwLockBus(RwLock<IoBus>);
+
+impl BusAccess for RwLockBus {
+    fn read(&self, _: &Reader, f: &mut dyn FnMut(&IoBus)) {
+        f(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn replace(&self, bus: IoBus) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = bus;
+    }
+}
+
+/// The bus behind an `ArcSwap`.
+struct ArcSwapBus(ArcSwap<IoBus>);
+
+impl BusAccess for ArcSwapBus {
+    fn read(&self, _: &Reader, f: &mut dyn FnMut(&IoBus)) {
+        f(&self.0.load())
+    }
+
+    fn replace(&self, bus: IoBus) {
+        self.0.store(Arc::new(bus));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reference_vmm::devices::SerialConsole;
+
+    #[test]
+    fn every_bus_read_sees_the_bus_and_its_replacement() {
+        let domain = Domain::new();
+        for mode in [Bus::Rcu, Bus::RwLock, Bus::ArcSwap] {
+            let mut bus = IoBus::new();
+            let console = SerialConsole::new(Box::new(std::io::sink()));
+            bus.insert(0x3f8, 8, Arc::new(console)).unwrap();
+            let shared = mode.bus(bus, &domain);
+            let reader = domain.register_reader();
+            let found = |shared: &dyn BusAccess| {
+                let mut found = None;
+                shared.read(&reader, &mut |b| found = Some(b.find(0x3f9).is_some()));
+                found
+            };
+            assert_eq!(found(&*shared), Some(true), "{mode}");
+            shared.replace(IoBus::new());
+            assert_eq!(found(&*shared), Some(false), "{mode}");
+        }
+    }
 }

@@ -9,7 +9,7 @@ use crate::Error;
 use crate::peer::{PeerSeen, goal_against_qemu, run_image};
 use crate::qemu::{Qemu, QemuApic};
 use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
-use reference_vmm::mechanisms::{Boost, Mechanisms};
+use reference_vmm::presets::{Boost, Choices};
 
 /// Rounds per run, without `--quick`.
 const ROUNDS: u64 = 2000;
@@ -65,10 +65,7 @@ fn run_once(
     let rate =
         |ticks: Option<u64>| rounds as f64 / (ticks.unwrap_or(0) as f64 / ticks_per_us() / 1e6);
     let on_this_vmm = |boost, xapic: u64| -> Result<Sample, Error> {
-        let m = Mechanisms {
-            boost,
-            ..Mechanisms::default()
-        };
+        let m = Choices::default().with_boost(boost);
         let run = measure(
             "sched-ipi",
             vcpus,

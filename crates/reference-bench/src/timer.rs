@@ -13,8 +13,9 @@ use crate::Error;
 use crate::peer::run_image;
 use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuError};
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
-use reference_vmm::guest_abi::MAX_LEAD;
-use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement};
+use reference_vmm::MAX_LEAD;
+use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
+use reference_vmm::{Irqchip, KvmHaltPoll, TimerPlacement};
 use test_guests::layout::SAMPLES_ADDR;
 
 /// Timers per run, without `--quick`.
@@ -28,14 +29,11 @@ const BUCKETS: [f64; 6] = [0.0, 5.0, 10.0, 20.0, 50.0, 100.0];
 /// timer), then
 /// KVM's in-kernel LAPIC timer (its own adaptive advance), with KVM's halt
 /// polling as configured (`halt_poll_ns`) and polling up to 10 ms.
-fn variants() -> [(String, Mechanisms); 9] {
+fn variants() -> [(String, Choices); 9] {
     let user = |timer_advance| {
         (
             format!("--timer-advance {timer_advance}"),
-            Mechanisms {
-                timer_advance,
-                ..Mechanisms::default()
-            },
+            Choices::default().with_timer_advance(timer_advance),
         )
     };
     [
@@ -46,17 +44,14 @@ fn variants() -> [(String, Mechanisms); 9] {
         user(TimerAdvance::PercentileAt(99)),
         (
             format!("--timer-advance percentile --timer-placement {THREAD_PLACEMENT}"),
-            Mechanisms {
+            Choices {
                 timer_placement: THREAD_PLACEMENT,
-                ..Mechanisms::default()
+                ..Choices::default()
             },
         ),
         (
             "--timer-advance percentile --halt-poll always".into(),
-            Mechanisms {
-                halt_poll: HaltPoll::Always,
-                ..Mechanisms::default()
-            },
+            Choices::default().with_halt_poll(HaltPoll::Always),
         ),
         kernel(HaltPoll::Kvm),
         kernel(HaltPoll::Always),
@@ -64,17 +59,12 @@ fn variants() -> [(String, Mechanisms); 9] {
 }
 
 /// KVM's LAPIC with its halt polling as `halt_poll` sets it.
-fn kernel(halt_poll: HaltPoll) -> (String, Mechanisms) {
-    let name = match halt_poll.kvm_window() {
-        Some(_) => format!("--irqchip kernel --halt-poll {halt_poll}"),
-        None => "--irqchip kernel".into(),
+fn kernel(halt_poll: HaltPoll) -> (String, Choices) {
+    let name = match halt_poll.kvm() {
+        KvmHaltPoll::Window(_) => format!("--irqchip kernel --halt-poll {halt_poll}"),
+        _ => "--irqchip kernel".into(),
     };
-    let m = Mechanisms {
-        irqchip: Irqchip::Kernel,
-        halt_poll,
-        ..Mechanisms::default()
-    };
-    (name, m)
+    (name, Choices::on(Irqchip::Kernel).with_halt_poll(halt_poll))
 }
 
 const NONE: usize = 0;
@@ -529,7 +519,7 @@ fn host_wakeups(samples: u64, period_us: u64) -> Result<Vec<f64>, Error> {
 }
 
 /// One run: the lateness of each timer, and the spin per expiry.
-fn lateness(m: Mechanisms, samples: u64, period_ticks: u64) -> Result<Run, Error> {
+fn lateness(m: Choices, samples: u64, period_ticks: u64) -> Result<Run, Error> {
     let (run, lateness) = cyclictest(m, samples, period_ticks)?;
     let stats = &run.report.stats;
     Ok(Run {
@@ -546,7 +536,7 @@ fn lateness(m: Mechanisms, samples: u64, period_ticks: u64) -> Result<Run, Error
 /// `period_ticks` apart, halting between. Returns the run and each timer's
 /// lateness, µs.
 pub fn cyclictest(
-    m: Mechanisms,
+    m: Choices,
     samples: u64,
     period_ticks: u64,
 ) -> Result<(Measured, Vec<f64>), Error> {

@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use common::kvm_available;
 use reference_bench::{self as bench, Options, Table};
-use reference_vmm::mechanisms::{
-    Boost, HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement,
-};
+use reference_vmm::presets::{Boost, Choices, HaltPoll, TimerAdvance};
+use reference_vmm::{Irqchip, TimerPlacement};
 use vm_memory::{Bytes, GuestAddress};
 
 const QUICK: Options = Options {
@@ -93,10 +92,7 @@ fn without_an_advance_a_halted_vcpu_wakes_itself_at_each_deadline() {
     // end). Nothing else wakes the vCPU, and the timer's policy never sleeps
     // to poll before a deadline (`HaltPoll::timer_policy`, unit-tested).
     let period = (1000.0 * bench::ticks_per_us()) as u64;
-    let m = Mechanisms {
-        timer_advance: TimerAdvance::None,
-        ..Mechanisms::default()
-    };
+    let m = Choices::default().with_timer_advance(TimerAdvance::None);
     assert_eq!(m.timer_placement, TimerPlacement::VcpuThread);
     let (report, _) = program::run("cyclictest", 1, m, &[200, period]).unwrap();
     assert_eq!(report.value(0, "irqs"), Some(200));
@@ -120,7 +116,7 @@ fn with_a_timer_advance_halts_block_until_the_early_host_timer() {
     // The advance covers the halted thread's wake-up, so polling for the timer
     // would only burn the CPU while the host timer's wake-up is on its way.
     let period = (1000.0 * bench::ticks_per_us()) as u64;
-    let (report, _) = program::run("cyclictest", 1, Mechanisms::default(), &[200, period]).unwrap();
+    let (report, _) = program::run("cyclictest", 1, Choices::default(), &[200, period]).unwrap();
     assert_eq!(report.value(0, "irqs"), Some(200));
     assert_eq!(report.stats.polled_ns, 0, "{:?}", report.stats);
     assert!(report.stats.blocked_ns > 0, "{:?}", report.stats);
@@ -134,10 +130,7 @@ fn a_deadline_already_past_fires_at_the_next_entry_without_a_kick() {
     // One tick apart, every deadline is past when the guest writes it: the
     // vCPU fires it on its way back into the guest, as KVM does, instead of
     // waiting for a timer thread to wake up and kick it.
-    let m = Mechanisms {
-        timer_placement: TimerPlacement::VcpuCpu,
-        ..Mechanisms::default()
-    };
+    let m = Choices::default().with_timer_placement(TimerPlacement::VcpuCpu);
     let (report, _) = program::run("cyclictest", 1, m, &[300, 1]).unwrap();
     assert_eq!(report.value(0, "irqs"), Some(300));
     assert_eq!(report.stats.kicks, 0, "{:?}", report.stats);
@@ -150,37 +143,22 @@ fn every_timer_fires_once_in_order_and_never_before_its_deadline() {
     }
     const SAMPLES: u64 = 200;
     let period = (500.0 * bench::ticks_per_us()) as u64;
-    let user = |timer_advance| Mechanisms {
-        timer_advance,
-        ..Mechanisms::default()
-    };
-    let kernel = Mechanisms {
-        irqchip: Irqchip::Kernel,
-        ..Mechanisms::default()
-    };
+    let user = |timer_advance| Choices::default().with_timer_advance(timer_advance);
+    let kernel = Choices::on(Irqchip::Kernel);
     for m in [
         user(TimerAdvance::None),
         user(TimerAdvance::Kvm),
         user(TimerAdvance::Percentile),
         user(TimerAdvance::PercentileAt(99)),
-        Mechanisms {
-            timer_placement: TimerPlacement::VcpuCpu,
-            ..Mechanisms::default()
-        },
-        Mechanisms {
-            timer_placement: TimerPlacement::Anywhere,
-            ..Mechanisms::default()
-        },
+        Choices::default().with_timer_placement(TimerPlacement::VcpuCpu),
+        Choices::default().with_timer_placement(TimerPlacement::Anywhere),
         // The halted vCPU polls and fires its own timer at the deadline.
-        Mechanisms {
-            halt_poll: HaltPoll::Always,
-            ..Mechanisms::default()
-        },
+        Choices::default().with_halt_poll(HaltPoll::Always),
         kernel,
     ] {
         let variant = format!(
             "{} / {} / {} / {}",
-            m.irqchip, m.timer_advance, m.timer_placement, m.halt_poll
+            m.irqchip, m.presets.timer_advance, m.timer_placement, m.presets.halt_poll
         );
         let (report, memory) = program::run("cyclictest", 1, m, &[SAMPLES, period]).unwrap();
         assert_eq!(report.value(0, "samples"), Some(SAMPLES), "{variant}");
@@ -215,10 +193,7 @@ fn every_overcommitted_vcpu_acknowledges_every_ipi_under_every_boost() {
     }
     const ROUNDS: u64 = 200;
     for boost in [Boost::None, Boost::Ready, Boost::DirectedYield] {
-        let m = Mechanisms {
-            boost,
-            ..Mechanisms::default()
-        };
+        let m = Choices::default().with_boost(boost);
         let (report, _) = program::run("sched-ipi", 4, m, &[ROUNDS, 200]).unwrap();
         assert_eq!(report.value(0, "acks"), Some(ROUNDS * 3), "{boost}");
     }

@@ -56,17 +56,6 @@ const LVT_FIRST: u32 = 0x832;
 const LVT_LAST: u32 = 0x837;
 const SELF_IPI: u32 = 0x83F;
 
-/// The x2APIC EOI register.
-pub const MSR_EOI: u32 = EOI;
-/// The x2APIC interrupt command register.
-pub const MSR_ICR: u32 = ICR;
-/// The x2APIC spurious-interrupt vector register.
-pub const MSR_SVR: u32 = SVR;
-/// The x2APIC error status register.
-pub const MSR_ESR: u32 = ESR;
-/// The x2APIC LVT Timer register.
-pub const MSR_LVT_TIMER: u32 = LVT_FIRST;
-
 /// Version register: version 0x14, 6 LVT entries (max LVT index 5).
 const VERSION_VALUE: u64 = 0x14 | 5 << 16;
 /// SVR's APIC software-enable bit.
@@ -284,6 +273,7 @@ impl LocalApic {
     }
 
     /// Whether the APIC is in x2APIC mode (else xAPIC).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn x2apic(&self) -> bool {
         self.x2apic
     }

@@ -5,8 +5,8 @@ use std::io;
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 
+use crate::report::RunReport;
 use crate::stop::StopReason;
-use crate::vm::RunReport;
 use test_guests::ucall::UcallError;
 
 /// Everything that can end a run early.
@@ -136,7 +136,7 @@ pub enum Error {
         /// What the guest reported and the mechanisms did until the stop.
         partial: Box<RunReport>,
     },
-    /// vCPU threads that did not leave `KVM_RUN` within [`crate::stop::STOP_GRACE`]
+    /// vCPU threads that did not leave `KVM_RUN` within `STOP_GRACE`
     /// of being stopped: a VMM bug (a blocked device), never the guest's doing.
     #[error("vCPU thread(s) {0:?} did not stop when asked; the run ended without them")]
     Unresponsive(Vec<u32>),
@@ -155,11 +155,11 @@ pub enum ConfigError {
     /// A device could not be added to the bus.
     #[error("cannot add a device: {0}")]
     Device(#[from] crate::devices::BusError),
-    /// `--halt-poll tuned` on this VMM's APIC, where KVM does not halt.
+    /// KVM's halt polling set on this VMM's APIC, where KVM does not halt.
     #[error(
-        "--halt-poll tuned sets KVM's in-kernel halt-polling window: it needs --irqchip kernel"
+        "KVM's halt-polling window is set in the kernel irqchip's halts: it needs Irqchip::Kernel"
     )]
-    TunedNeedsKernelIrqchip,
+    KvmHaltPollNeedsKernelIrqchip,
     /// A VM created to receive a stream was run before it received one.
     #[error(
         "a VM created with Boot::Incoming runs only once every vCPU's state is set (Vm::set_incoming)"

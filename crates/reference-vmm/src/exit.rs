@@ -249,6 +249,7 @@ fn exit_name(exit: &VcpuExit<'_>) -> &'static str {
 
 /// The context of a vCPU with devices only ([`NoApic`], no dirty ring).
 /// The fuzz target drives [`handle_exit`] through it.
+#[cfg(any(test, feature = "fuzzing"))]
 pub struct Devices<'a, M> {
     /// The device bus.
     pub bus: &'a IoBus,
@@ -260,6 +261,7 @@ pub struct Devices<'a, M> {
     pub apic: NoApic,
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 impl<M: GuestMemory> ExitContext for Devices<'_, M> {
     type Memory = M;
     type Apic = NoApic;

@@ -16,7 +16,8 @@ use lapic_timer::{DeliveryLead, GuestTime};
 use test_guests::layout::MAILBOX_RING;
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::vm::{VmMemory, bucket_holding};
+use crate::memory::VmMemory;
+use crate::report::bucket_holding;
 
 /// Guest-side polling: a halt-poll policy whose window the guest polls its
 /// mailbox for; the guest reports each wait's outcome in the mailbox ring,

@@ -15,9 +15,8 @@ use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
 use crate::error::GuestFault;
 use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
 use crate::guest_abi::{DeliveryPath, GuestPoll, MAX_LEAD, TimerLead};
-use crate::mechanisms::HaltPoll;
+use crate::memory::VmMemory;
 use crate::migration::stream::{MAGIC, Record, StreamReader, VERSION};
-use crate::vm::VmMemory;
 use test_guests::abi::SERIAL_PORT;
 use test_guests::layout::PAGE_SIZE;
 use test_guests::ucall::{self, MAX_STRING_LEN, UCALL_PORT, Ucall};
@@ -139,7 +138,7 @@ fn check_apic(
     }
     let (id, tpr, esr) = if apic.x2apic() {
         let read = |msr| apic.read(msr, irr, now).unwrap();
-        (read(0x802), read(0x808), read(apic::MSR_ESR))
+        (read(0x802), read(0x808), read(0x828))
     } else {
         let mut read = |offset| u64::from(apic.mmio_read(offset, irr, now).unwrap());
         (read(0x20) >> 24, read(0x80), read(0x280))
@@ -267,7 +266,11 @@ const RECORD: u64 = 0x2000;
 /// most 1 s).
 pub fn learners(data: &[u8]) {
     let mem = memory_with(&[]);
-    let mut poll = GuestPoll::new(HaltPoll::Kvm.policy(), MAILBOX, TIME.tsc_khz);
+    let mut poll = GuestPoll::new(
+        Box::new(halt_poll::KvmGrowShrink::new()),
+        MAILBOX,
+        TIME.tsc_khz,
+    );
     let mut lead = TimerLead::new(TIME, RECORD);
     for op in data.chunks(10) {
         let (kind, arg, value) = (op[0], op.get(1).copied().unwrap_or(0), u64_at(op, 2));

@@ -90,16 +90,11 @@ impl Pending {
         let irr = &self.irr[vcpu];
         [0, 1, 2, 3].map(|w| irr[w].load(SeqCst))
     }
-
-    /// Whether vCPU `vcpu` has an interrupt pending or a timer due.
-    pub fn has_work(&self, vcpu: usize) -> bool {
-        self.irr(vcpu) != [0; 4] || self.timer(vcpu).is_some()
-    }
 }
 
 impl GuestView for Pending {
     fn runnable(&self, vcpu: usize) -> bool {
-        vcpu < self.irr.len() && self.has_work(vcpu)
+        vcpu < self.irr.len() && (self.irr(vcpu) != [0; 4] || self.timer(vcpu).is_some())
     }
 
     /// Unknown here (no guest register is read): every preempted vCPU is a
@@ -228,11 +223,6 @@ impl Interrupts {
         self.pending.irr(vcpu)
     }
 
-    /// Whether vCPU `vcpu` has anything pending (an interrupt or a timer).
-    pub fn has_work(&self, vcpu: usize) -> bool {
-        self.pending.has_work(vcpu)
-    }
-
     /// Takes `vector` off vCPU `vcpu`'s pending set (it is being injected).
     pub fn take(&self, vcpu: usize, vector: u8) {
         self.pending.irr[vcpu][usize::from(vector / 64)].fetch_and(!(1 << (vector % 64)), SeqCst);
@@ -251,11 +241,6 @@ impl Interrupts {
     /// Whether vCPU `vcpu`'s timer thread has delivered an expiry.
     pub fn has_timer(&self, vcpu: usize) -> bool {
         self.pending.timer(vcpu).is_some()
-    }
-
-    /// vCPUs.
-    pub fn vcpus(&self) -> usize {
-        self.links.len()
     }
 
     /// Kicks every vCPU out of the guest and wakes every halted one, so
@@ -334,7 +319,7 @@ mod tests {
         assert_eq!(irqs.stats.dropped.load(SeqCst), 1);
         irqs.take(2, 0x40);
         assert_eq!(irqs.pending(2)[1] & 1, 0);
-        assert!(irqs.has_work(2));
+        assert_ne!(irqs.pending(2), [0; 4], "0x41 and 0x42 wait");
     }
 
     #[test]

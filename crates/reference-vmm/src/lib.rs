@@ -31,27 +31,35 @@
 // Debug requirement, which is for the five published crates, does not apply.
 #![allow(missing_debug_implementations)]
 
-pub mod apic;
+mod apic;
 pub mod devices;
-pub mod error;
-pub mod exit;
-pub mod guest_abi;
+mod error;
+mod exit;
+mod guest_abi;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
-pub mod irq;
-pub mod irqchip;
-pub mod kick;
-pub mod mechanisms;
+mod irq;
+mod irqchip;
+mod kick;
+mod memory;
 pub mod migration;
-pub mod pause;
-pub mod shared;
-pub mod stop;
-pub mod vcpu;
-pub mod vm;
+mod policies;
+pub mod presets;
+mod report;
+mod shared;
+mod stop;
+mod vcpu;
+mod vm;
 
-pub use error::{ConfigError, Error, GuestFault};
-pub use stop::{StopHandle, StopReason};
-pub use vm::{Boot, RunReport, Vm, VmConfig, VmMemory, VmStats};
+pub use error::{ConfigError, Error, GuestFault, RegisterDump};
+pub use exit::{MAX_REPORTS, VcpuError};
+pub use guest_abi::MAX_LEAD;
+pub use kick::KickError;
+pub use memory::VmMemory;
+pub use policies::{FamilyPolicies, Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource};
+pub use report::{RunReport, VcpuSummary, VmStats};
+pub use stop::{DEFAULT_TIMEOUT, StopHandle, StopReason};
+pub use vm::{Boot, Controller, RunControl, Vm, VmConfig};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

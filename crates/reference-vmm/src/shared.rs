@@ -1,79 +1,107 @@
-//! What every vCPU thread of a VM shares: guest memory, the device bus, the
-//! RCU domain, the interrupts, the mechanisms, their statistics and the stop
-//! flag.
+//! What every vCPU thread of a VM shares, one handle per concern: guest
+//! memory, the devices, the RCU domain, the interrupts, this VMM's APIC
+//! setup, the statistics, a migration's hooks, and the stop flag.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::vm::VmMemory;
 use halt_poll::HaltStats;
 use lapic_timer::TimerStats;
 use rcu_qs::Domain;
 
-use crate::devices::SharedBus;
+use crate::devices::BusAccess;
 use crate::guest_abi::DeliveryPath;
 use crate::irq::Interrupts;
-use crate::mechanisms::Mechanisms;
+use crate::memory::VmMemory;
 use crate::migration::StateSupport;
-use crate::pause::PauseGate;
+use crate::migration::pause::PauseGate;
+use crate::policies::{Policies, TimerPlacement};
 
 /// What every vCPU thread of a VM shares.
-pub struct VmShared {
+pub(crate) struct VmShared {
     /// Guest memory.
     pub memory: VmMemory,
     /// Port-I/O devices, as the vCPU threads read them.
-    pub bus: SharedBus,
+    pub devices: Devices,
     /// The RCU domain whose readers are the vCPU threads.
-    pub domain: Arc<Domain>,
+    pub rcu: Rcu,
     /// Pending interrupts, run states and boosts.
     pub irqs: Arc<Interrupts>,
-    /// The mechanisms chosen.
-    pub mechanisms: Mechanisms,
-    /// What the halt pollers did.
-    pub halt_stats: Arc<HaltStats>,
-    /// What the LAPIC host timers did (wake-ups, spins, deliveries).
-    pub timer_stats: Arc<TimerStats>,
-    /// How long the userspace APIC's timer deliveries took.
-    pub timer_delivery: DeliveryPath,
-    /// Device-bus lookups on exits, and their cost.
-    pub bus_lookups: BusLookups,
-    /// Drains the dirty rings when one is full (with a dirty ring only).
-    pub ring_full: Option<dirty_log::RingFull>,
-    /// The floor on a periodic LAPIC timer's period, ns (KVM's
-    /// `min_timer_period_us`).
-    pub min_timer_period_ns: u64,
-    /// Where vCPUs park for a migration.
-    pub pause: PauseGate,
-    /// What a vCPU's state capture may save on this host.
-    pub state_support: Arc<StateSupport>,
+    /// What this VMM's local APIC runs (`Irqchip::User`).
+    pub apic: ApicSetup,
+    /// What the halt pollers and host timers did.
+    pub stats: Stats,
+    /// Where vCPUs park for a migration, and what they save there.
+    pub moving: Moving,
     /// Set before kicking the vCPUs to make them stop.
     stop: AtomicBool,
 }
 
+/// The device bus and what reading it costs.
+pub(crate) struct Devices {
+    /// How vCPU threads read it.
+    pub bus: Box<dyn BusAccess>,
+    /// Lookups on exits, and their cost.
+    pub lookups: BusLookups,
+}
+
+/// The vCPU threads as RCU readers.
+pub(crate) struct Rcu {
+    /// Their domain.
+    pub domain: Arc<Domain>,
+    /// Offline while in the guest (an extended quiescent state).
+    pub extended_qs: bool,
+}
+
+/// What each vCPU's local APIC in this VMM is made with.
+pub(crate) struct ApicSetup {
+    /// The policies it asks for its poller, timer and guest-side polling.
+    pub policies: Arc<dyn Policies>,
+    /// Where its host timer expires.
+    pub timer_placement: TimerPlacement,
+    /// The floor on a periodic timer's period, ns.
+    pub min_timer_period_ns: u64,
+}
+
+/// What the mechanisms measured, summed over the vCPUs.
+#[derive(Default)]
+pub(crate) struct Stats {
+    /// The halt pollers'.
+    pub halt: Arc<HaltStats>,
+    /// The LAPIC host timers' (wake-ups, spins, deliveries).
+    pub timer: Arc<TimerStats>,
+    /// How long the userspace APIC's timer deliveries took.
+    pub delivery: DeliveryPath,
+}
+
+/// A migration's hooks in the vCPU threads.
+pub(crate) struct Moving {
+    /// Where vCPUs park.
+    pub pause: PauseGate,
+    /// What a vCPU's state capture may save on this host.
+    pub state_support: Arc<StateSupport>,
+    /// Drains the dirty rings when one is full (with a dirty ring only).
+    pub ring_full: Option<dirty_log::RingFull>,
+}
+
 impl VmShared {
-    /// State for a VM.
+    /// State for a VM; the vCPU count is the interrupts'.
     pub fn new(
         memory: VmMemory,
-        bus: SharedBus,
-        domain: Arc<Domain>,
+        devices: Devices,
+        rcu: Rcu,
         irqs: Arc<Interrupts>,
-        mechanisms: Mechanisms,
+        apic: ApicSetup,
+        moving: Moving,
     ) -> Self {
-        let vcpus = irqs.vcpus();
         Self {
             memory,
-            bus,
-            domain,
+            devices,
+            rcu,
             irqs,
-            mechanisms,
-            halt_stats: Arc::default(),
-            timer_stats: Arc::default(),
-            timer_delivery: DeliveryPath::default(),
-            bus_lookups: BusLookups::default(),
-            ring_full: None,
-            min_timer_period_ns: lapic_timer::KVM_MIN_TIMER_PERIOD_NS,
-            pause: PauseGate::new(vcpus),
-            state_support: Arc::default(),
+            apic,
+            stats: Stats::default(),
+            moving,
             stop: AtomicBool::new(false),
         }
     }
@@ -96,11 +124,11 @@ impl VmShared {
 /// exit would bounce its cache line between them, and the bus beside it,
 /// inside the very time it measures.
 #[derive(Debug, Default)]
-pub struct BusLookups {
+pub(crate) struct BusLookups {
     /// Lookups.
-    pub count: std::sync::atomic::AtomicU64,
+    pub count: AtomicU64,
     /// TSC ticks in them.
-    pub ticks: std::sync::atomic::AtomicU64,
+    pub ticks: AtomicU64,
 }
 
 impl BusLookups {

@@ -22,34 +22,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::vm::VmMemory;
+use crate::memory::VmMemory;
 use halt_poll::set_timer_slack;
 use kvm_ioctls::VcpuFd;
 use lapic_timer::time::rdtsc;
 use rcu_qs::Reader;
 
-use crate::devices::IoBus;
+use crate::devices::{IoBus, with_bus};
 use crate::error::{Error, GuestFault, RegisterDump};
 use crate::exit::{ExitContext, ExitError, Flow, VcpuError, handle_exit};
 use crate::irqchip::IrqChip;
 use crate::kick;
+use crate::migration::pause::Decision;
 use crate::migration::{ChipState, VcpuState};
-use crate::pause::Decision;
+use crate::report::VcpuSummary;
 use crate::shared::VmShared;
 use test_guests::Report;
-
-/// How a vCPU's run ended, and what its guest program reported.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VcpuSummary {
-    /// vCPU index.
-    pub index: u32,
-    /// Whether the program finished (ucall done) rather than being stopped.
-    pub finished: bool,
-    /// Exits handled.
-    pub exits: u64,
-    /// Named values the program reported, in order.
-    pub reports: Vec<Report>,
-}
 
 /// One vCPU and the loop that runs it.
 pub struct VcpuRunner {
@@ -73,7 +61,7 @@ struct Registered<'a>(&'a VmShared, usize);
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
         self.0.irqs.unregister_thread(self.1);
-        self.0.pause.ended(self.1);
+        self.0.moving.pause.ended(self.1);
     }
 }
 
@@ -116,13 +104,13 @@ impl VcpuRunner {
         if let Some(state) = self.incoming.take() {
             chip.restore(&state)?;
         }
-        let mut reader = shared.domain.register_reader();
+        let mut reader = shared.rcu.domain.register_reader();
         loop {
             if shared.stop_requested() {
                 chip.finish()?;
                 return Ok(self.summary(false));
             }
-            if shared.pause.requested() {
+            if shared.moving.pause.requested() {
                 match self.park(&mut chip)? {
                     Decision::Resume => continue,
                     Decision::HandOver => {
@@ -161,7 +149,7 @@ impl VcpuRunner {
         chip: &mut C,
         reader: &mut Reader,
     ) -> Result<Flow, ExitError> {
-        let exit = if self.shared.mechanisms.extended_qs {
+        let exit = if self.shared.rcu.extended_qs {
             reader.offline();
             let exit = self.fd.run();
             reader.online();
@@ -204,9 +192,9 @@ impl VcpuRunner {
             self.index,
             self.halted,
             chip_state,
-            &shared.state_support,
+            &shared.moving.state_support,
         )?;
-        Ok(shared.pause.park(self.index as usize, state))
+        Ok(shared.moving.pause.park(self.index as usize, state))
     }
 
     fn summary(self, finished: bool) -> VcpuSummary {
@@ -221,7 +209,7 @@ impl VcpuRunner {
 
     fn add_lookups(&self) {
         let (count, ticks) = self.lookups;
-        self.shared.bus_lookups.add(count, ticks);
+        self.shared.devices.lookups.add(count, ticks);
     }
 
     fn exit_error(&self, e: ExitError) -> Error {
@@ -277,7 +265,7 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
     /// Times the lookup and the device's handling, for `bench rcu`.
     fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
         let start = rdtsc();
-        let result = self.shared.bus.with(self.reader, f);
+        let result = with_bus(&*self.shared.devices.bus, self.reader, f);
         self.lookups.0 += 1;
         self.lookups.1 += rdtsc().wrapping_sub(start);
         result
@@ -290,6 +278,7 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
     fn dirty_ring_full(&mut self) -> Result<(), VcpuError> {
         let rings = self
             .shared
+            .moving
             .ring_full
             .as_ref()
             .ok_or(VcpuError::NoDirtyRing)?;

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::kvm_available;
 use lapic_timer::TscClock;
-use reference_vmm::exit::MAX_REPORTS;
-use reference_vmm::mechanisms::Mechanisms;
+use reference_vmm::MAX_REPORTS;
+use reference_vmm::presets::Choices;
 use reference_vmm::{Error, GuestFault, Vm, VmConfig};
 
 #[test]
@@ -23,7 +23,7 @@ fn a_report_flood_ends_at_the_cap_with_a_clear_error() {
     if !kvm_available("a_report_flood_ends_at_the_cap_with_a_clear_error") {
         return;
     }
-    let result = program::run("report-flood", 2, Mechanisms::default(), &[]);
+    let result = program::run("report-flood", 2, Choices::default(), &[]);
     match result {
         Err(Error::Guest {
             fault: GuestFault::TooManyReports { max },
@@ -222,7 +222,7 @@ fn byte_and_quadword_xapic_accesses_get_the_apics_answer() {
     if !kvm_available("byte_and_quadword_xapic_accesses_get_the_apics_answer") {
         return;
     }
-    let (report, _) = program::run("xapic-bytes", 1, Mechanisms::default(), &[]).unwrap();
+    let (report, _) = program::run("xapic-bytes", 1, Choices::default(), &[]).unwrap();
     let value = |name| report.value(0, name);
     assert_eq!(value("id_byte"), Some(0), "vCPU 0's APIC ID");
     assert_eq!(value("version_word"), Some(0x14), "the version");

@@ -13,7 +13,8 @@ mod common;
 mod program;
 
 use common::kvm_available;
-use reference_vmm::mechanisms::{Mechanisms, TimerPlacement};
+use reference_vmm::TimerPlacement;
+use reference_vmm::presets::Choices;
 use test_support::Hogs;
 
 /// Two CPU hogs: as many as this project's machines have cores.
@@ -30,10 +31,7 @@ fn spinning_guests_get_every_timer_and_ipi_beside_cpu_hogs() {
     // vCPU thread's own signal timer, and a timer thread that kicks it.
     const DEADLINES: u64 = 500;
     for timer_placement in [TimerPlacement::VcpuThread, TimerPlacement::VcpuCpu] {
-        let m = Mechanisms {
-            timer_placement,
-            ..Mechanisms::default()
-        };
+        let m = Choices::default().with_timer_placement(timer_placement);
         for distance in (100_000..=400_000).step_by(50_000) {
             let what = format!("timer-spin, {timer_placement}, {distance} ticks");
             let report = program::run("timer-spin", 2, m, &[DEADLINES, distance])
@@ -45,7 +43,7 @@ fn spinning_guests_get_every_timer_and_ipi_beside_cpu_hogs() {
     // Each vCPU IPIs the next and spins, with no pause exits, until it was
     // taken: only a kick gets an IPI to a vCPU in that loop.
     const ROUNDS: u64 = 1000;
-    let report = program::run("ipi-ring", 3, Mechanisms::default(), &[ROUNDS, 0])
+    let report = program::run("ipi-ring", 3, Choices::default(), &[ROUNDS, 0])
         .unwrap_or_else(|e| panic!("ipi-ring: {e}"))
         .0;
     program::assert_each(&report, 3, "irqs", ROUNDS, "ipi-ring");

@@ -6,9 +6,9 @@
 mod common;
 mod program;
 
-use clap::ValueEnum;
 use common::kvm_available;
-use reference_vmm::mechanisms::{Boost, BusAccess, HaltPoll, Irqchip, Mechanisms};
+use reference_vmm::Irqchip;
+use reference_vmm::presets::{Boost, Choices, HaltPoll};
 use reference_vmm::{Error, GuestFault};
 
 #[test]
@@ -18,20 +18,12 @@ fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {
     }
     const ROUNDS: u64 = 2000;
     // `tuned` sets KVM's window: it is refused on this VMM's APIC (cli.rs).
-    let policies = HaltPoll::value_variants()
-        .iter()
-        .filter(|&&p| p != HaltPoll::Tuned);
+    let policies = HaltPoll::ALL.iter().filter(|&&p| p != HaltPoll::Tuned);
     for &halt_poll in policies {
-        for (boost, bus) in [
-            (Boost::None, BusAccess::RwLock),
-            (Boost::DirectedYield, BusAccess::Rcu),
-        ] {
-            let m = Mechanisms {
-                halt_poll,
-                boost,
-                bus,
-                ..Mechanisms::default()
-            };
+        for boost in [Boost::None, Boost::DirectedYield] {
+            let m = Choices::default()
+                .with_halt_poll(halt_poll)
+                .with_boost(boost);
             let report = program::run("pingpong", 2, m, &[ROUNDS])
                 .unwrap_or_else(|e| panic!("{m:?}: {e}"))
                 .0;
@@ -52,10 +44,7 @@ fn ipis_through_the_xapic_page_all_arrive_on_either_apic() {
     // ring test: beside CPU hogs each hop waits for the scheduler.
     const ROUNDS: u64 = 1000;
     for irqchip in [Irqchip::User, Irqchip::Kernel] {
-        let m = Mechanisms {
-            irqchip,
-            ..Mechanisms::default()
-        };
+        let m = Choices::on(irqchip);
         let report = program::run("ipi-ring", 4, m, &[ROUNDS, 0, 1])
             .unwrap_or_else(|e| panic!("{irqchip}: {e}"))
             .0;
@@ -73,10 +62,7 @@ fn the_ping_pong_through_the_xapic_page_bounces_every_message_halting_or_spinnin
     // The mode QEMU's own APIC has (no x2APIC): vector 0xF0 through the page.
     const ROUNDS: u64 = 300;
     for irqchip in [Irqchip::User, Irqchip::Kernel] {
-        let m = Mechanisms {
-            irqchip,
-            ..Mechanisms::default()
-        };
+        let m = Choices::on(irqchip);
         for spin in [0, 1] {
             let report = program::run("pingpong", 2, m, &[ROUNDS, 0, 0, 0, 0, 1, spin])
                 .unwrap_or_else(|e| panic!("{irqchip}, spin {spin}: {e}"))
@@ -94,7 +80,7 @@ fn the_ping_pong_through_the_xapic_page_bounces_every_message_halting_or_spinnin
     let gaps = program::run(
         "pingpong",
         2,
-        Mechanisms::default(),
+        Choices::default(),
         &[ROUNDS, 0, 1000, 4, 0, 1],
     );
     let err = gaps.map(|_| ()).unwrap_err().to_string();
@@ -123,23 +109,15 @@ fn ipis_around_a_ring_all_arrive_under_every_policy() {
     const VCPUS: u32 = 4;
     const ROUNDS: u64 = 2000;
     let configs = [
-        (
-            HaltPoll::Predictive,
-            Boost::DirectedYield,
-            BusAccess::Rcu,
-            0,
-        ),
-        (HaltPoll::Kvm, Boost::DirectedYield, BusAccess::Rcu, 200),
-        (HaltPoll::Off, Boost::None, BusAccess::RwLock, 0),
-        (HaltPoll::Always, Boost::Ready, BusAccess::ArcSwap, 200),
+        (HaltPoll::Predictive, Boost::DirectedYield, 0),
+        (HaltPoll::Kvm, Boost::DirectedYield, 200),
+        (HaltPoll::Off, Boost::None, 0),
+        (HaltPoll::Always, Boost::Ready, 200),
     ];
-    for (halt_poll, boost, bus, pauses_per_exit) in configs {
-        let m = Mechanisms {
-            halt_poll,
-            boost,
-            bus,
-            ..Mechanisms::default()
-        };
+    for (halt_poll, boost, pauses_per_exit) in configs {
+        let m = Choices::default()
+            .with_halt_poll(halt_poll)
+            .with_boost(boost);
         let report = program::run("ipi-ring", VCPUS, m, &[ROUNDS, pauses_per_exit])
             .unwrap_or_else(|e| panic!("{m:?}: {e}"))
             .0;
@@ -154,11 +132,9 @@ fn every_message_arrives_once_with_guest_side_polling() {
     }
     const ROUNDS: u64 = 5000;
     for halt_poll in [HaltPoll::Predictive, HaltPoll::Off, HaltPoll::Kvm] {
-        let m = Mechanisms {
-            halt_poll,
-            guest_poll: true,
-            ..Mechanisms::default()
-        };
+        let m = Choices::default()
+            .with_halt_poll(halt_poll)
+            .with_guest_poll();
         let report = program::run("pingpong", 2, m, &[ROUNDS, 1])
             .unwrap_or_else(|e| panic!("{m:?}: {e}"))
             .0;
@@ -185,10 +161,7 @@ fn ping_pong_gaps_halt_vcpu_0_on_its_timer_and_are_left_out_of_the_ticks() {
     const ROUNDS: u64 = 60;
     let gap = (2000.0 * ticks_per_us()) as u64; // 2 ms
     for irqchip in [Irqchip::User, Irqchip::Kernel] {
-        let m = Mechanisms {
-            irqchip,
-            ..Mechanisms::default()
-        };
+        let m = Choices::on(irqchip);
         // A gap before every 4th round trip: 15 timer interrupts on vCPU 0.
         let report = program::run("pingpong", 2, m, &[ROUNDS, 0, gap, 4, 0])
             .unwrap_or_else(|e| panic!("{irqchip}: {e}"))
@@ -224,7 +197,7 @@ fn absurd_apic_values_get_the_architectural_answer() {
     if !kvm_available("absurd_apic_values_get_the_architectural_answer") {
         return;
     }
-    let (report, _) = program::run("apic-abuse", 2, Mechanisms::default(), &[]).unwrap();
+    let (report, _) = program::run("apic-abuse", 2, Choices::default(), &[]).unwrap();
     assert_eq!(report.value(0, "esr"), Some(1 << 5), "send illegal vector");
     assert_eq!(
         report.value(0, "irqs"),
@@ -238,7 +211,7 @@ fn a_reserved_apic_write_is_a_gp_fault_reported_not_a_vmm_panic() {
     if !kvm_available("a_reserved_apic_write_is_a_gp_fault_reported_not_a_vmm_panic") {
         return;
     }
-    match program::run("apic-gp", 1, Mechanisms::default(), &[]).map(|r| r.0) {
+    match program::run("apic-gp", 1, Choices::default(), &[]).map(|r| r.0) {
         Err(Error::Guest {
             fault: GuestFault::Exception { vector: 13, .. },
             ..

@@ -10,7 +10,8 @@ mod program;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use common::kvm_available;
-use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms};
+use reference_vmm::Irqchip;
+use reference_vmm::presets::{Choices, HaltPoll};
 
 /// One test at a time: KVM polls only while nothing else waits for the CPU
 /// (`single_task_running`), so vCPUs of another test would stop its polling.
@@ -19,12 +20,8 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn kernel(halt_poll: HaltPoll) -> Mechanisms {
-    Mechanisms {
-        irqchip: Irqchip::Kernel,
-        halt_poll,
-        ..Mechanisms::default()
-    }
+fn kernel(halt_poll: HaltPoll) -> Choices {
+    Choices::on(Irqchip::Kernel).with_halt_poll(halt_poll)
 }
 
 #[test]
@@ -97,16 +94,13 @@ fn the_tuned_window_switches_kvm_polling_off_for_an_idle_timer() {
 #[test]
 fn a_tuned_window_on_this_vmms_apic_is_a_configuration_error() {
     let config = reference_vmm::VmConfig {
-        mechanisms: Mechanisms {
-            halt_poll: HaltPoll::Tuned,
-            ..Mechanisms::default()
-        },
+        kvm_halt_poll: reference_vmm::KvmHaltPoll::Tuned,
         ..reference_vmm::VmConfig::default()
     };
     assert!(matches!(
         reference_vmm::Vm::new(&config),
         Err(reference_vmm::Error::Config(
-            reference_vmm::ConfigError::TunedNeedsKernelIrqchip
+            reference_vmm::ConfigError::KvmHaltPollNeedsKernelIrqchip
         ))
     ));
 }

@@ -13,11 +13,12 @@ use std::thread;
 use std::time::Duration;
 
 use common::kvm_available;
-use reference_vmm::mechanisms::{HaltPoll, Irqchip, Mechanisms};
+use reference_vmm::Irqchip;
 use reference_vmm::migration::{
     self, Address, ChipState, DirtyLogBackend, MigrateOptions, Moved, StreamReader, StreamWriter,
     VcpuState, VmDescription, move_in_process,
 };
+use reference_vmm::presets::Choices;
 use reference_vmm::{Boot, Vm, VmConfig};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -45,15 +46,7 @@ fn config(irqchip: Irqchip) -> VmConfig {
         ..VmConfig::default()
     };
     config.params[..5].copy_from_slice(&[PAGES, after, ms / 100, ms, 1]);
-    config.mechanisms = match irqchip {
-        Irqchip::User => Mechanisms::default(),
-        Irqchip::Kernel => Mechanisms {
-            irqchip,
-            halt_poll: HaltPoll::Kvm,
-            ..Mechanisms::default()
-        },
-    };
-    config
+    Choices::on(irqchip).config(config)
 }
 
 /// Moves the migration guest 50 ms in to a VM of this process over
@@ -624,7 +617,7 @@ fn a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused() {
         vcpus: 1,
         mem_mib: 64,
         params: [0; 16],
-        mechanisms: Mechanisms::default(),
+        irqchip: Irqchip::User,
         min_timer_period_ns: 200_000,
         tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
     };
@@ -647,7 +640,7 @@ fn a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused() {
     out.end().unwrap();
     let bytes = std::mem::take(out.get_mut());
     let mut input = StreamReader::new(&bytes[..]).unwrap();
-    let Err(e) = migration::receive(&mut input, None) else {
+    let Err(e) = migration::receive(&mut input, &VmConfig::default()) else {
         panic!("a mismatched state was accepted")
     };
     assert_eq!(

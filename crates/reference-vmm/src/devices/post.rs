@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 use super::PioDevice;
 
-/// The POST-code port.
-pub const POST_PORT: u16 = 0x80;
+pub use test_guests::abi::POST_PORT;
 
 /// Keeps the last byte written.
 #[derive(Debug, Default)]

@@ -1,4 +1,4 @@
-//! A vCPU's host timer for its LAPIC timer, as `--timer-placement` chooses:
+//! A vCPU's host timer for its LAPIC timer, where [`TimerPlacement`](crate::TimerPlacement) puts it:
 //! lapic-timer's `SignalTimer`, which signals the vCPU thread itself out of
 //! `KVM_RUN` from the timer interrupt (`vcpu-thread`, as KVM's hrtimer kicks
 //! its vCPU), or a `TimerThread` that hands each expiry to the vCPU through
@@ -12,7 +12,6 @@ use lapic_timer::{Clock, Expiry, MonotonicClock, SignalTimer, SpinAt, TimerThrea
 
 use crate::error::Error;
 use crate::kick;
-use crate::mechanisms::Mechanisms;
 use crate::shared::VmShared;
 
 /// One vCPU's host timer; either way the vCPU thread spins to the target
@@ -26,15 +25,11 @@ pub(super) enum HostTimer {
 
 impl HostTimer {
     /// vCPU `vcpu`'s host timer; call it on the vCPU's own thread.
-    pub(super) fn start(
-        m: &Mechanisms,
-        tsc_khz: u64,
-        shared: &Arc<VmShared>,
-        vcpu: usize,
-    ) -> Result<Self, Error> {
-        let policy = m.timer_advance.policy(tsc_khz);
-        let stats = shared.timer_stats.clone();
-        let started = match m.timer_placement.placement() {
+    pub(super) fn start(tsc_khz: u64, shared: &Arc<VmShared>, vcpu: usize) -> Result<Self, Error> {
+        let apic = &shared.apic;
+        let policy = apic.policies.timer_advance(vcpu as u32, tsc_khz);
+        let stats = shared.stats.timer.clone();
+        let started = match apic.timer_placement.thread() {
             None => SignalTimer::new(policy, stats, kick::timer_signal()).map(Self::Signal),
             Some(placement) => TimerThread::start(
                 policy,

@@ -1,4 +1,4 @@
-//! KVM's in-kernel LAPIC (`--irqchip kernel`): interrupts, the LAPIC timer
+//! KVM's in-kernel LAPIC (`Irqchip::Kernel`): interrupts, the LAPIC timer
 //! (with `lapic_timer_advance`) and halts (with KVM's halt polling) never
 //! leave the kernel, so the vCPU's side in this VMM has no APIC: only KVM's
 //! halt-polling window (set per VM, `KVM_CAP_HALT_POLL`, by [`set_window`],
@@ -18,14 +18,15 @@ use super::IrqChip;
 use crate::error::Error;
 use crate::exit::NoApic;
 use crate::migration::ChipState;
+use crate::policies::KvmHaltPoll;
 use crate::shared::VmShared;
 
-/// Sets the VM's halt-polling window, where a choice asks for one (`None`
-/// leaves the module's `halt_poll_ns`).
-pub fn set_window(vm: &VmFd, window: Option<Duration>) -> Result<(), Error> {
-    match window {
-        Some(window) => Ok(set_vm_halt_poll(vm, window)?),
-        None => Ok(()),
+/// Sets the VM's halt-polling window where `polling` fixes one (the module's
+/// `halt_poll_ns` stays otherwise, and a tuned window starts from it).
+pub fn set_window(vm: &VmFd, polling: KvmHaltPoll) -> Result<(), Error> {
+    match polling {
+        KvmHaltPoll::Window(window) => Ok(set_vm_halt_poll(vm, window)?),
+        KvmHaltPoll::Module | KvmHaltPoll::Tuned => Ok(()),
     }
 }
 
@@ -83,7 +84,7 @@ impl IrqChip for KernelIrqChip {
     /// statistics, which keep the same names.
     fn finish(&mut self) -> Result<(), Error> {
         let kvm = KvmHaltStats::read(&self.stats)?;
-        let h = &self.shared.halt_stats;
+        let h = &self.shared.stats.halt;
         h.halt_poll_success_ns
             .fetch_add(kvm.halt_poll_success_ns, Relaxed);
         h.halt_poll_fail_ns

@@ -8,7 +8,7 @@ mod kernel;
 mod timer_wake;
 mod user;
 
-pub use kernel::{KernelIrqChip, TUNE_INTERVAL, TunerThread, set_window};
+pub use kernel::{KernelIrqChip, TunerThread, set_window};
 pub use user::UserIrqChip;
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
-//! This VMM's own local APIC (`--irqchip user`), with the family on its
+//! This VMM's own local APIC (`Irqchip::User`), with the family on its
 //! paths: the lapic-timer advance and delivery lead on the timer, the
 //! halt-poll poller on `hlt`, the vcpu-sched scheduler on delivery, waits and
-//! yields, and guest-side polling (`--guest-poll`).
+//! yields, and guest-side polling.
 
 use std::sync::Arc;
 
@@ -21,11 +21,13 @@ use crate::exit::ApicExits;
 use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{WAKE_INTERRUPT, WAKE_TIMER};
 use crate::migration::ChipState;
+use crate::policies::WakeSource;
 use crate::shared::VmShared;
 use test_guests::layout::{irq_record, mailbox};
 
 // The halt poller keeps one policy per wake source: policy `i` learns from
-// the halts that source `i` (bit `i` of the events) ended.
+// the halts that source `i` (bit `i` of the events) ended, in the order
+// `start` asks `Policies::halt_poll` for them.
 const _: () = assert!(WAKE_INTERRUPT == 0 && WAKE_TIMER == 1);
 
 /// The vCPU ioctl this needs that kvm-ioctls does not wrap.
@@ -54,19 +56,22 @@ impl IrqChip for UserIrqChip {
         let vcpu = index as usize;
         let clock = GuestClock::new(fd);
         let time = clock.now();
-        let m = shared.mechanisms;
-        let timer = HostTimer::start(&m, clock.tsc_khz, shared, vcpu)?;
-        let policies = m.halt_poll_policies().into();
+        let setup = &shared.apic;
+        let timer = HostTimer::start(clock.tsc_khz, shared, vcpu)?;
+        let policies = [WakeSource::Interrupt, WakeSource::Timer]
+            .map(|source| setup.policies.halt_poll(index, source))
+            .into();
         let wake = TimerWake::new(shared.irqs.wake_source(vcpu), WAKE_TIMER);
         let poller =
-            HaltPoller::with_policies(wake, policies).with_events(shared.halt_stats.clone());
+            HaltPoller::with_policies(wake, policies).with_events(shared.stats.halt.clone());
         Ok(Self {
-            apic: LocalApic::new(index, time).with_min_timer_period_ns(shared.min_timer_period_ns),
+            apic: LocalApic::new(index, time).with_min_timer_period_ns(setup.min_timer_period_ns),
             timer,
             lead: TimerLead::new(time, irq_record(index)),
-            guest_poll: m
-                .guest_poll
-                .then(|| GuestPoll::new(m.halt_poll.policy(), mailbox(index), clock.tsc_khz)),
+            guest_poll: setup
+                .policies
+                .guest_poll(index)
+                .map(|policy| GuestPoll::new(policy, mailbox(index), clock.tsc_khz)),
             clock,
             poller,
             shared: shared.clone(),
@@ -124,7 +129,7 @@ impl IrqChip for UserIrqChip {
         self.shared.irqs.scheduler().left_guest(self.vcpu);
         if let Some(lead) = self
             .lead
-            .learn(&self.shared.memory, &self.shared.timer_delivery)
+            .learn(&self.shared.memory, &self.shared.stats.delivery)
         {
             self.timer.set_lead(lead);
             // The halt's own look at the deadline moves with the lead, as
@@ -149,7 +154,7 @@ impl IrqChip for UserIrqChip {
             let work = timer_due
                 || self.apic.deliverable(&irqs.pending(vcpu)).is_some()
                 || self.timer.has_due(&self.shared, vcpu);
-            if work || self.shared.stop_requested() || self.shared.pause.requested() {
+            if work || self.shared.stop_requested() || self.shared.moving.pause.requested() {
                 irqs.scheduler().woken(vcpu);
                 return work;
             }

@@ -10,7 +10,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::stream::{Record, StreamReader};
 use super::{ChipState, MigrationError, VcpuState};
-use crate::mechanisms::Irqchip;
+use crate::policies::Irqchip;
 use crate::vm::{Boot, Vm, VmConfig};
 use test_guests::programs::{self as guest, GuestProgram};
 
@@ -24,12 +24,15 @@ pub struct Incoming {
     pub pages: u64,
 }
 
-/// Reads a whole stream into a new VM. `timeout` is the run's, as
-/// [`VmConfig::timeout`]. Nothing runs until the caller runs the VM, and
-/// the caller answers the source (see [`super::answer`]) in between.
+/// Reads a whole stream into a new VM. The stream gives the machine and
+/// what its guest sees (vCPUs, memory, parameters, where the APICs live, the
+/// timer period's floor); `config` gives the rest, the destination's own:
+/// its policies, timer placement, RCU mode, KVM halt polling and timeout.
+/// Nothing runs until the caller runs the VM, and the caller answers the
+/// source (see [`super::answer`]) in between.
 pub fn receive<R: Read>(
     input: &mut StreamReader<R>,
-    timeout: Option<Duration>,
+    config: &VmConfig,
 ) -> Result<Incoming, MigrationError> {
     let description = input.config()?;
     let program = guest::find(&description.program)
@@ -37,12 +40,12 @@ pub fn receive<R: Read>(
     let config = VmConfig {
         vcpus: description.vcpus,
         mem_mib: description.mem_mib,
-        timeout,
-        min_timer_period: Duration::from_nanos(description.min_timer_period_ns),
-        mechanisms: description.mechanisms,
         params: description.params,
-        dirty_ring: None,
         boot: Boot::Incoming,
+        dirty_ring: None,
+        irqchip: description.irqchip,
+        min_timer_period: Duration::from_nanos(description.min_timer_period_ns),
+        ..config.clone()
     };
     let restore_error = |e| MigrationError::Restore(Box::new(e));
     let mut vm = Vm::new(&config).map_err(restore_error)?;
@@ -60,7 +63,7 @@ pub fn receive<R: Read>(
         }
     }
     states.sort_by_key(|s| s.index);
-    let irqchip = description.mechanisms.irqchip;
+    let irqchip = description.irqchip;
     for state in &states {
         check_chip(state, irqchip)?;
         let fd = &vm.vcpu_fds()[state.index as usize];

@@ -13,7 +13,9 @@ use super::{
     receive,
 };
 use crate::error::Error;
-use crate::vm::{RunReport, Vm, VmConfig, VmMemory};
+use crate::memory::VmMemory;
+use crate::report::RunReport;
+use crate::vm::{Vm, VmConfig};
 use test_guests::GuestProgram;
 
 /// One guest moved: what the migration, both runs and the memories showed.
@@ -53,10 +55,11 @@ pub fn move_in_process(
             source,
         })
     })?;
-    let timeout = config.timeout;
+    // The destination runs the source's mechanisms.
+    let mechanisms = config.clone();
     let destination = thread::spawn(move || {
         let mut input = listener.accept_stream()?;
-        let incoming = receive(&mut input, timeout)?;
+        let incoming = receive(&mut input, &mechanisms)?;
         answer(input.get_mut(), Ok(())).map_err(|e| MigrationError::Stream(e.into()))?;
         match compare {
             true => Ok(Err(incoming)),

@@ -10,7 +10,7 @@
 //! `INITIALLY_SET`, the first harvest), then rounds of the pages dirtied
 //! since, until one round's pages would take no longer than the downtime
 //! target at the bandwidth measured, or the round limit. Then it pauses the
-//! vCPUs ([`crate::pause`]), sends the last dirty pages (the VMM's own writes
+//! vCPUs ([`pause`]), sends the last dirty pages (the VMM's own writes
 //! among them) and every vCPU's [`state`], and waits for the
 //! destination's answer: once the destination has restored everything it
 //! answers, the source's vCPU threads end and the destination's start; if
@@ -25,6 +25,7 @@
 
 pub mod destination;
 mod local;
+pub mod pause;
 pub mod source;
 pub mod state;
 pub mod stream;
@@ -84,7 +85,7 @@ pub enum MigrationError {
     Stream(#[from] StreamError),
     /// The vCPUs could not all be paused.
     #[error("cannot pause the guest: {0}")]
-    Pause(#[from] crate::pause::PauseError),
+    Pause(#[from] pause::PauseError),
     /// Dirty logging failed.
     #[error("dirty logging: {0}")]
     DirtyLog(#[from] dirty_log::Error),
@@ -109,7 +110,7 @@ pub enum MigrationError {
         /// The vCPU.
         vcpu: u32,
         /// The VM's.
-        irqchip: crate::mechanisms::Irqchip,
+        irqchip: crate::policies::Irqchip,
     },
 }
 

@@ -19,7 +19,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
 use super::{Address, Connection, MigrationError, VcpuState, read_answer};
 use crate::error::Error;
-use crate::vm::{RunControl, Vm, VmMemory};
+use crate::memory::VmMemory;
+use crate::vm::{RunControl, Vm};
 use test_guests::abi::note_migration_ended;
 use test_guests::layout::PAGE_SIZE;
 
@@ -277,7 +278,7 @@ impl Copier {
             if let Opened::File(_, path) = &target {
                 let _ = std::fs::remove_file(path);
             }
-            return Err(crate::pause::PauseError::Ended(control.ended_vcpu()).into());
+            return Err(super::pause::PauseError::Ended(control.ended_vcpu()).into());
         }
         let start = Instant::now();
         let (mut report, paused, answered) = match target {

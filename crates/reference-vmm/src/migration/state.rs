@@ -20,7 +20,7 @@ use zerocopy::{FromBytes, IntoBytes};
 use super::stream::{Decoder, Encoder};
 use crate::apic::{ApicState, X2APIC_FIRST, X2APIC_LAST};
 use crate::error::Error;
-use crate::mechanisms::Mechanisms;
+use crate::policies::Irqchip;
 use test_guests::layout::PARAMS;
 use test_guests::layout::{check_mem_mib, check_vcpus};
 
@@ -38,8 +38,9 @@ pub struct VmDescription {
     pub mem_mib: u64,
     /// The program's parameters.
     pub params: [u64; PARAMS],
-    /// The mechanisms, the interrupt controller's place among them.
-    pub mechanisms: Mechanisms,
+    /// Where the local APICs live (the vCPUs' interrupt-controller state
+    /// is for that kind).
+    pub irqchip: Irqchip,
     /// The floor on a periodic LAPIC timer's period, ns.
     pub min_timer_period_ns: u64,
     /// The guest's TSC frequency, kHz.
@@ -53,17 +54,10 @@ impl VmDescription {
         self.params.iter().for_each(|&p| {
             e.u64(p);
         });
-        let m = &self.mechanisms;
-        for choice in [
-            m.halt_poll.to_string(),
-            m.timer_advance.to_string(),
-            m.boost.to_string(),
-            m.bus.to_string(),
-            m.irqchip.to_string(),
-        ] {
-            e.str(&choice);
-        }
-        e.u8(u8::from(m.extended_qs)).u8(u8::from(m.guest_poll));
+        e.u8(match self.irqchip {
+            Irqchip::User => 0,
+            Irqchip::Kernel => 1,
+        });
         e.u64(self.min_timer_period_ns).u32(self.tsc_khz);
         e.0
     }
@@ -77,26 +71,21 @@ impl VmDescription {
         for p in &mut params {
             *p = d.u64()?;
         }
-        let choice = |d: &mut Decoder<'_>| d.str().map(str::to_owned);
-        let text = |e: crate::mechanisms::ChoiceError| e.to_string();
-        let mechanisms = Mechanisms {
-            halt_poll: choice(&mut d)?.parse().map_err(text)?,
-            timer_advance: choice(&mut d)?.parse().map_err(text)?,
-            // Where a timer thread runs is the host's business, not the
-            // guest's: not sent, the destination places its own.
-            timer_placement: Default::default(),
-            boost: choice(&mut d)?.parse().map_err(text)?,
-            bus: choice(&mut d)?.parse().map_err(text)?,
-            irqchip: choice(&mut d)?.parse().map_err(text)?,
-            extended_qs: flag(d.u8()?)?,
-            guest_poll: flag(d.u8()?)?,
+        let irqchip = match d.u8()? {
+            0 => Irqchip::User,
+            1 => Irqchip::Kernel,
+            other => {
+                return Err(format!(
+                    "irqchip {other} is neither 0 (user) nor 1 (kernel)"
+                ));
+            }
         };
         let description = Self {
             program,
             vcpus,
             mem_mib,
             params,
-            mechanisms,
+            irqchip,
             min_timer_period_ns: d.u64()?,
             tsc_khz: d.u32()?,
         };
@@ -476,7 +465,6 @@ fn wall_clock_ns() -> u64 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::mechanisms::{HaltPoll, Irqchip};
 
     pub(crate) fn description(vcpus: u32) -> VmDescription {
         VmDescription {
@@ -484,11 +472,7 @@ pub(crate) mod tests {
             vcpus,
             mem_mib: 32,
             params: [7; PARAMS],
-            mechanisms: Mechanisms {
-                halt_poll: HaltPoll::Kvm,
-                guest_poll: true,
-                ..Mechanisms::default()
-            },
+            irqchip: Irqchip::Kernel,
             min_timer_period_ns: 200_000,
             tsc_khz: 2_900_000,
         }
@@ -562,10 +546,13 @@ pub(crate) mod tests {
                 .unwrap_err()
                 .contains("vCPUs")
         );
-        bad = description(1);
-        bad.mechanisms.irqchip = Irqchip::Kernel;
-        let text = String::from_utf8_lossy(&bad.encode()).replace("kernel", "kernal");
-        assert!(VmDescription::decode(text.as_bytes()).is_err());
+        // The irqchip byte, before the timer period (u64) and the TSC (u32).
+        let mut bytes = description(1).encode();
+        let at = bytes.len() - 13;
+        assert_eq!(bytes[at], 1, "the kernel irqchip");
+        bytes[at] = 2;
+        let err = VmDescription::decode(&bytes).unwrap_err();
+        assert!(err.contains("irqchip 2"), "{err}");
     }
 
     #[test]

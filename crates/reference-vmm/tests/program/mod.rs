@@ -4,22 +4,21 @@
 use std::time::Duration;
 
 use reference_vmm::VmMemory;
-use reference_vmm::mechanisms::Mechanisms;
+use reference_vmm::presets::Choices;
 use reference_vmm::{Error, RunReport, Vm, VmConfig};
 
 /// Runs `name` on `vcpus` vCPUs; returns its report and its memory after the run.
 pub fn run(
     name: &str,
     vcpus: u32,
-    mechanisms: Mechanisms,
+    choices: Choices,
     params: &[u64],
 ) -> Result<(RunReport, VmMemory), Error> {
-    let mut config = VmConfig {
+    let mut config = choices.config(VmConfig {
         vcpus,
         timeout: Some(Duration::from_secs(120)),
-        mechanisms,
         ..VmConfig::default()
-    };
+    });
     config.params[..params.len()].copy_from_slice(params);
     let vm = Vm::new(&config)?;
     let memory = vm.memory();

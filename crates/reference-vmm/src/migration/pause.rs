@@ -4,7 +4,7 @@
 //! or hand the VM over and end.
 //!
 //! The controller sets the request before it kicks and wakes the vCPUs (see
-//! [`crate::kick`]): a vCPU that misses the flag at the top of its loop gets
+//! `kick`): a vCPU that misses the flag at the top of its loop gets
 //! the kick in its next `KVM_RUN`, which returns at once.
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};

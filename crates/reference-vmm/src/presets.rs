@@ -1,14 +1,12 @@
-//! The latency mechanisms on the vCPU exit path, each with its baseline, as
-//! the command line chooses them: `--halt-poll`, `--timer-advance` and
-//! `--timer-placement`, `--boost` and `--bus`; and `--irqchip`, which can
-//! hand the whole local APIC to KVM to measure the family against the
-//! kernel's own mechanisms.
+//! The reference policies by the names `reference-vmm run`'s switches and
+//! the bench's variants use, each with its baseline: a [`Policies`] made of
+//! names, for a command line. A VMM author passes its own [`Policies`]
+//! instead; nothing else in this crate looks at these names.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
-
-use clap::ValueEnum;
 
 use halt_poll::{
     AioPoll, Fixed as FixedPoll, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive,
@@ -17,66 +15,67 @@ use halt_poll::{
 use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, PercentileConfig};
 use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
 
-/// A choice given on the command line that names nothing.
+use crate::policies::{Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource};
+use crate::vm::VmConfig;
+
+/// A name that names no choice.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{what} {given:?} is not one of: {choices}")]
 pub struct ChoiceError {
-    /// The option.
+    /// What was being chosen.
     pub what: &'static str,
     /// What was given.
     pub given: String,
-    /// What it takes.
+    /// What it takes, comma-separated.
     pub choices: String,
 }
 
-/// The error for `given`.
-fn choice<T>(what: &'static str, choices: &str, given: &str) -> Result<T, ChoiceError> {
-    Err(ChoiceError {
-        what,
-        given: given.to_owned(),
-        choices: choices.to_owned(),
-    })
-}
+/// `FromStr`, `Display` and the list of names of a choice without data.
+macro_rules! names {
+    ($t:ident, $what:literal, [$($variant:ident => $name:literal),+ $(,)?]) => {
+        impl $t {
+            /// Every choice, in order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
 
-/// The command-line names of a switch's values, comma-separated.
-fn names<T: ValueEnum>() -> String {
-    let names: Vec<String> = T::value_variants()
-        .iter()
-        .filter_map(|v| Some(v.to_possible_value()?.get_name().to_owned()))
-        .collect();
-    names.join(", ")
-}
+            /// Its name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name),+
+                }
+            }
+        }
 
-/// `FromStr` and `Display` by a switch's `ValueEnum` names, with its option
-/// in errors.
-macro_rules! switch {
-    ($t:ty, $what:literal) => {
         impl FromStr for $t {
             type Err = ChoiceError;
             fn from_str(s: &str) -> Result<Self, ChoiceError> {
-                <$t as ValueEnum>::from_str(s, false).or_else(|_| choice($what, &names::<$t>(), s))
+                Self::ALL.iter().copied().find(|c| c.name() == s).ok_or_else(|| ChoiceError {
+                    what: $what,
+                    given: s.to_owned(),
+                    choices: Self::ALL.iter().map(|c| c.name()).collect::<Vec<_>>().join(", "),
+                })
             }
         }
 
         impl fmt::Display for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                match self.to_possible_value() {
-                    Some(v) => f.write_str(v.get_name()),
-                    None => Ok(()),
-                }
+                f.write_str(self.name())
             }
         }
     };
 }
 
-switch!(HaltPoll, "--halt-poll");
-switch!(Boost, "--boost");
-switch!(BusAccess, "--bus");
-switch!(Irqchip, "--irqchip");
-switch!(TimerPlacement, "--timer-placement");
+names!(HaltPoll, "--halt-poll", [
+    Kvm => "kvm", Haltpoll => "haltpoll", Aio => "aio", Predictive => "predictive",
+    Off => "off", Always => "always", Tuned => "tuned",
+]);
+names!(Boost, "--boost", [None => "none", Ready => "ready", DirectedYield => "directed-yield"]);
+names!(Irqchip, "--irqchip", [User => "user", Kernel => "kernel"]);
+names!(TimerPlacement, "--timer-placement", [
+    VcpuThread => "vcpu-thread", VcpuCpu => "vcpu-cpu", Anywhere => "anywhere",
+]);
 
-/// How a halted vCPU waits (`halt-poll`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+/// How a halted vCPU waits (halt-poll).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HaltPoll {
     /// KVM's grow/shrink window (`KvmGrowShrink`).
     Kvm,
@@ -91,16 +90,17 @@ pub enum HaltPoll {
     Off,
     /// Poll for up to 10 ms before blocking (`Fixed`): the other baseline.
     Always,
-    /// KVM's halt polling under the window halt-poll's `WindowTuner` sets
-    /// from the vCPUs' binary statistics every 10 ms: `--irqchip kernel` only.
+    /// KVM's halt polling under the window halt-poll's `WindowTuner` sets:
+    /// the kernel irqchip only ([`KvmHaltPoll::Tuned`]).
     Tuned,
 }
 
+/// How long `always` polls before it blocks.
+const ALWAYS_POLL: Duration = Duration::from_millis(10);
+
 impl HaltPoll {
-    /// The policy on this VMM's APIC. (`tuned` is KVM's alone: [`Vm::new`]
-    /// refuses it here; its window follows `Predictive`'s cost model.)
-    ///
-    /// [`Vm::new`]: crate::Vm::new
+    /// The policy on this VMM's APIC (`tuned` is KVM's alone; here it
+    /// stands for `Predictive`, whose cost model the tuner follows).
     pub fn policy(self) -> Box<dyn PollPolicy + Send> {
         match self {
             Self::Kvm => Box::new(KvmGrowShrink::new()),
@@ -128,16 +128,15 @@ impl HaltPoll {
         }
     }
 
-    /// KVM's halt-polling window (`KVM_CAP_HALT_POLL`) for this choice, where
-    /// the kernel handles halts (`--irqchip kernel`): `off` stops polling,
-    /// `always` polls up to the same 10 ms, and the policies KVM does not have
-    /// leave its own grow/shrink under the module's `halt_poll_ns` (None), as
-    /// `tuned` does until its tuner has seen enough halts.
-    pub fn kvm_window(self) -> Option<Duration> {
+    /// KVM's halt polling for this choice on the kernel irqchip: `off` stops
+    /// polling, `always` polls up to the same 10 ms, `tuned` is tuned, and
+    /// the policies KVM does not have leave its own grow/shrink.
+    pub fn kvm(self) -> KvmHaltPoll {
         match self {
-            Self::Off => Some(Duration::ZERO),
-            Self::Always => Some(ALWAYS_POLL),
-            Self::Kvm | Self::Haltpoll | Self::Aio | Self::Predictive | Self::Tuned => None,
+            Self::Off => KvmHaltPoll::Window(Duration::ZERO),
+            Self::Always => KvmHaltPoll::Window(ALWAYS_POLL),
+            Self::Tuned => KvmHaltPoll::Tuned,
+            Self::Kvm | Self::Haltpoll | Self::Aio | Self::Predictive => KvmHaltPoll::Module,
         }
     }
 
@@ -148,10 +147,7 @@ impl HaltPoll {
     }
 }
 
-/// How long `always` polls before it blocks.
-const ALWAYS_POLL: Duration = Duration::from_millis(10);
-
-/// How early the host timer of a guest timer fires (`lapic-timer`).
+/// How early the host timer of a guest timer fires (lapic-timer).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TimerAdvance {
     /// Armed for the deadline itself: the baseline.
@@ -201,7 +197,13 @@ impl FromStr for TimerAdvance {
             ) {
                 (Some(Ok(ns)), _) if ns <= 1_000_000 => Self::Fixed(Duration::from_nanos(ns)),
                 (_, Some(Ok(q))) if (50..=99).contains(&q) => Self::PercentileAt(q),
-                _ => return choice("--timer-advance", CHOICES, s),
+                _ => {
+                    return Err(ChoiceError {
+                        what: "--timer-advance",
+                        given: s.to_owned(),
+                        choices: CHOICES.to_owned(),
+                    });
+                }
             },
         })
     }
@@ -219,36 +221,8 @@ impl fmt::Display for TimerAdvance {
     }
 }
 
-/// Where a vCPU's host timer expires (`lapic-timer`'s `SignalTimer`, or its
-/// `TimerThread` and `TimerPlacement`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum TimerPlacement {
-    /// On the vCPU thread itself: a POSIX timer signals it out of `KVM_RUN`
-    /// from the timer interrupt, with no timer thread, as KVM's hrtimer
-    /// kicks its vCPU.
-    #[default]
-    VcpuThread,
-    /// A timer thread on its vCPU thread's CPU, moved when the vCPU thread
-    /// has moved, as KVM keeps a vCPU's hrtimer on the vCPU's CPU.
-    VcpuCpu,
-    /// A timer thread wherever the host's scheduler puts it: the baseline.
-    Anywhere,
-}
-
-impl TimerPlacement {
-    /// The placement of lapic-timer's `TimerThread`, which the vCPU thread
-    /// arms; `None`: no timer thread (`SignalTimer`).
-    pub fn placement(self) -> Option<lapic_timer::TimerPlacement> {
-        match self {
-            Self::VcpuThread => None,
-            Self::VcpuCpu => Some(lapic_timer::TimerPlacement::ArmingCpu),
-            Self::Anywhere => Some(lapic_timer::TimerPlacement::Anywhere),
-        }
-    }
-}
-
-/// What delivering an interrupt does for its target's thread (`vcpu-sched`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+/// What delivering an interrupt does for its target's thread (vcpu-sched).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Boost {
     /// Nothing: the baseline.
     None,
@@ -271,143 +245,194 @@ impl Boost {
     }
 }
 
-/// How vCPU threads read the device bus on an exit (`rcu-qs`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum BusAccess {
-    /// Through an `RcuCell`; the vCPU thread is offline around `KVM_RUN`.
-    #[default]
-    Rcu,
-    /// Through a `RwLock`: the baseline.
-    #[value(name = "rwlock")]
-    RwLock,
-    /// Through an `ArcSwap`.
-    ArcSwap,
-}
-
-/// Where the local APICs live (`--irqchip`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum Irqchip {
-    /// In this VMM: x2APIC and TSC-deadline MSRs exit to userspace, and the
-    /// five crates are on the interrupt, halt and timer paths.
-    #[default]
-    User,
-    /// In KVM (`KVM_CREATE_IRQCHIP`): the kernel's LAPIC, LAPIC timer (with
-    /// its `lapic_timer_advance`) and halt polling (`halt_poll_ns`), as the
-    /// baseline the family is measured against. `--halt-poll`,
-    /// `--timer-advance`, `--boost` and `--guest-poll` then have nothing to act on.
-    Kernel,
-}
-
-/// Every mechanism's choice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mechanisms {
-    /// `--halt-poll`.
+/// The policies by name: [`Policies`] for a command line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Presets {
+    /// How halted vCPUs wait.
     pub halt_poll: HaltPoll,
-    /// `--timer-advance`.
+    /// How early host timers fire.
     pub timer_advance: TimerAdvance,
-    /// `--timer-placement` (a host matter: a migration does not carry it,
-    /// and the destination runs the default).
-    pub timer_placement: TimerPlacement,
-    /// `--boost`.
+    /// What delivery does for the target's thread.
     pub boost: Boost,
-    /// `--bus`.
-    pub bus: BusAccess,
-    /// vCPU threads are RCU-offline while in the guest (an extended
-    /// quiescent state, as KVM treats guest mode); without it they note a
-    /// quiescent state at each exit (`--no-extended-qs`).
-    pub extended_qs: bool,
-    /// Guest-side polling (`--guest-poll`): the halt-poll policy sets the
-    /// window a guest polls its mailbox for before it halts (published in the
-    /// mailbox, learned from the outcomes the guest reports there), and the
-    /// VMM itself then blocks at once on a halt.
+    /// The guest polls its mailbox for the halt-poll policy's window before
+    /// it halts; the VMM then blocks at once.
     pub guest_poll: bool,
-    /// `--irqchip`.
-    pub irqchip: Irqchip,
 }
 
-impl Default for Mechanisms {
-    fn default() -> Self {
-        Self {
-            halt_poll: HaltPoll::default(),
-            timer_advance: TimerAdvance::default(),
-            timer_placement: TimerPlacement::default(),
-            boost: Boost::default(),
-            bus: BusAccess::default(),
-            extended_qs: true,
-            guest_poll: false,
-            irqchip: Irqchip::User,
+impl Presets {
+    /// The choice for halts that `source` ends. With guest-side polling the
+    /// VMM blocks at once; a timer with an advance needs no polling of its
+    /// own (see [`Policies::halt_poll`]).
+    pub fn halt_poll_for(&self, source: WakeSource) -> HaltPoll {
+        let interrupts = match self.guest_poll {
+            true => HaltPoll::Off,
+            false => self.halt_poll,
+        };
+        match (source, self.timer_advance) {
+            (WakeSource::Timer, TimerAdvance::None) | (WakeSource::Interrupt, _) => interrupts,
+            (WakeSource::Timer, _) => HaltPoll::Off,
         }
     }
 }
 
-impl Mechanisms {
-    /// The halt-poll policy of each wake source of a halted vCPU, indexed by
-    /// source (`irq::WAKE_INTERRUPT`, then `irq::WAKE_TIMER`), so each learns
-    /// its own wake times. With guest-side polling the VMM blocks at once. A
-    /// timer with an advance needs no polling of its own: its host timer
-    /// fires early enough to cover the vCPU thread's wake-up too (the advance
-    /// learns where the receiver arrives). A halt that polls anyway (for an
-    /// interrupt, or with `always`) fires the timer itself once its deadline
-    /// comes, as KVM's poll loop checks the vCPU's timer.
-    pub fn halt_poll_per_source(self) -> [HaltPoll; 2] {
-        let interrupts = if self.guest_poll {
-            HaltPoll::Off
-        } else {
-            self.halt_poll
-        };
-        let timer = match self.timer_advance {
-            TimerAdvance::None => interrupts,
-            _ => HaltPoll::Off,
-        };
-        [interrupts, timer]
+impl Policies for Presets {
+    fn halt_poll(&self, _vcpu: u32, source: WakeSource) -> Box<dyn PollPolicy + Send> {
+        let choice = self.halt_poll_for(source);
+        match source {
+            WakeSource::Interrupt => choice.policy(),
+            WakeSource::Timer => choice.timer_policy(),
+        }
     }
 
-    /// The halt-poll policies of [`Mechanisms::halt_poll_per_source`], the
-    /// timer's as [`HaltPoll::timer_policy`] makes it.
-    pub fn halt_poll_policies(self) -> [Box<dyn PollPolicy + Send>; 2] {
-        let [interrupts, timer] = self.halt_poll_per_source();
-        [interrupts.policy(), timer.timer_policy()]
+    fn timer_advance(&self, _vcpu: u32, tsc_khz: u64) -> Box<dyn AdvancePolicy + Send> {
+        self.timer_advance.policy(tsc_khz)
+    }
+
+    fn boost(&self) -> Box<dyn BoostPolicy> {
+        self.boost.policy()
+    }
+
+    fn guest_poll(&self, _vcpu: u32) -> Option<Box<dyn PollPolicy + Send>> {
+        self.guest_poll.then(|| self.halt_poll.policy())
+    }
+}
+
+/// Every mechanism chosen by name, with where the APICs live: what a
+/// command line or a bench variant sets on a [`VmConfig`]. The default is
+/// [`Choices::on`] this VMM's APIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choices {
+    /// The policies.
+    pub presets: Presets,
+    /// Where host timers expire.
+    pub timer_placement: TimerPlacement,
+    /// vCPU threads are RCU-offline while in the guest.
+    pub extended_qs: bool,
+    /// Where the local APICs live.
+    pub irqchip: Irqchip,
+}
+
+impl Default for Choices {
+    fn default() -> Self {
+        Self::on(Irqchip::User)
+    }
+}
+
+impl Choices {
+    /// The defaults, on `irqchip` (KVM's own halt polling on the kernel's).
+    pub fn on(irqchip: Irqchip) -> Self {
+        let halt_poll = match irqchip {
+            Irqchip::User => HaltPoll::default(),
+            Irqchip::Kernel => HaltPoll::Kvm,
+        };
+        Self {
+            presets: Presets {
+                halt_poll,
+                ..Presets::default()
+            },
+            timer_placement: TimerPlacement::default(),
+            extended_qs: true,
+            irqchip,
+        }
+    }
+
+    /// With `halt_poll`.
+    pub fn with_halt_poll(mut self, halt_poll: HaltPoll) -> Self {
+        self.presets.halt_poll = halt_poll;
+        self
+    }
+
+    /// With `timer_advance`.
+    pub fn with_timer_advance(mut self, timer_advance: TimerAdvance) -> Self {
+        self.presets.timer_advance = timer_advance;
+        self
+    }
+
+    /// With `boost`.
+    pub fn with_boost(mut self, boost: Boost) -> Self {
+        self.presets.boost = boost;
+        self
+    }
+
+    /// With host timers expiring at `placement`.
+    pub fn with_timer_placement(mut self, placement: TimerPlacement) -> Self {
+        self.timer_placement = placement;
+        self
+    }
+
+    /// With guest-side polling.
+    pub fn with_guest_poll(mut self) -> Self {
+        self.presets.guest_poll = true;
+        self
+    }
+
+    /// Sets them on `config`.
+    pub fn apply(self, config: &mut VmConfig) {
+        config.irqchip = self.irqchip;
+        config.policies = Arc::new(self.presets);
+        config.timer_placement = self.timer_placement;
+        config.extended_qs = self.extended_qs;
+        config.kvm_halt_poll = match self.irqchip {
+            Irqchip::User => KvmHaltPoll::Module,
+            Irqchip::Kernel => self.presets.halt_poll.kvm(),
+        };
+    }
+
+    /// `config` with them.
+    pub fn config(self, config: VmConfig) -> VmConfig {
+        let mut config = config;
+        self.apply(&mut config);
+        config
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use halt_poll::HaltOutcome;
 
     #[test]
-    fn each_wake_source_gets_its_own_halt_poll_policy() {
-        let m = |halt_poll, timer_advance, guest_poll| Mechanisms {
+    fn each_wake_source_gets_its_own_halt_poll_choice() {
+        let p = |halt_poll, timer_advance, guest_poll| Presets {
             halt_poll,
             timer_advance,
             guest_poll,
-            ..Mechanisms::default()
+            ..Presets::default()
         };
+        let both =
+            |p: Presets| [WakeSource::Interrupt, WakeSource::Timer].map(|s| p.halt_poll_for(s));
         use HaltPoll::{Kvm, Off, Predictive};
         assert_eq!(
-            m(Predictive, TimerAdvance::None, false).halt_poll_per_source(),
+            both(p(Predictive, TimerAdvance::None, false)),
             [Predictive, Predictive],
             "the timer learns its own wake times"
         );
         assert_eq!(
-            m(Kvm, TimerAdvance::Percentile, false).halt_poll_per_source(),
+            both(p(Kvm, TimerAdvance::Percentile, false)),
             [Kvm, Off],
             "an advance covers the timer's wake-up"
         );
         assert_eq!(
-            m(Predictive, TimerAdvance::None, true).halt_poll_per_source(),
+            both(p(Predictive, TimerAdvance::None, true)),
             [Off, Off],
             "the guest polls; the VMM blocks"
         );
+        assert!(
+            p(Predictive, TimerAdvance::None, true)
+                .guest_poll(0)
+                .is_some()
+        );
+        assert!(Presets::default().guest_poll(0).is_none());
     }
 
     #[test]
     fn predictive_sleeps_to_poll_for_interrupts_but_not_for_the_timer() {
-        use halt_poll::HaltOutcome;
-        let m = Mechanisms {
+        let presets = Presets {
             timer_advance: TimerAdvance::None,
-            ..Mechanisms::default()
+            ..Presets::default()
         };
-        let [mut interrupts, mut timer] = m.halt_poll_policies();
+        let mut interrupts = presets.halt_poll(0, WakeSource::Interrupt);
+        let mut timer = presets.halt_poll(0, WakeSource::Timer);
         // Regular 900 µs halts, each woken 10 µs into a poll after a sleep.
         let outcome = HaltOutcome {
             slept: Duration::from_micros(890),
@@ -427,8 +452,25 @@ mod tests {
     }
 
     #[test]
+    fn the_family_defaults_are_the_presets_defaults() {
+        // The same plans from the same outcomes: the default presets are the
+        // family's own policies.
+        let family = crate::FamilyPolicies;
+        let presets = Presets::default();
+        let outcome = HaltOutcome::woken_while_polling(Duration::from_micros(30));
+        for source in [WakeSource::Interrupt, WakeSource::Timer] {
+            let (mut a, mut b) = (family.halt_poll(0, source), presets.halt_poll(0, source));
+            for _ in 0..50 {
+                a.learn(&outcome);
+                b.learn(&outcome);
+            }
+            assert_eq!(a.plan(), b.plan(), "{source:?}");
+        }
+    }
+
+    #[test]
     fn choices_round_trip_and_bad_ones_list_the_good_ones() {
-        for &h in HaltPoll::value_variants() {
+        for &h in HaltPoll::ALL {
             assert_eq!(h.to_string().parse::<HaltPoll>(), Ok(h));
         }
         for t in [
@@ -452,16 +494,13 @@ mod tests {
                 "{bad}: {err}"
             );
         }
-        for b in [Boost::None, Boost::Ready, Boost::DirectedYield] {
+        for &b in Boost::ALL {
             assert_eq!(b.to_string().parse::<Boost>(), Ok(b));
         }
-        for b in [BusAccess::Rcu, BusAccess::RwLock, BusAccess::ArcSwap] {
-            assert_eq!(b.to_string().parse::<BusAccess>(), Ok(b));
-        }
-        for i in [Irqchip::User, Irqchip::Kernel] {
+        for &i in Irqchip::ALL {
             assert_eq!(i.to_string().parse::<Irqchip>(), Ok(i));
         }
-        for &p in TimerPlacement::value_variants() {
+        for &p in TimerPlacement::ALL {
             assert_eq!(p.to_string().parse::<TimerPlacement>(), Ok(p));
         }
         let err = "cpu0".parse::<TimerPlacement>().unwrap_err().to_string();
@@ -474,7 +513,6 @@ mod tests {
         assert!("own".parse::<Boost>().is_err());
         assert!("fixed:x".parse::<TimerAdvance>().is_err());
         assert!("fixed:9999999".parse::<TimerAdvance>().is_err());
-        assert!("spin".parse::<BusAccess>().is_err());
         assert!("max".parse::<Boost>().is_err());
         assert!("split".parse::<Irqchip>().is_err());
     }

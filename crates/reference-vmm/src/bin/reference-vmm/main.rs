@@ -9,14 +9,13 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use reference_vmm::mechanisms::{
-    Boost, BusAccess, HaltPoll, Irqchip, Mechanisms, TimerAdvance, TimerPlacement,
-};
 use reference_vmm::migration::{
     self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, MigrationReport,
     StreamReader, Target,
 };
-use reference_vmm::{Boot, ConfigError, Error, StopHandle, StopReason, Vm, VmConfig};
+use reference_vmm::presets::{Boost, Choices, HaltPoll, Presets, TimerAdvance};
+use reference_vmm::{Boot, Error, StopHandle, StopReason, Vm, VmConfig};
+use reference_vmm::{Irqchip, TimerPlacement};
 use test_guests::ProgramError;
 use test_guests::layout::{MAX_VCPUS, PARAMS};
 use test_guests::layout::{check_mem_mib, check_vcpus};
@@ -120,6 +119,15 @@ impl OutputArgs {
 
     fn timeout(&self) -> Option<Duration> {
         self.timeout_ms.map(Duration::from_millis)
+    }
+
+    /// What a received VM runs with beyond what its stream says: this
+    /// host's default mechanisms, and the timeout.
+    fn destination(&self) -> VmConfig {
+        VmConfig {
+            timeout: self.timeout(),
+            ..VmConfig::default()
+        }
     }
 }
 
@@ -253,9 +261,6 @@ struct MechanismArgs {
     /// directed-yield [default: directed-yield].
     #[arg(long, value_parser = <Boost as FromStr>::from_str)]
     boost: Option<Boost>,
-    /// How vCPU threads read the device bus: rcu, rwlock, arc-swap.
-    #[arg(long, default_value = "rcu", value_parser = <BusAccess as FromStr>::from_str)]
-    bus: BusAccess,
     /// Keep vCPU threads RCU-online in the guest (they note a quiescent state
     /// at each exit instead of being offline while in the guest).
     #[arg(long)]
@@ -273,27 +278,28 @@ struct MechanismArgs {
 }
 
 impl MechanismArgs {
-    fn mechanisms(&self) -> Result<Mechanisms, String> {
-        let defaults = Mechanisms::default();
+    fn choices(&self) -> Result<Choices, String> {
         match self.irqchip {
             Irqchip::Kernel => self.check_kernel()?,
             Irqchip::User if self.halt_poll == Some(HaltPoll::Tuned) => {
-                return Err(ConfigError::TunedNeedsKernelIrqchip.to_string());
+                return Err(
+                    "--halt-poll tuned sets KVM's in-kernel halt-polling window: it needs \
+                     --irqchip kernel"
+                        .into(),
+                );
             }
             Irqchip::User => {}
         }
-        let kernel_default = match self.irqchip {
-            Irqchip::Kernel => HaltPoll::Kvm,
-            Irqchip::User => defaults.halt_poll,
-        };
-        Ok(Mechanisms {
-            halt_poll: self.halt_poll.unwrap_or(kernel_default),
-            timer_advance: self.timer_advance.unwrap_or(defaults.timer_advance),
-            timer_placement: self.timer_placement.unwrap_or(defaults.timer_placement),
-            boost: self.boost.unwrap_or(defaults.boost),
-            bus: self.bus,
+        let defaults = Choices::on(self.irqchip);
+        Ok(Choices {
+            presets: Presets {
+                halt_poll: self.halt_poll.unwrap_or(defaults.presets.halt_poll),
+                timer_advance: self.timer_advance.unwrap_or_default(),
+                boost: self.boost.unwrap_or_default(),
+                guest_poll: self.guest_poll,
+            },
+            timer_placement: self.timer_placement.unwrap_or_default(),
             extended_qs: !self.no_extended_qs,
-            guest_poll: self.guest_poll,
             irqchip: self.irqchip,
         })
     }
@@ -394,8 +400,8 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(out) => out,
         Err(e) => return fail(&e),
     };
-    let mechanisms = match args.mechanisms.mechanisms() {
-        Ok(m) => m,
+    let choices = match args.mechanisms.choices() {
+        Ok(c) => c,
         Err(e) => return usage_error(&e),
     };
     let timeout = args.output.timeout();
@@ -417,16 +423,16 @@ fn run(args: RunArgs) -> ExitCode {
     if let Err(e) = program.check_run(&params, vcpus, mem_mib, timeout, migrating) {
         return usage_error(&with_flag(&e));
     }
-    let config = VmConfig {
+    let config = choices.config(VmConfig {
         vcpus: p.vcpus,
         mem_mib: p.mem_mib,
-        timeout,
-        min_timer_period: Duration::from_micros(args.min_timer_period_us),
-        mechanisms,
         params,
         boot,
+        timeout,
         dirty_ring: args.migrate.options().dirty_ring(),
-    };
+        min_timer_period: Duration::from_micros(args.min_timer_period_us),
+        ..VmConfig::default()
+    });
     let mut vm = match Vm::new(&config) {
         Ok(vm) => vm,
         Err(e) => return fail(&e.to_string()),
@@ -509,7 +515,7 @@ fn receive(args: ReceiveArgs) -> ExitCode {
     // Nobody else is taken: the socket goes.
     drop(listener);
     let start = std::time::Instant::now();
-    let received = migration::receive(&mut input, args.output.timeout());
+    let received = migration::receive(&mut input, &args.output.destination());
     // The source hands the VM over only on this answer, and resumes it on
     // any other (or none).
     let answer = received.as_ref().map(|_| ()).map_err(ToString::to_string);
@@ -547,7 +553,7 @@ fn restore(args: RestoreArgs) -> ExitCode {
     };
     let received = StreamReader::new(file)
         .map_err(MigrationError::from)
-        .and_then(|mut input| migration::receive(&mut input, args.output.timeout()));
+        .and_then(|mut input| migration::receive(&mut input, &args.output.destination()));
     match received {
         Ok(incoming) => run_vm(incoming.vm, incoming.program, serial_out, None),
         Err(e) => fail(&format!("{}: {e}", args.snapshot.display())),
