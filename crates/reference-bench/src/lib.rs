@@ -38,6 +38,9 @@ pub enum Error {
     /// The VMM failed a run.
     #[error(transparent)]
     Vm(#[from] reference_vmm::Error),
+    /// A migration failed.
+    #[error(transparent)]
+    Migration(#[from] reference_vmm::migration::MigrationError),
     /// QEMU, the peer VMM, gave no result.
     #[error(transparent)]
     Qemu(#[from] qemu::QemuError),
@@ -79,12 +82,6 @@ pub enum Error {
     /// A thread of the bench panicked: a bug.
     #[error("the {0} thread panicked")]
     ThreadPanicked(&'static str),
-}
-
-impl From<reference_vmm::migration::MigrationError> for Error {
-    fn from(e: reference_vmm::migration::MigrationError) -> Self {
-        Self::Vm(e.into())
-    }
 }
 
 use crate::qemu::Qemu;

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
-use reference_vmm::Error as VmError;
 use reference_vmm::migration::pause::PauseError;
 use reference_vmm::migration::{
     Address, DirtyLogBackend, MigrateOptions, MigrationError, Moved, move_in_process,
@@ -92,7 +91,7 @@ impl Cells {
     /// Adds a run; one whose guest ended first counts as unfinished.
     fn add(&mut self, moved: Result<Moved, Error>) -> Result<(), Error> {
         let moved = match moved {
-            Err(Error::Vm(VmError::Migration(MigrationError::Pause(PauseError::Ended(_))))) => {
+            Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
                 self.unfinished += 1;
                 return Ok(());
             }
@@ -162,7 +161,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             progress(&format!("migrate: {rate}, {backend:?}, memories compared"));
             match move_with(&config, *backend, &socket, true) {
                 Ok(moved) => cell.differing = moved.differing.unwrap_or(u64::MAX),
-                Err(Error::Vm(VmError::Migration(MigrationError::Pause(PauseError::Ended(_))))) => {
+                Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
                     cell.unfinished += 1;
                 }
                 Err(e) => return Err(e),

@@ -10,7 +10,7 @@ use kvm_ioctls::VcpuExit;
 use vm_memory::GuestMemory;
 
 use crate::devices::IoBus;
-use crate::error::GuestFault;
+use crate::fault::GuestFault;
 use test_guests::Report;
 use test_guests::abi::{PAUSE_PORT, UCALL_PORT, YIELD_PORT};
 use test_guests::ucall::{self, Ucall};

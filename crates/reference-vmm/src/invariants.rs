@@ -12,8 +12,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::apic::{self, Action, LocalApic, XAPIC_BASE};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
-use crate::error::GuestFault;
 use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
+use crate::fault::GuestFault;
 use crate::guest_abi::{DeliveryPath, GuestPoll, MAX_LEAD, TimerLead};
 use crate::memory::VmMemory;
 use crate::migration::stream::{MAGIC, Record, StreamReader, VERSION};

@@ -35,6 +35,7 @@ mod apic;
 pub mod devices;
 mod error;
 mod exit;
+mod fault;
 mod guest_abi;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
@@ -51,8 +52,9 @@ mod stop;
 mod vcpu;
 mod vm;
 
-pub use error::{ConfigError, Error, GuestFault, RegisterDump};
+pub use error::{ConfigError, Error, RegisterDump};
 pub use exit::{MAX_REPORTS, VcpuError};
+pub use fault::GuestFault;
 pub use guest_abi::MAX_LEAD;
 pub use kick::KickError;
 pub use memory::VmMemory;

@@ -29,8 +29,9 @@ use lapic_timer::time::rdtsc;
 use rcu_qs::Reader;
 
 use crate::devices::{IoBus, with_bus};
-use crate::error::{Error, GuestFault, RegisterDump};
+use crate::error::{Error, RegisterDump};
 use crate::exit::{ExitContext, ExitError, Flow, VcpuError, handle_exit};
+use crate::fault::GuestFault;
 use crate::irqchip::IrqChip;
 use crate::kick;
 use crate::migration::pause::Decision;

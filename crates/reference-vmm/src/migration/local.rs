@@ -47,14 +47,14 @@ pub fn move_in_process(
     options: MigrateOptions,
     address: &Address,
     compare: bool,
-) -> Result<Moved, Error> {
+) -> Result<Moved, MigrationError> {
     let listener = address.listen()?;
-    let address = listener.address().map_err(|source| {
-        Error::Migration(MigrationError::Connect {
+    let address = listener
+        .address()
+        .map_err(|source| MigrationError::Connect {
             what: address.to_string(),
             source,
-        })
-    })?;
+        })?;
     // The destination runs the source's mechanisms.
     let mechanisms = config.clone();
     let destination = thread::spawn(move || {
@@ -77,7 +77,7 @@ pub fn move_in_process(
     let migration = migrated
         .recv()
         .map_err(|_| Error::ThreadPanicked("migration"))??;
-    let joined: Result<Result<RunReport, Incoming>, Error> = destination
+    let joined: Result<Result<RunReport, Incoming>, MigrationError> = destination
         .join()
         .map_err(|_| Error::ThreadPanicked("destination"))?;
     let (destination, differing) = match joined? {
@@ -98,15 +98,14 @@ pub fn move_in_process(
 }
 
 /// Compares two memories of the same size, a MiB at a time.
-fn differing_bytes(a: &VmMemory, b: &VmMemory) -> Result<u64, Error> {
+fn differing_bytes(a: &VmMemory, b: &VmMemory) -> Result<u64, MigrationError> {
     let size = vm_memory::GuestMemoryBackend::last_addr(a).0 + 1;
     let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
     let mut differing = 0;
     for at in (0..size).step_by(1 << 20) {
         let n = ((size - at) as usize).min(x.len());
         a.read_slice(&mut x[..n], GuestAddress(at))
-            .and_then(|()| b.read_slice(&mut y[..n], GuestAddress(at)))
-            .map_err(MigrationError::from)?;
+            .and_then(|()| b.read_slice(&mut y[..n], GuestAddress(at)))?;
         // A slice comparison first: a byte-by-byte count only where a MiB
         // differs, so the destination is not held up (its guest's clock runs).
         if x[..n] != y[..n] {

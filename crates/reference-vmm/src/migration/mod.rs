@@ -23,6 +23,7 @@
 //! cut, corrupted, oversized or reordered stream is an error that names the
 //! record, and the destination's VM never runs.
 
+mod codec;
 pub mod destination;
 mod local;
 pub mod pause;
@@ -45,6 +46,12 @@ pub use local::{Moved, move_in_process};
 pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Target};
 pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};
+
+impl From<crate::Error> for MigrationError {
+    fn from(e: crate::Error) -> Self {
+        Self::Vm(Box::new(e))
+    }
+}
 
 /// How long either side waits for the other before giving up: a peer that
 /// stops answering never holds a VM paused (the source resumes it).
@@ -101,6 +108,9 @@ pub enum MigrationError {
     /// The VM could not be created or its state restored at the destination.
     #[error("cannot restore the VM: {0}")]
     Restore(#[source] Box<crate::Error>),
+    /// A VM of the migration failed: created, prepared or run.
+    #[error(transparent)]
+    Vm(Box<crate::Error>),
     /// The stream names a guest program this build does not have.
     #[error("the stream's guest program {0:?} is not one this reference-vmm has")]
     UnknownGuest(String),

@@ -18,7 +18,6 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
 use super::{Address, Connection, MigrationError, VcpuState, read_answer};
-use crate::error::Error;
 use crate::memory::VmMemory;
 use crate::vm::{RunControl, Vm};
 use test_guests::abi::note_migration_ended;
@@ -223,7 +222,11 @@ impl Migration {
     /// to the vCPUs, and their threads drain it when it is full), and
     /// connects to the destination or creates the snapshot file: a target
     /// that cannot be reached is an error before any vCPU starts.
-    pub fn prepare(vm: &mut Vm, target: Target, options: MigrateOptions) -> Result<Self, Error> {
+    pub fn prepare(
+        vm: &mut Vm,
+        target: Target,
+        options: MigrateOptions,
+    ) -> Result<Self, MigrationError> {
         let target = target.open()?;
         let memory = vm.memory();
         let slots = vm.dirty_slots()?;

@@ -17,7 +17,7 @@ use kvm_ioctls::{Cap, Kvm, VcpuFd};
 use lapic_timer::LapicTimerState;
 use zerocopy::{FromBytes, IntoBytes};
 
-use super::stream::{Decoder, Encoder};
+use super::codec::{Decoder, Encoder};
 use crate::apic::{ApicState, X2APIC_FIRST, X2APIC_LAST};
 use crate::error::Error;
 use crate::policies::Irqchip;
