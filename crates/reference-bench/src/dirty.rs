@@ -1,4 +1,4 @@
-//! `bench dirty`: `dirty_log_perf_test` on the reference VMM's own guest,
+//! `reference-bench dirty`: `dirty_log_perf_test` on the reference VMM's own guest,
 //! for each dirty-log backend: vCPUs write every page of their part of
 //! memory once per pass, and the VMM harvests between passes.
 

@@ -1,4 +1,4 @@
-//! `bench halt`: the halt-poll policies on a suite of workloads where no
+//! `reference-bench halt`: the halt-poll policies on a suite of workloads where no
 //! fixed policy wins everywhere: short halts (an IPI ping-pong), long ones
 //! (an idle 1 ms timer), bursts of short ones between idle gaps, a mix drawn
 //! at random from a short and a long mode, and the ping-pong beside a CPU

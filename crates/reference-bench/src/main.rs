@@ -177,8 +177,8 @@ fn main() -> ExitCode {
         &times,
     );
     let output = if args.json {
-        let items: Vec<String> = tables.iter().map(bench::Table::json).collect();
-        format!("[{}]\n", items.join(",\n"))
+        let items: Vec<_> = tables.iter().map(bench::Table::json).collect();
+        serde_json::to_string_pretty(&items).unwrap_or_default() + "\n"
     } else {
         markdown.clone()
     };

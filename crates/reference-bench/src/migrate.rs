@@ -1,4 +1,4 @@
-//! `bench migrate`: the `migrate` guest moved live between two VMs of this
+//! `reference-bench migrate`: the `migrate` guest moved live between two VMs of this
 //! process over a Unix socket, per dirty-log backend and dirtying rate, with
 //! the memory of both compared at the switch-over.
 

@@ -1,4 +1,4 @@
-//! `bench rcu`: what reading the device bus costs on every exit (RCU, a
+//! `reference-bench rcu`: what reading the device bus costs on every exit (RCU, a
 //! read-write lock, arc-swap), and how long a writer waits for a grace period
 //! while vCPUs run guest code, with guest mode as an extended quiescent state
 //! and without.

@@ -1,4 +1,4 @@
-//! `bench sched`: 2x-overcommitted vCPUs and a host CPU hog. vCPU 0 sends an
+//! `reference-bench sched`: 2x-overcommitted vCPUs and a host CPU hog. vCPU 0 sends an
 //! IPI to all others and spins (with pause-loop exits) until all have
 //! acknowledged, repeatedly; each boost policy in turn, then the same
 //! through the xAPIC page beside QEMU, the peer VMM, booting the same guest.

@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use serde_json::{Value, json};
+
 use crate::Runs;
 
 /// One cell: its text, and its number for JSON where it has one.
@@ -98,51 +100,30 @@ impl Table {
     }
 
     /// The table as a JSON object: title, columns, rows (each an object
-    /// keyed by column, with numbers where a cell has one), notes.
-    pub fn json(&self) -> String {
-        let strings = |v: &[String]| v.iter().map(|s| quote(s)).collect::<Vec<_>>().join(", ");
-        let rows: Vec<String> = self
+    /// from column name to the cell's number, or its text where it has
+    /// none), notes.
+    pub fn json(&self) -> Value {
+        let rows: Vec<Value> = self
             .rows
             .iter()
             .map(|row| {
-                let fields: Vec<String> = self
-                    .columns
-                    .iter()
-                    .zip(row)
-                    .map(|(column, c)| match c.value {
-                        Some(v) if v.is_finite() => format!("{}: {v}", quote(column)),
-                        _ => format!("{}: {}", quote(column), quote(&c.text)),
-                    })
-                    .collect();
-                format!("{{{}}}", fields.join(", "))
+                let cells = self.columns.iter().zip(row).map(|(column, c)| {
+                    let value = match c.value.and_then(serde_json::Number::from_f64) {
+                        Some(n) => Value::Number(n),
+                        None => Value::String(c.text.clone()),
+                    };
+                    (column.clone(), value)
+                });
+                Value::Object(cells.collect())
             })
             .collect();
-        format!(
-            "{{\"title\": {}, \"columns\": [{}], \"rows\": [{}], \"notes\": [{}]}}",
-            quote(&self.title),
-            strings(&self.columns),
-            rows.join(", "),
-            strings(&self.notes)
-        )
+        json!({
+            "title": self.title,
+            "columns": self.columns,
+            "rows": rows,
+            "notes": self.notes,
+        })
     }
-}
-
-/// A JSON string literal.
-fn quote(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]
@@ -161,9 +142,14 @@ mod tests {
             "{md}"
         );
         assert!(md.ends_with("\ngoal: met\n"));
-        assert_eq!(
-            t.json(),
-            r#"{"title": "halt \"x\"", "columns": ["variant", "µs"], "rows": [{"variant": "own", "µs": 1.234}, {"variant": "off", "µs": 2}], "notes": ["goal: met"]}"#
-        );
+        let json = t.json();
+        assert_eq!(json["title"], "halt \"x\"");
+        assert_eq!(json["columns"], json!(["variant", "µs"]));
+        assert_eq!(json["rows"][0], json!({"variant": "own", "µs": 1.234}));
+        assert_eq!(json["rows"][1], json!({"variant": "off", "µs": 2.0}));
+        assert_eq!(json["notes"], json!(["goal: met"]));
+        // Text where a number is not finite.
+        t.row(vec![Cell::text("none"), Cell::num(f64::NAN, 1)]);
+        assert_eq!(t.json()["rows"][2]["µs"], "NaN");
     }
 }

@@ -1,4 +1,4 @@
-//! `bench timer`: a guest cyclictest. The guest arms TSC-deadline timers,
+//! `reference-bench timer`: a guest cyclictest. The guest arms TSC-deadline timers,
 //! halts until each fires, and records how late its interrupt entry ran; each
 //! timer-advance policy in turn, then KVM's in-kernel LAPIC timer, then the
 //! host's own timer wake-up with no guest, which every userspace timer starts

@@ -78,8 +78,21 @@ fn a_bench_writes_its_report_where_asked_and_leaves_benchmarks_md_alone() {
     let written = std::fs::read_to_string(&path).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(written, text(&out.stdout), "the report is what was printed");
-    assert!(written.starts_with("[{\"title\": \"rcu:"), "{written}");
-    assert!(written.contains("Host: other processes kept"), "{written}");
+    let tables: serde_json::Value = serde_json::from_str(&written).unwrap();
+    let rcu = &tables[0];
+    assert!(
+        rcu["title"].as_str().unwrap().starts_with("rcu:"),
+        "{written}"
+    );
+    assert_eq!(rcu["rows"][0]["variant"], "--bus rwlock", "{written}");
+    let notes = rcu["notes"].as_array().unwrap();
+    assert!(
+        notes.iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .starts_with("Host: other processes kept")),
+        "{written}"
+    );
     assert_eq!(std::fs::read(tracked).ok(), before, "BENCHMARKS.md changed");
 }
 

@@ -1,18 +1,30 @@
-//! A thin VMM on real KVM that runs small guest programs, and the place where the
-//! vm-latency crates meet on a real vCPU exit path.
+//! A thin VMM on real KVM, written to be read and copied: where the
+//! vm-latency crates go on a real vCPU exit path.
 //!
 //! # What it does
-//! [`Vm::new`] creates a KVM VM with [vm-memory](vm_memory) guest memory, builds
-//! 4-level page tables, a GDT, and each vCPU's IDT and TSS in guest memory, and
-//! starts each vCPU directly in 64-bit mode at CPL3. [`Vm::run`] runs a built-in
-//! [guest program](test_guests::GuestProgram) on every vCPU, one thread each, with a 16550 serial
-//! console from vm-superio and a [ucall](test_guests::ucall) channel through which the guest
-//! reports values, failed assertions and completion, the way KVM selftests do.
+//! [`Vm::new`] creates a KVM VM with [vm-memory](vm_memory) guest memory and
+//! the guest kit's boot structures ([`test_guests`]), and starts each vCPU
+//! in 64-bit mode at CPL3. [`Vm::run`] runs a kit program on every vCPU, one
+//! thread each, with a 16550 console from vm-superio and the kit's ucall
+//! channel, through which the guest reports values, failed assertions and
+//! completion. Anything the guest does wrong ends the run with an
+//! [`Error::Guest`] naming the vCPU, what it did and its registers; guest
+//! input never panics the VMM.
 //!
-//! Guest hot code runs at CPL3 because this machine's KVM (PVM) emulates CPL0 code
-//! one instruction at a time; CPL0 runs only short exception stubs. Anything the
-//! guest does wrong ends the run with an [`Error::Guest`] that names the vCPU, what
-//! it did and its registers; guest input never panics the VMM.
+//! # Where each crate goes
+//! The mechanisms are values in [`VmConfig`]: its [`Policies`] (each hook
+//! defaults to the family's own policy, [`FamilyPolicies`]) and plain
+//! choices of place.
+//!
+//! | crate | the hook | where it acts |
+//! |---|---|---|
+//! | halt-poll | [`Policies::halt_poll`], [`Policies::guest_poll`]; [`VmConfig::kvm_halt_poll`] | a poller per vCPU and wake source on every `hlt` exit; KVM's own window on its LAPIC |
+//! | lapic-timer | [`Policies::timer_advance`], [`VmConfig::timer_placement`] | each vCPU's host timer fires early by the advance and the vCPU spins to the deadline before entry |
+//! | vcpu-sched | [`Policies::boost`] | run state around `KVM_RUN`; delivery boosts its target; pause and yield exits pick a candidate |
+//! | rcu-qs | [`Policies::bus`], [`VmConfig::extended_qs`] | the device bus read on port exits; vCPU threads offline in the guest |
+//! | dirty-log | [`migration::MigrateOptions`] | a migration harvests dirty pages while the vCPUs run |
+//!
+//! `examples/minimal.rs` runs all five with a policy of its own.
 //!
 //! # Example
 //! ```

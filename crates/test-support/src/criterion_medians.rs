@@ -27,7 +27,8 @@ pub(crate) fn median_ns_in(dir: &std::path::Path, group: &str, id: &str) -> Opti
         .join(filename_safe(id))
         .join("new/estimates.json");
     let json = std::fs::read_to_string(path).ok()?;
-    point_estimate(&json, "median")
+    let estimates: serde_json::Value = serde_json::from_str(&json).ok()?;
+    estimates["median"]["point_estimate"].as_f64()
 }
 
 /// Where criterion writes: `$CARGO_TARGET_DIR/criterion`, or the target
@@ -41,8 +42,8 @@ pub(crate) fn criterion_dir() -> Option<PathBuf> {
                 .args(["metadata", "--format-version", "1", "--no-deps"])
                 .output()
                 .ok()?;
-            let text = String::from_utf8(out.stdout).ok()?;
-            PathBuf::from(string_field(&text, "target_directory")?)
+            let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            PathBuf::from(metadata["target_directory"].as_str()?)
         }
     };
     Some(target.join("criterion"))
@@ -51,18 +52,4 @@ pub(crate) fn criterion_dir() -> Option<PathBuf> {
 /// Criterion's `make_filename_safe`, for the names used here (short ASCII).
 pub(crate) fn filename_safe(name: &str) -> String {
     name.replace(['?', '"', '/', '\\', '*', '<', '>', ':', '|', '^'], "_")
-}
-
-/// The string value of `"field":"..."` (no escapes in it).
-pub(crate) fn string_field<'a>(json: &'a str, field: &str) -> Option<&'a str> {
-    let start = json.find(&format!("\"{field}\":\""))? + field.len() + 4;
-    Some(&json[start..start + json[start..].find('"')?])
-}
-
-/// `point_estimate` of the object `"estimate": {...}` in estimates.json.
-pub(crate) fn point_estimate(json: &str, estimate: &str) -> Option<f64> {
-    let object = &json[json.find(&format!("\"{estimate}\":"))?..];
-    let value = &object[object.find("\"point_estimate\":")? + "\"point_estimate\":".len()..];
-    let end = value.find([',', '}'])?;
-    value[..end].trim().parse().ok()
 }
