@@ -117,10 +117,42 @@ impl Scenario {
 }
 
 fn main() -> ExitCode {
-    let args = BenchArgs::parse();
-    if let Err(e) = args.check() {
-        return usage_error(&e);
+    match bench(BenchArgs::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            failure.status
+        }
     }
+}
+
+/// Why the bench ended early, with its exit status.
+struct Failure {
+    status: ExitCode,
+    message: String,
+}
+
+impl Failure {
+    /// A command line that parses but cannot be run: clap's status, 2.
+    fn usage(message: String) -> Self {
+        Self {
+            status: ExitCode::from(2),
+            message,
+        }
+    }
+
+    /// A run that failed.
+    fn run(message: String) -> Self {
+        Self {
+            status: ExitCode::FAILURE,
+            message,
+        }
+    }
+}
+
+/// Runs the scenarios `args` names, prints the report and writes it.
+fn bench(args: BenchArgs) -> Result<(), Failure> {
+    args.check().map_err(Failure::usage)?;
     let opts = bench::Options {
         quick: args.quick,
         qemu: args.qemu.as_deref(),
@@ -188,17 +220,20 @@ fn main() -> ExitCode {
         files.push((workspace_root().join("BENCHMARKS.md"), &markdown));
     }
     for (path, text) in files {
-        if let Err(e) = write_report(&path, text) {
-            return fail(&format!("cannot write {}: {e}", path.display()));
-        }
+        write_report(&path, text)
+            .map_err(|e| Failure::run(format!("cannot write {}: {e}", path.display())))?;
         eprintln!("wrote {}", path.display());
     }
-    match failed {
-        None => print_or_fail(&output),
-        Some(e) => {
-            let _ = print_or_fail(&output);
-            fail(&format!("{e} (the report has the scenarios that finished)"))
+    let printed = io::stdout().lock().write_all(output.as_bytes());
+    match (failed, printed) {
+        (Some(e), _) => Err(Failure::run(format!(
+            "{e} (the report has the scenarios that finished)"
+        ))),
+        // Nobody is reading (e.g. `| head`): not worth an error message.
+        (None, Err(e)) if e.kind() != io::ErrorKind::BrokenPipe => {
+            Err(Failure::run(format!("cannot write to stdout: {e}")))
         }
+        (None, _) => Ok(()),
     }
 }
 
@@ -271,24 +306,4 @@ fn write_report(path: &Path, text: &str) -> io::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(path, text)
-}
-
-fn print_or_fail(text: &str) -> ExitCode {
-    match io::stdout().lock().write_all(text.as_bytes()) {
-        Ok(()) => ExitCode::SUCCESS,
-        // Nobody is reading (e.g. `| head`): not worth an error message.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
-        Err(e) => fail(&format!("cannot write to stdout: {e}")),
-    }
-}
-
-/// A command line that parses but cannot be run: clap's status, 2.
-fn usage_error(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
-    ExitCode::from(2)
-}
-
-fn fail(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
-    ExitCode::FAILURE
 }
