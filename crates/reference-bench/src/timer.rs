@@ -23,62 +23,91 @@ const SAMPLES: u64 = 2000;
 /// Lateness histogram bucket bounds, µs.
 const BUCKETS: [f64; 6] = [0.0, 5.0, 10.0, 20.0, 50.0, 100.0];
 
-/// The advance policies on the userspace APIC, baseline first (the
-/// percentile advance also aimed at p99, the tail's quantile, and with a
-/// timer thread on the vCPU's CPU instead of the vCPU thread's own signal
-/// timer), then
+/// The variants, each named: the advance policies on the userspace APIC,
+/// baseline first (the percentile advance also aimed at p99, the tail's
+/// quantile, with a timer thread on the vCPU's CPU instead of the vCPU
+/// thread's own signal timer, and with the halted vCPU polling), then
 /// KVM's in-kernel LAPIC timer (its own adaptive advance), with KVM's halt
-/// polling as configured (`halt_poll_ns`) and polling up to 10 ms.
+/// polling as configured (`halt_poll_ns`) and polling up to 10 ms. A
+/// variant's runs are at its index (`variant as usize`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    None,
+    Fixed,
+    Kvm,
+    Percentile,
+    PercentileP99,
+    /// The percentile advance with a timer thread on the vCPU's CPU.
+    Thread,
+    /// The percentile advance, the halted vCPU polling up to 10 ms (for
+    /// its own deadline too), as KVM's LAPIC polls with `--halt-poll always`.
+    PercentilePolling,
+    Kernel,
+    KernelPolling,
+}
+
+impl Variant {
+    /// Every variant, in the table's order.
+    const ALL: [Self; 9] = [
+        Self::None,
+        Self::Fixed,
+        Self::Kvm,
+        Self::Percentile,
+        Self::PercentileP99,
+        Self::Thread,
+        Self::PercentilePolling,
+        Self::Kernel,
+        Self::KernelPolling,
+    ];
+
+    /// Its row name (the reference VMM's switches) and its choices.
+    fn setup(self) -> (String, Choices) {
+        let user = |timer_advance: TimerAdvance| {
+            let choices = Choices::default().with_timer_advance(timer_advance);
+            (format!("--timer-advance {timer_advance}"), choices)
+        };
+        let kernel = |halt_poll: HaltPoll| {
+            let name = match halt_poll.kvm() {
+                KvmHaltPoll::Window(_) => format!("--irqchip kernel --halt-poll {halt_poll}"),
+                _ => "--irqchip kernel".into(),
+            };
+            (name, Choices::on(Irqchip::Kernel).with_halt_poll(halt_poll))
+        };
+        match self {
+            Self::None => user(TimerAdvance::None),
+            Self::Fixed => user(TimerAdvance::Fixed(Duration::from_micros(50))),
+            Self::Kvm => user(TimerAdvance::Kvm),
+            Self::Percentile => user(TimerAdvance::Percentile),
+            Self::PercentileP99 => user(TimerAdvance::PercentileAt(99)),
+            Self::Thread => (
+                format!("--timer-advance percentile --timer-placement {THREAD_PLACEMENT}"),
+                Choices::default().with_timer_placement(THREAD_PLACEMENT),
+            ),
+            Self::PercentilePolling => (
+                "--timer-advance percentile --halt-poll always".into(),
+                Choices::default().with_halt_poll(HaltPoll::Always),
+            ),
+            Self::Kernel => kernel(HaltPoll::Kvm),
+            Self::KernelPolling => kernel(HaltPoll::Always),
+        }
+    }
+}
+
+/// Every variant's row name and choices, in order.
 fn variants() -> [(String, Choices); 9] {
-    let user = |timer_advance| {
-        (
-            format!("--timer-advance {timer_advance}"),
-            Choices::default().with_timer_advance(timer_advance),
-        )
-    };
-    [
-        user(TimerAdvance::None),
-        user(TimerAdvance::Fixed(Duration::from_micros(50))),
-        user(TimerAdvance::Kvm),
-        user(TimerAdvance::Percentile),
-        user(TimerAdvance::PercentileAt(99)),
-        (
-            format!("--timer-advance percentile --timer-placement {THREAD_PLACEMENT}"),
-            Choices {
-                timer_placement: THREAD_PLACEMENT,
-                ..Choices::default()
-            },
-        ),
-        (
-            "--timer-advance percentile --halt-poll always".into(),
-            Choices::default().with_halt_poll(HaltPoll::Always),
-        ),
-        kernel(HaltPoll::Kvm),
-        kernel(HaltPoll::Always),
-    ]
+    Variant::ALL.map(Variant::setup)
 }
 
-/// KVM's LAPIC with its halt polling as `halt_poll` sets it.
-fn kernel(halt_poll: HaltPoll) -> (String, Choices) {
-    let name = match halt_poll.kvm() {
-        KvmHaltPoll::Window(_) => format!("--irqchip kernel --halt-poll {halt_poll}"),
-        _ => "--irqchip kernel".into(),
-    };
-    (name, Choices::on(Irqchip::Kernel).with_halt_poll(halt_poll))
-}
-
-const NONE: usize = 0;
-const PERCENTILE: usize = 3;
-/// The percentile advance with a timer thread on the vCPU's CPU.
-const THREAD: usize = 5;
+const NONE: usize = Variant::None as usize;
+const PERCENTILE: usize = Variant::Percentile as usize;
+const THREAD: usize = Variant::Thread as usize;
 const THREAD_PLACEMENT: TimerPlacement = TimerPlacement::VcpuCpu;
-/// The percentile advance, the halted vCPU polling up to 10 ms (for its own
-/// deadline too), as KVM's LAPIC polls with `--halt-poll always`.
-const PERCENTILE_POLLING: usize = 6;
 /// This VMM's two halt-polling settings with the percentile advance.
-const OWN: [usize; 2] = [PERCENTILE, PERCENTILE_POLLING];
-const KERNEL: [usize; 2] = [7, 8];
-const HOST: usize = KERNEL[1] + 1;
+const OWN: [usize; 2] = [PERCENTILE, Variant::PercentilePolling as usize];
+/// KVM's LAPIC, with its halt polling as configured and polling 10 ms.
+const KERNEL: [usize; 2] = [Variant::Kernel as usize, Variant::KernelPolling as usize];
+/// The host's row, after the variants.
+const HOST: usize = Variant::ALL.len();
 
 /// The row of the host's own timer wake-up, after the variants.
 const HOST_ROW: &str = "host: a thread on a timerfd, no guest";
@@ -680,7 +709,7 @@ mod tests {
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(19.0, 6.0), run(29.0, 16.0)];
-        runs[PERCENTILE_POLLING] = vec![run(20.0, 7.0)];
+        runs[OWN[1]] = vec![run(20.0, 7.0)];
         runs[KERNEL[0]] = vec![run(99.0, 99.0)];
         let line = delivery_line(200, &runs);
         assert!(
@@ -713,7 +742,7 @@ mod tests {
         // Two runs each. The percentile row's tail is in its first run only,
         // the kernel's in both: per run the p99s flip, pooled ours is lower.
         runs[PERCENTILE] = vec![run(series(5.0, 2, 60.0)), run(series(5.0, 0, 0.0))];
-        runs[PERCENTILE_POLLING] = vec![run(series(6.0, 2, 70.0)), run(series(6.0, 0, 0.0))];
+        runs[OWN[1]] = vec![run(series(6.0, 2, 70.0)), run(series(6.0, 0, 0.0))];
         for k in KERNEL {
             runs[k] = vec![run(series(18.0, 2, 40.0)), run(series(18.0, 2, 40.0))];
         }
@@ -725,7 +754,7 @@ mod tests {
         assert!(timer_goal(200, &runs, &[0, 1]).ends_with(": not met."));
         // A tail in every run of ours: pooled p99 above the kernel's.
         runs[PERCENTILE][1] = run(series(5.0, 2, 60.0));
-        runs[PERCENTILE_POLLING][1] = run(series(6.0, 2, 70.0));
+        runs[OWN[1]][1] = run(series(6.0, 2, 70.0));
         let line = timer_goal(200, &runs, &[0, 0]);
         assert!(line.ends_with(": not met."), "{line}");
         assert!(line.contains("0 of 2 runs"), "{line}");

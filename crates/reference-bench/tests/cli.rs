@@ -84,7 +84,7 @@ fn a_bench_writes_its_report_where_asked_and_leaves_benchmarks_md_alone() {
         rcu["title"].as_str().unwrap().starts_with("rcu:"),
         "{written}"
     );
-    assert_eq!(rcu["rows"][0]["variant"], "--bus rwlock", "{written}");
+    assert_eq!(rcu["rows"][0]["variant"], "rwlock", "{written}");
     let notes = rcu["notes"].as_array().unwrap();
     assert!(
         notes.iter().any(|n| n

@@ -20,7 +20,7 @@ use lapic_timer::{AdvancePolicy, Percentile};
 use rcu_qs::Domain;
 use vcpu_sched::{BoostPolicy, DirectedYield};
 
-use crate::devices::{BusAccess, IoBus, RcuBus};
+use crate::devices::{BusRead, IoBus, RcuBus};
 
 /// What ends a halt. The halt poller keeps one policy per source, so that
 /// each learns its own wake times.
@@ -90,9 +90,11 @@ pub trait Policies: Send + Sync {
     }
 
     /// How vCPU threads read `bus` on an exit; `domain` is the RCU domain
-    /// whose readers they are. The default is an RCU cell.
-    fn bus(&self, bus: IoBus, domain: &Domain) -> Box<dyn BusAccess> {
-        Box::new(RcuBus::new(domain, bus))
+    /// whose readers they are. The default is the VMM's RCU cell, read in
+    /// place ([`BusRead::Rcu`]); any other [`BusAccess`](crate::devices::BusAccess) goes through a trait
+    /// object.
+    fn bus(&self, bus: IoBus, domain: &Domain) -> BusRead {
+        BusRead::Rcu(RcuBus::new(domain, bus))
     }
 }
 

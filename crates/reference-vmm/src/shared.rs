@@ -9,7 +9,7 @@ use halt_poll::HaltStats;
 use lapic_timer::TimerStats;
 use rcu_qs::Domain;
 
-use crate::devices::BusAccess;
+use crate::devices::BusRead;
 use crate::guest_abi::DeliveryPath;
 use crate::irq::Interrupts;
 use crate::memory::VmMemory;
@@ -40,7 +40,7 @@ pub(crate) struct VmShared {
 /// The device bus and what reading it costs.
 pub(crate) struct Devices {
     /// How vCPU threads read it.
-    pub bus: Box<dyn BusAccess>,
+    pub bus: BusRead,
     /// Lookups on exits, and their cost.
     pub lookups: BusLookups,
 }

@@ -28,7 +28,7 @@ use kvm_ioctls::VcpuFd;
 use lapic_timer::time::rdtsc;
 use rcu_qs::Reader;
 
-use crate::devices::{IoBus, with_bus};
+use crate::devices::IoBus;
 use crate::error::{Error, RegisterDump};
 use crate::exit::{ExitContext, ExitError, Flow, VcpuError, handle_exit};
 use crate::fault::GuestFault;
@@ -266,7 +266,7 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
     /// Times the lookup and the device's handling, for `bench rcu`.
     fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
         let start = rdtsc();
-        let result = with_bus(&*self.shared.devices.bus, self.reader, f);
+        let result = self.shared.devices.bus.with(self.reader, f);
         self.lookups.0 += 1;
         self.lookups.1 += rdtsc().wrapping_sub(start);
         result

@@ -7,8 +7,7 @@ mod output;
 mod post;
 mod serial;
 
-pub(crate) use access::with_bus;
-pub use access::{BusAccess, RcuBus};
+pub use access::{BusAccess, BusRead, RcuBus};
 pub use bus::{BusError, IoBus, PioDevice};
 pub use output::{BoundedOutput, OUTPUT_BUFFER_BYTES, OutputDrain};
 pub use post::{POST_PORT, PostCode};
