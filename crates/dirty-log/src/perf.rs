@@ -4,7 +4,7 @@
 //! the caller's (the `perf` example's writer VM, the reference VMM's guest).
 //!
 //! Not part of the supported API (hidden from the docs): the benchmark
-//! machinery behind the `perf` example and the reference VMM's `bench dirty`.
+//! machinery behind the `perf` example and `reference-bench dirty`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -1,6 +1,6 @@
 //! How busy the host was while a benchmark ran: the CPU time that other
 //! processes took, from `/proc/stat`, less this process's own and its
-//! finished children's (`bench halt`'s CPU hog is part of the measurement). A reader
+//! finished children's (`reference-bench halt`'s CPU hog is part of the measurement). A reader
 //! comparing two reports needs it: on a machine where other tenants kept
 //! the CPUs busy, every figure moves, and ratios move too.
 

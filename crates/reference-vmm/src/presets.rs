@@ -116,7 +116,7 @@ impl HaltPoll {
     /// except that `Predictive` never sleeps to poll just before the deadline
     /// (hybrid polling). A deadline is known; meeting it early is a timer
     /// advance's job, at a spin it bounds, while polling for it took about
-    /// 5 % of a CPU at 1 kHz for a block's wake-up latency (`bench halt`'s
+    /// 5 % of a CPU at 1 kHz for a block's wake-up latency (`reference-bench halt`'s
     /// idle timer), the trade KVM's shrink rule refuses.
     pub fn timer_policy(self) -> Box<dyn PollPolicy + Send> {
         match self {

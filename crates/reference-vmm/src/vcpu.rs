@@ -263,7 +263,7 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
         self.reports
     }
 
-    /// Times the lookup and the device's handling, for `bench rcu`.
+    /// Times the lookup and the device's handling, for `reference-bench rcu`.
     fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
         let start = rdtsc();
         let result = self.shared.devices.bus.with(self.reader, f);
