@@ -307,3 +307,75 @@ fn write_report(path: &Path, text: &str) -> io::Result<()> {
     }
     std::fs::write(path, text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_adds_up_benchmarks_md_times_and_says_what_is_left() {
+        let secs = Duration::from_secs;
+        let times = vec![
+            ("halt".to_owned(), secs(150)),
+            ("timer".to_owned(), secs(120)),
+        ];
+        let full = Estimate {
+            times: times.clone(),
+            quick: false,
+        };
+        assert_eq!(
+            full.before(),
+            "estimate: about 270 s (halt 150 s, timer 120 s), as BENCHMARKS.md's run took on an \
+             idle machine; a busy or slower one takes longer"
+        );
+        assert_eq!(
+            full.after("halt", secs(160), &[Scenario::Timer]),
+            "halt done in 160 s (estimate 150 s); 1 to go, about 120 s by the estimate"
+        );
+        assert_eq!(
+            full.after("timer", secs(130), &[]),
+            "timer done in 130 s (estimate 120 s); that was the last"
+        );
+        // A scenario BENCHMARKS.md does not time leaves the rest unestimated.
+        assert_eq!(
+            full.after("halt", secs(1), &[Scenario::Rcu]),
+            "halt done in 1 s (estimate 150 s); 1 to go"
+        );
+        let quick = Estimate { times, quick: true };
+        assert!(quick.before().starts_with("estimate: none for --quick"));
+        assert_eq!(
+            quick.after("halt", secs(3), &[Scenario::Timer]),
+            "halt done in 3 s; 1 to go"
+        );
+        let none = Estimate {
+            times: Vec::new(),
+            quick: false,
+        };
+        assert!(
+            none.before()
+                .contains("BENCHMARKS.md gives no scenario times")
+        );
+    }
+
+    #[test]
+    fn the_command_is_what_reruns_it() {
+        let args = BenchArgs::parse_from([
+            "reference-bench",
+            "sched",
+            "--quick",
+            "--qemu",
+            "/bin/false",
+        ]);
+        assert_eq!(
+            args.command(),
+            "cargo run --release -p reference-bench -- sched --quick --qemu /bin/false"
+        );
+        assert!(
+            args.out().ends_with("target/bench/sched.md"),
+            "{}",
+            args.out().display()
+        );
+        let json = BenchArgs::parse_from(["reference-bench", "all", "--json"]);
+        assert!(json.out().ends_with("target/bench/all.json"));
+    }
+}

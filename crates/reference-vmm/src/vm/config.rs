@@ -125,3 +125,48 @@ impl fmt::Debug for VmConfig {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kvm_halt_polling_is_the_kernel_irqchips_alone() {
+        let on = |irqchip, kvm_halt_poll| VmConfig {
+            irqchip,
+            kvm_halt_poll,
+            ..VmConfig::default()
+        };
+        let window = KvmHaltPoll::Window(Duration::ZERO);
+        for polling in [window, KvmHaltPoll::Tuned] {
+            assert_eq!(
+                on(Irqchip::User, polling).check(),
+                Err(ConfigError::KvmHaltPollNeedsKernelIrqchip),
+                "{polling:?}"
+            );
+            assert_eq!(on(Irqchip::Kernel, polling).check(), Ok(()));
+        }
+        assert_eq!(on(Irqchip::User, KvmHaltPoll::Module).check(), Ok(()));
+    }
+
+    #[test]
+    fn an_images_machine_takes_the_configurations_place_and_debug_shows_it() {
+        let program = test_guests::find("hello").unwrap();
+        let image = Image::build(program, 3, 64, [7; PARAMS]).unwrap();
+        let config = VmConfig {
+            boot: Boot::Image(Arc::new(image)),
+            ..VmConfig::default()
+        };
+        assert_eq!(config.machine(), (3, 64, [7; PARAMS]));
+        assert_eq!(VmConfig::default().machine(), (1, 64, [0; PARAMS]));
+        let debug = format!("{:?}", VmConfig::default());
+        assert!(
+            debug.starts_with("VmConfig { vcpus: 1, mem_mib: 64"),
+            "{debug}"
+        );
+        assert!(
+            debug.contains("kvm_halt_poll: Module") && debug.ends_with(", .. }"),
+            "{debug}"
+        );
+    }
+}

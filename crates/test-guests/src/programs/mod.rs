@@ -730,6 +730,21 @@ mod tests {
     use crate::layout::IMAGE_MAX_SIZE;
 
     #[test]
+    fn unknown_names_list_the_programs_and_debug_names_the_program() {
+        let err = named("nope").unwrap_err().to_string();
+        assert!(
+            err.starts_with("no guest program is called \"nope\"; the built-in ones are: hello"),
+            "{err}"
+        );
+        assert_eq!(named("hello").unwrap().name, "hello");
+        let debug = format!("{:?}", find("hello").unwrap());
+        assert!(
+            debug.starts_with("GuestProgram { name: \"hello\", entry_offset: "),
+            "{debug}"
+        );
+    }
+
+    #[test]
     fn image_fits_and_every_entry_is_inside_it() {
         let len = image().len() as u64;
         assert!(len > 0 && len <= IMAGE_MAX_SIZE);
