@@ -15,6 +15,7 @@ use halt_poll::{
 use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, PercentileConfig};
 use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
 
+use crate::migration::DirtyLogBackend;
 use crate::policies::{Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource};
 use crate::vm::VmConfig;
 
@@ -70,6 +71,7 @@ names!(HaltPoll, "--halt-poll", [
 ]);
 names!(Boost, "--boost", [None => "none", Ready => "ready", DirectedYield => "directed-yield"]);
 names!(Irqchip, "--irqchip", [User => "user", Kernel => "kernel"]);
+names!(DirtyLogBackend, "--dirty-log", [Bitmap => "bitmap", Manual => "manual", Ring => "ring"]);
 names!(TimerPlacement, "--timer-placement", [
     VcpuThread => "vcpu-thread", VcpuCpu => "vcpu-cpu", Anywhere => "anywhere",
 ]);
@@ -503,6 +505,14 @@ mod tests {
         for &p in TimerPlacement::ALL {
             assert_eq!(p.to_string().parse::<TimerPlacement>(), Ok(p));
         }
+        for &d in DirtyLogBackend::ALL {
+            assert_eq!(d.to_string().parse::<DirtyLogBackend>(), Ok(d));
+        }
+        let err = "log".parse::<DirtyLogBackend>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "--dirty-log \"log\" is not one of: bitmap, manual, ring"
+        );
         let err = "cpu0".parse::<TimerPlacement>().unwrap_err().to_string();
         assert!(err.contains("vcpu-cpu, anywhere"), "{err}");
         let err = "fast".parse::<HaltPoll>().unwrap_err().to_string();

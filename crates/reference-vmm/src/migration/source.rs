@@ -36,7 +36,7 @@ pub enum Target {
 }
 
 /// The dirty-log backend that tracks the guest's writes during pre-copy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DirtyLogBackend {
     /// `KVM_GET_DIRTY_LOG`, which clears and re-protects the whole slot
     /// (what Cloud Hypervisor and Firecracker use).

@@ -146,7 +146,8 @@ struct MigrateArgs {
     snapshot_to: Option<PathBuf>,
     /// How pre-copy tracks dirty pages: bitmap (KVM_GET_DIRTY_LOG), manual
     /// (manual protect, INITIALLY_SET, chunked clears), ring (the dirty ring).
-    #[arg(long, value_enum, default_value = "manual", requires = "migrate_to")]
+    #[arg(long, default_value = "manual", requires = "migrate_to",
+          value_parser = <DirtyLogBackend as FromStr>::from_str)]
     dirty_log: DirtyLogBackend,
     /// Start the migration or snapshot this long after the guest starts.
     #[arg(long, value_name = "MS", default_value_t = 200, requires = "moving")]
