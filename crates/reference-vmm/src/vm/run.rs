@@ -19,7 +19,7 @@ use test_guests::x86::boot::{entry_regs, pvh_regs};
 
 use super::{Boot, Vm, kvm_err};
 use crate::devices::{
-    BoundedOutput, IoBus, OUTPUT_BUFFER_BYTES, OutputDrain, POST_PORT, PostCode, SerialConsole,
+    BoundedOutput, IoBus, OUTPUT_BUFFER_BYTES, POST_PORT, PostCode, SerialConsole,
 };
 use crate::error::{ConfigError, Error};
 use crate::irq::Interrupts;
@@ -94,11 +94,13 @@ impl Vm {
         }
         let tuned_window = tuner.map(TunerThread::finish).transpose();
         let unresponsive = join_or_leave(threads, &answered)?;
+        // The guest's last output is written (or given up on) whatever the end.
+        let unwritten = drain.finish(OUTPUT_GRACE);
         if !unresponsive.is_empty() {
             return Err(Error::Unresponsive(unresponsive));
         }
         vcpus.sort_by_key(|s| s.index);
-        let mut stats = stats(&shared, drain);
+        let mut stats = stats(&shared, drain.dropped() + unwritten);
         stats.tuned_window_ns = tuned_window?.flatten().map(|w| w.as_nanos() as u64);
         let report = RunReport {
             guest: program.name,
@@ -236,9 +238,9 @@ impl Vm {
     }
 }
 
-/// What the mechanisms did, and the guest output the drain could not write.
-fn stats(shared: &VmShared, drain: OutputDrain) -> VmStats {
-    let unwritten = drain.finish(OUTPUT_GRACE);
+/// What the mechanisms did; `output_lost` guest output bytes never reached
+/// the output.
+fn stats(shared: &VmShared, output_lost: u64) -> VmStats {
     let (h, i, t) = (&shared.stats.halt, &shared.irqs.stats, &shared.stats.timer);
     let s = shared.irqs.scheduler().events();
     let lookups = &shared.devices.lookups;
@@ -254,7 +256,7 @@ fn stats(shared: &VmShared, drain: OutputDrain) -> VmStats {
         boosts: s.boosts.load(Relaxed),
         longest_boost_ns: s.longest_boost_ns.load(Relaxed),
         directed_yield_attempted: s.directed_yield_attempted.load(Relaxed),
-        output_lost: drain.dropped() + unwritten,
+        output_lost,
         bus_lookups: lookups.count.load(Relaxed),
         bus_lookup_ticks: lookups.ticks.load(Relaxed),
         timer_expiries: t.wakeups.load(Relaxed),
