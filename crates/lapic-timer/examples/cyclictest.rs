@@ -38,7 +38,7 @@ use std::fmt::Write as _;
 
 use lapic_timer::sim::TraceRecorder;
 use lapic_timer::{
-    AdvancePolicy, Clock, Expiry, Fixed, KvmAdaptive, MonotonicClock, NoAdvance, Percentile,
+    AdvancePolicy, Clock, Expiry, Fixed, KvmAdaptive, MonotonicClock, NoAdvance, Percentile, Spin,
     SpinAt, TimerEvents, TimerSink, TimerStats, TimerThread, TscClock, Wakeup,
 };
 
@@ -194,7 +194,7 @@ impl TimerEvents for Events {
             r.woke(w);
         }
     }
-    fn spun(&self, spin: Duration) {
+    fn spun(&self, spin: Spin) {
         self.0.spun(spin)
     }
     fn delivered(&self, lateness_ns: i64) {
@@ -299,7 +299,7 @@ fn run(
     let mut sorted: Vec<f64> = lateness[count / 10..].to_vec();
     sorted.sort_by(f64::total_cmp);
     let q = |p: f64| sorted[((sorted.len() - 1) as f64 * p) as usize];
-    let spin_us = stats.spin_ns.load(Relaxed) as f64 / 1000.0;
+    let spin_us = stats.spin_cpu_ns.load(Relaxed) as f64 / 1000.0;
     Row {
         min: q(0.0),
         p50: q(0.5),

@@ -257,11 +257,48 @@ impl Decayed {
 /// the shortest of four is a stall only if all four were.
 const WARMUP_SAMPLES: u64 = 4;
 
-/// Wake-ups the recent histogram remembers.
-const RECENT_MEMORY: u32 = 32;
+/// Wake-ups the recent window holds ([`Percentile::RECENT_WAKEUPS`]).
+const RECENT_WAKEUPS: usize = 32;
 /// How far above the recent quantile the advance may stay while the long
 /// histogram still remembers a slower host.
 const RECENT_MARGIN: f64 = 1.25;
+
+/// The last `RECENT_WAKEUPS` wake lateness values, exactly: after that
+/// many wake-ups nothing older counts.
+#[derive(Clone, Debug)]
+struct Window {
+    values: [u64; RECENT_WAKEUPS],
+    len: usize,
+    next: usize,
+}
+
+impl Window {
+    fn new() -> Self {
+        Self {
+            values: [0; RECENT_WAKEUPS],
+            len: 0,
+            next: 0,
+        }
+    }
+
+    fn record(&mut self, lateness_ns: u64) {
+        self.values[self.next] = lateness_ns;
+        self.next = (self.next + 1) % RECENT_WAKEUPS;
+        self.len = (self.len + 1).min(RECENT_WAKEUPS);
+    }
+
+    /// The `q` quantile: the smallest value at least `q` of the window is
+    /// at or below.
+    fn quantile_ns(&self, q: f64) -> f64 {
+        let mut sorted = self.values;
+        let held = &mut sorted[..self.len];
+        held.sort_unstable();
+        let rank = (q * self.len as f64).ceil() as usize;
+        held.get(rank.clamp(1, self.len.max(1)) - 1)
+            .copied()
+            .unwrap_or(0) as f64
+    }
+}
 
 /// This crate's own policy: the seed author's "rightmost bucket", made explicit.
 ///
@@ -276,15 +313,16 @@ const RECENT_MARGIN: f64 = 1.25;
 /// spins only when a wake-up comes sooner than every one before, and which a
 /// stall, only ever longer, cannot raise), and a quantile is not moved by a
 /// rare outlier (one stall in 32 samples is above p91). Wasted
-/// spin does not last: a second histogram remembers only the last 32
-/// wake-ups, and the advance is at most 1.25 times its quantile, so when the
-/// host gets faster the advance follows within about 50 expiries instead of
-/// waiting for the long histogram to forget.
+/// spin does not last: a window holds exactly the last
+/// [`RECENT_WAKEUPS`](Self::RECENT_WAKEUPS) wake-ups, and the advance is at
+/// most 1.25 times their quantile, so when the host gets faster the advance
+/// follows within that many expiries (for p91, the 30th fast one) instead of waiting for the long
+/// histogram to forget.
 #[derive(Clone, Debug)]
 pub struct Percentile {
     config: PercentileConfig,
     long: Decayed,
-    recent: Decayed,
+    recent: Window,
     samples: u64,
     shortest_ns: u64,
     advance_ns: u64,
@@ -297,12 +335,17 @@ impl Default for Percentile {
 }
 
 impl Percentile {
+    /// Wake-ups of the recent window: after this many fast wake-ups in a
+    /// row, the advance is at most 1.25 times their quantile, whatever came
+    /// before.
+    pub const RECENT_WAKEUPS: usize = RECENT_WAKEUPS;
+
     /// A policy with `config`, starting with no advance until it has data.
     pub fn new(config: PercentileConfig) -> Self {
         Self {
             config,
             long: Decayed::new(config.memory),
-            recent: Decayed::new(RECENT_MEMORY),
+            recent: Window::new(),
             samples: 0,
             shortest_ns: u64::MAX,
             advance_ns: 0,
@@ -471,6 +514,60 @@ mod tests {
             })
             .collect();
         assert_eq!(advances, [0, 0, 0, 25, 25, 25, 24]);
+    }
+
+    /// The host slows down for a while, then gets fast again: whatever the
+    /// length of the slow phase, the advance is back within 1.25x the fast
+    /// quantile after `RECENT_WAKEUPS` fast wake-ups (and not before 29 of
+    /// the 32 are fast: p91 still sees the slow ones).
+    #[test]
+    fn percentile_recovers_within_its_window_after_any_slow_phase() {
+        let fast = |i: u64| 20_000 + (i * 7919) % 10_000; // 20-30 µs
+        for slow_len in [100u64, 500, 2000] {
+            let mut p = Percentile::default();
+            let feed = |p: &mut Percentile, lateness_ns: u64| {
+                let advance = p.advance().as_nanos() as u64;
+                p.learn(&wake(advance, lateness_ns as i64 - advance as i64));
+            };
+            (0..200).for_each(|i| feed(&mut p, fast(i)));
+            let fast_advance = p.advance();
+            (0..slow_len).for_each(|i| feed(&mut p, 400_000 + fast(i)));
+            assert!(
+                p.advance() > 300 * US,
+                "learned the slow host: {:?}",
+                p.advance()
+            );
+            let mut back_at = None;
+            for i in 1..=Percentile::RECENT_WAKEUPS as u64 * 2 {
+                feed(&mut p, fast(i));
+                if back_at.is_none() && p.advance().as_secs_f64() <= 1.25 * 30e-6 {
+                    back_at = Some(i);
+                }
+            }
+            let back_at = back_at.expect("recovered");
+            assert!(
+                (29..=Percentile::RECENT_WAKEUPS as u64).contains(&back_at),
+                "after {slow_len} slow: back at expiry {back_at}"
+            );
+            assert!(
+                p.advance() <= fast_advance.mul_f64(1.25),
+                "{:?}",
+                p.advance()
+            );
+        }
+    }
+
+    #[test]
+    fn window_quantile_is_an_order_statistic_of_what_it_holds() {
+        let mut w = Window::new();
+        assert_eq!(w.quantile_ns(0.9), 0.0, "empty");
+        (1..=10).for_each(|v| w.record(v));
+        assert_eq!(
+            (w.quantile_ns(0.5), w.quantile_ns(0.91), w.quantile_ns(1.0)),
+            (5.0, 10.0, 10.0)
+        );
+        (0..RECENT_WAKEUPS).for_each(|_| w.record(7));
+        assert_eq!(w.quantile_ns(1.0), 7.0, "older values are gone");
     }
 
     #[test]

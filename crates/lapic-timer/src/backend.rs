@@ -3,8 +3,10 @@
 //! each deadline, and an expiry path that busy-waits to the exact target
 //! (`deadline − lead`) before delivery starts.
 //!
-//! The busy-wait never lasts longer than the advance it was armed with, and
-//! runs where the VMM chooses ([`SpinAt`]): on the timer thread, or on the
+//! The busy-wait never lasts longer than the advance it was armed with, the
+//! advance is never more than a share of the time to the deadline it serves
+//! ([`DEFAULT_SPIN_SHARE`], so that spinning takes at most that share of a
+//! CPU however short the period), and it runs where the VMM chooses ([`SpinAt`]): on the timer thread, or on the
 //! receiver (the vCPU thread, just before `KVM_RUN`, as the kernel does).
 //! The advance policy learns where the spin starts: on the timer thread from
 //! its own wake-up; on the receiver from when the receiver got there
@@ -22,8 +24,15 @@ use std::time::Duration;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::advance::{AdvancePolicy, Wakeup};
-use crate::events::TimerEvents;
-use crate::time::{Clock, MonotonicClock};
+use crate::events::{Spin, TimerEvents};
+use crate::time::{Clock, MonotonicClock, ThreadCpuClock};
+
+/// The largest share of the time from arming a deadline to its target that
+/// its advance may take (and so its spin): at a 200 µs period, KVM's
+/// shortest, at most 20 µs of spin per expiry, a tenth of a CPU. Set with
+/// `set_spin_share` on [`TimerThread`] or
+/// [`SignalTimer`](crate::SignalTimer).
+pub const DEFAULT_SPIN_SHARE: f64 = 0.1;
 
 /// Where the expiry path busy-waits to the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,18 +89,27 @@ impl Expiry {
         Wakeup::of_deadline(self.max_spin, self.armed_ns, self.target_ns, now_ns)
     }
 
-    /// Busy-waits until the target, for at most `max_spin`; returns the time spun.
-    fn spin(&self, clock: &impl Clock) -> Duration {
+    /// Busy-waits until the target, for at most `max_spin` by `clock`;
+    /// returns the wall time spun and the CPU time it took by `cpu` (read
+    /// only when there is anything to spin).
+    fn spin(&self, clock: &impl Clock, cpu: &impl Clock) -> Spin {
         let start = clock.now_ns();
         let until = self
             .target_ns
             .min(start.saturating_add(self.max_spin.as_nanos() as u64));
+        if start >= until {
+            return Spin::default();
+        }
+        let cpu_start = cpu.now_ns();
         let mut now = start;
         while now < until {
             std::hint::spin_loop();
             now = clock.now_ns();
         }
-        Duration::from_nanos(now.saturating_sub(start))
+        Spin::new(
+            Duration::from_nanos(now - start),
+            Duration::from_nanos(cpu.now_ns().saturating_sub(cpu_start)),
+        )
     }
 }
 
@@ -156,6 +174,8 @@ pub(crate) struct Tuning {
     /// The policy's current advance, published after each lesson.
     advance_ns: AtomicU64,
     lead_ns: AtomicU64,
+    /// The spin share, in millionths (see [`DEFAULT_SPIN_SHARE`]).
+    spin_share_ppm: AtomicU64,
     /// Told of every wake-up, and of each spin and delivery wherever it runs.
     events: Box<dyn TimerEvents>,
 }
@@ -170,19 +190,31 @@ impl Tuning {
             advance_ns: AtomicU64::new(policy.advance().as_nanos() as u64),
             policy: Mutex::new(Box::new(policy)),
             lead_ns: AtomicU64::new(0),
+            spin_share_ppm: AtomicU64::new(share_ppm(DEFAULT_SPIN_SHARE)),
             events: Box::new(events),
         }
     }
 
-    /// `deadline_ns` armed now, with the current lead and advance.
+    /// `deadline_ns` armed now, with the current lead, and the current
+    /// advance cut to the spin share of the time left to the target: a
+    /// deadline already due gets none, so nothing spins toward it.
     pub(crate) fn arm(&self, deadline_ns: u64, payload: u64) -> Armed {
+        let armed_ns = MonotonicClock.now_ns();
+        let lead_ns = self.lead_ns.load(Relaxed);
+        let to_target = deadline_ns.saturating_sub(lead_ns).saturating_sub(armed_ns);
+        let share_cap =
+            u128::from(to_target) * u128::from(self.spin_share_ppm.load(Relaxed)) / 1_000_000;
         Armed {
             deadline_ns,
             payload,
-            lead_ns: self.lead_ns.load(Relaxed),
-            advance_ns: self.advance_ns.load(Relaxed),
-            armed_ns: MonotonicClock.now_ns(),
+            lead_ns,
+            advance_ns: self.advance_ns.load(Relaxed).min(share_cap as u64),
+            armed_ns,
         }
+    }
+
+    pub(crate) fn set_spin_share(&self, share: f64) {
+        self.spin_share_ppm.store(share_ppm(share), Relaxed);
     }
 
     /// Teaches the policy what `expiry` measured at `now_ns`, if anything,
@@ -204,15 +236,15 @@ impl Tuning {
     }
 
     /// The receiver's side of an expiry (see [`TimerThread::receive`]).
-    pub(crate) fn receive(&self, expiry: &Expiry) -> Duration {
+    pub(crate) fn receive(&self, expiry: &Expiry) -> Spin {
         self.learn(expiry, MonotonicClock.now_ns());
         self.spin_to_target(expiry, &MonotonicClock)
     }
 
     /// Busy-waits to `expiry`'s target and reports the spin and the
-    /// delivery's lateness; returns the time spun.
-    pub(crate) fn spin_to_target(&self, expiry: &Expiry, clock: &impl Clock) -> Duration {
-        let spun = expiry.spin(clock);
+    /// delivery's lateness; returns the spin.
+    pub(crate) fn spin_to_target(&self, expiry: &Expiry, clock: &impl Clock) -> Spin {
+        let spun = expiry.spin(clock, &ThreadCpuClock);
         self.events.spun(spun);
         let lateness = i128::from(clock.now_ns()) - i128::from(expiry.target_ns);
         self.events
@@ -273,6 +305,11 @@ pub(crate) fn itimerspec_at(at_ns: u64) -> libc::itimerspec {
             tv_nsec: (at_ns % 1_000_000_000) as libc::c_long,
         },
     }
+}
+
+/// `share` (clamped to 0..=1; NaN is 0) in millionths.
+fn share_ppm(share: f64) -> u64 {
+    (share.clamp(0.0, 1.0) * 1e6) as u64
 }
 
 /// A wake-up `delta_ns` after the target (saturated to `i64`).
@@ -414,15 +451,22 @@ impl TimerThread {
     /// The receiver's half of [`SpinAt::Receiver`], where delivery starts:
     /// teaches the advance policy how late the receiver got here after the
     /// target, then busy-waits to the target (at most `expiry.max_spin`),
-    /// reporting the spin and the delivery to the events. Returns the time
-    /// spun.
-    pub fn receive(&self, expiry: &Expiry) -> Duration {
+    /// reporting the spin and the delivery to the events. Returns the spin
+    /// (its wall time, and the CPU time it took).
+    pub fn receive(&self, expiry: &Expiry) -> Spin {
         self.shared.tuning.receive(expiry)
     }
 
     /// Sets the delivery lead for deadlines armed from now on.
     pub fn set_lead(&self, lead: Duration) {
         self.shared.tuning.set_lead(lead);
+    }
+
+    /// Sets the largest share of the time to a deadline its advance may
+    /// take, for deadlines armed from now on ([`DEFAULT_SPIN_SHARE`] unless
+    /// set; clamped to 0..=1, 0 turns the advance off).
+    pub fn set_spin_share(&self, share: f64) {
+        self.shared.tuning.set_spin_share(share);
     }
 }
 
@@ -563,28 +607,66 @@ mod tests {
             armed_ns: 0,
             max_spin: Duration::from_micros(5),
         };
+        let us = Duration::from_micros;
+        let wall = |e: &Expiry, clock: &Stepping| e.spin(clock, &FakeClock::at(0)).wall;
         let still = FakeClock::at(1_000);
-        assert_eq!(e.spin(&still), Duration::ZERO, "already at the target");
-        let step = Duration::from_micros(1);
+        assert_eq!(
+            e.spin(&still, &still),
+            Spin::default(),
+            "already at the target"
+        );
         let near = Expiry {
             target_ns: 4_000,
             ..e
         };
-        let clock = Stepping(FakeClock::at(0), step);
-        assert_eq!(near.spin(&clock), Duration::from_micros(3), "to the target");
+        assert_eq!(
+            wall(&near, &Stepping(FakeClock::at(0), us(1))),
+            us(3),
+            "to the target"
+        );
         let far = Expiry {
             target_ns: 10_000_000,
             ..e
         };
-        let clock = Stepping(FakeClock::at(0), step);
         assert_eq!(
-            far.spin(&clock),
-            Duration::from_micros(5),
+            wall(&far, &Stepping(FakeClock::at(0), us(1))),
+            us(5),
             "cut at max_spin"
         );
         // A host stall in the middle of a spin (the thread preempted for 1 ms):
-        // the spin ends at the first reading past its bound, not later.
-        let clock = Stepping(FakeClock::at(0), Duration::from_millis(1));
-        assert_eq!(far.spin(&clock), Duration::from_millis(1), "one reading");
+        // the spin ends at the first reading past its bound, not later, and
+        // its wall time counts the stall while its CPU time does not.
+        let preempted = Stepping(FakeClock::at(0), Duration::from_millis(1));
+        let cpu = Stepping(FakeClock::at(0), us(2));
+        assert_eq!(far.spin(&preempted, &cpu), Spin::new(us(1000), us(2)));
+    }
+
+    #[test]
+    fn the_advance_is_cut_to_its_share_of_the_time_to_the_target() {
+        let tuning = Tuning::new(crate::Fixed(Duration::from_micros(500)), crate::NoEvents);
+        let now = MonotonicClock.now_ns();
+        let advance = |a: Armed| a.deadline_ns - a.fire_at_ns();
+        let far = tuning.arm(now + 100_000_000, 0);
+        assert_eq!(
+            advance(far),
+            500_000,
+            "100 ms away: the policy's own advance"
+        );
+        let near = tuning.arm(now + 200_000, 0);
+        assert!(
+            advance(near) <= 20_000,
+            "200 µs away: a tenth, {} ns",
+            advance(near)
+        );
+        let due = tuning.arm(now.saturating_sub(1_000), 0);
+        assert_eq!(
+            due.expiry(now).max_spin,
+            Duration::ZERO,
+            "already due: no spin"
+        );
+        tuning.set_spin_share(1.0);
+        assert!(advance(tuning.arm(now + 200_000, 0)) > 150_000, "all of it");
+        tuning.set_spin_share(f64::NAN);
+        assert_eq!(advance(tuning.arm(now + 100_000_000, 0)), 0, "NaN: none");
     }
 }

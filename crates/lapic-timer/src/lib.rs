@@ -73,13 +73,15 @@ pub mod time;
 pub use advance::{
     AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, PercentileConfig, Wakeup,
 };
-pub use backend::{Expiry, NoSink, SpinAt, TimerPlacement, TimerSink, TimerThread};
-pub use events::{NoEvents, TimerEvents, TimerStats};
+pub use backend::{
+    DEFAULT_SPIN_SHARE, Expiry, NoSink, SpinAt, TimerPlacement, TimerSink, TimerThread,
+};
+pub use events::{NoEvents, Spin, TimerEvents, TimerStats};
 pub use lead::DeliveryLead;
 pub use model::{Fired, KVM_MIN_TIMER_PERIOD_NS, LapicTimer, LapicTimerState, TimerError};
 pub use registers::{LvtTimer, TimerMode, TimerRegister};
 pub use signal::SignalTimer;
-pub use time::{Clock, FakeClock, GuestTime, MonotonicClock, TscClock};
+pub use time::{Clock, FakeClock, GuestTime, MonotonicClock, ThreadCpuClock, TscClock};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use crate::advance::AdvancePolicy;
 use crate::backend::{Armed, Expiry, Tuning, itimerspec_at};
-use crate::events::TimerEvents;
+use crate::events::{Spin, TimerEvents};
 use crate::time::{Clock, MonotonicClock};
 
 /// One deadline at a time, signalled to the thread that made the timer.
@@ -136,8 +136,8 @@ impl SignalTimer {
     /// Where delivery starts: teaches the advance policy how late the thread
     /// got here after the target, then busy-waits to the target (at most
     /// `expiry.max_spin`), reporting the spin and the delivery to the
-    /// events. Returns the time spun.
-    pub fn receive(&self, expiry: &Expiry) -> Duration {
+    /// events. Returns the spin (its wall time, and the CPU time it took).
+    pub fn receive(&self, expiry: &Expiry) -> Spin {
         self.tuning.receive(expiry)
     }
 
@@ -149,6 +149,14 @@ impl SignalTimer {
     /// Sets the delivery lead for deadlines armed from now on.
     pub fn set_lead(&self, lead: Duration) {
         self.tuning.set_lead(lead);
+    }
+
+    /// Sets the largest share of the time to a deadline its advance may
+    /// take, for deadlines armed from now on
+    /// ([`DEFAULT_SPIN_SHARE`](crate::DEFAULT_SPIN_SHARE) unless set;
+    /// clamped to 0..=1, 0 turns the advance off).
+    pub fn set_spin_share(&self, share: f64) {
+        self.tuning.set_spin_share(share);
     }
 
     /// Stops the POSIX timer, then takes the signal it sent, if any: after

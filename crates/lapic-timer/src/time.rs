@@ -28,14 +28,30 @@ pub struct MonotonicClock;
 
 impl Clock for MonotonicClock {
     fn now_ns(&self) -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the timespec we own.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+        clock_ns(libc::CLOCK_MONOTONIC)
     }
+}
+
+/// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`, a system call):
+/// what a spin cost, which a preemption in the middle of it does not add to.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadCpuClock;
+
+impl Clock for ThreadCpuClock {
+    fn now_ns(&self) -> u64 {
+        clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+    }
+}
+
+fn clock_ns(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own; both clocks exist on
+    // every Linux this crate builds for.
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The host TSC, converted to `CLOCK_MONOTONIC` nanoseconds with a calibrated
@@ -224,6 +240,20 @@ mod tests {
         let after = MonotonicClock.now_ns();
         let within = before.saturating_sub(1_000_000)..after + 1_000_000;
         assert!(within.contains(&now), "within 1 ms: {before} {now} {after}");
+    }
+
+    #[test]
+    fn thread_cpu_time_does_not_count_sleep() {
+        let (cpu0, wall0) = (ThreadCpuClock.now_ns(), MonotonicClock.now_ns());
+        std::thread::sleep(Duration::from_millis(20));
+        let (cpu, wall) = (
+            ThreadCpuClock.now_ns() - cpu0,
+            MonotonicClock.now_ns() - wall0,
+        );
+        assert!(
+            wall >= 20_000_000 && cpu < 10_000_000,
+            "cpu {cpu} ns of wall {wall} ns"
+        );
     }
 
     #[test]

@@ -65,7 +65,7 @@ fn the_signal_comes_to_the_thread_that_made_the_timer_never_before_its_time() {
     let sig = signal(1);
     mask(libc::SIG_BLOCK, sig);
     let stats = Arc::new(TimerStats::default());
-    let advance = Duration::from_micros(200);
+    let advance = Duration::from_micros(100);
     let mut timer = SignalTimer::new(Fixed(advance), stats.clone(), sig).unwrap();
     for _ in 0..20 {
         let deadline = MonotonicClock.now_ns() + 2_000_000;

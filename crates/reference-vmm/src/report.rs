@@ -71,7 +71,8 @@ pub struct VmStats {
     pub bus_lookup_ticks: u64,
     /// LAPIC timer expiries delivered by the userspace APIC.
     pub timer_expiries: u64,
-    /// Time vCPU threads spun to their timers' targets, ns (the advance's CPU).
+    /// CPU time vCPU threads spun to their timers' targets, ns (the
+    /// advance's CPU; a preemption in a spin does not count).
     pub timer_spin_ns: u64,
     /// The median of the userspace APIC's timer deliveries, from delivery
     /// start to the guest's interrupt entry, whole µs (`None`: none measured).

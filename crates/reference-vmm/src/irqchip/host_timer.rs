@@ -100,10 +100,10 @@ impl HostTimer {
     }
 
     /// Where delivery starts: learns and spins to `expiry`'s target.
-    pub(super) fn receive(&self, expiry: &Expiry) -> Duration {
+    pub(super) fn receive(&self, expiry: &Expiry) {
         match self {
             Self::Signal(t) => t.receive(expiry),
             Self::Thread(t) => t.receive(expiry),
-        }
+        };
     }
 }

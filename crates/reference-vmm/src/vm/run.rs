@@ -260,7 +260,7 @@ fn stats(shared: &VmShared, output_lost: u64) -> VmStats {
         bus_lookups: lookups.count.load(Relaxed),
         bus_lookup_ticks: lookups.ticks.load(Relaxed),
         timer_expiries: t.wakeups.load(Relaxed),
-        timer_spin_ns: t.spin_ns.load(Relaxed),
+        timer_spin_ns: t.spin_cpu_ns.load(Relaxed),
         timer_delivery_p50_us: shared.stats.delivery.median_us(),
         timer_start_p99_ns: p99_bucket_edge(&t.lateness_hist),
         tuned_window_ns: None,
