@@ -5,6 +5,7 @@ const WORD_BITS: u64 = 64;
 
 /// Why a bitmap operation was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BitmapError {
     /// A page number past the end of the slot.
     #[error("page {page} is outside a slot of {pages} pages")]

@@ -6,6 +6,7 @@ use crate::bitmap::BitmapError;
 /// harvest that fails part-way has merged what it read, and a ring entry that
 /// cannot be placed marks its whole slot dirty.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A KVM ioctl failed.
     #[error("{op} failed: {source}")]

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// The KVM ioctls the backends issue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Ioctl {
     /// `KVM_GET_DIRTY_LOG`.
     GetDirtyLog,
@@ -46,6 +47,7 @@ impl<E: DirtyEvents + ?Sized> DirtyEvents for std::sync::Arc<E> {
 
 /// Counters a VMM can read at any time.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct DirtyStats {
     /// Dirty pages found by harvests.
     pub pages_harvested: AtomicU64,

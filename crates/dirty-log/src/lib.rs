@@ -51,6 +51,15 @@ pub mod precopy;
 pub mod ring;
 pub mod slots;
 
+/// The kvm-ioctls whose `VmFd` and `VcpuFd` the KVM backends take, and the
+/// vm-memory whose `GuestMemoryMmap` [`Slots`] tracks. Name their types
+/// through these re-exports, or depend on the same versions (kvm-ioctls
+/// 0.25, vm-memory 0.18): another version's `VmFd` is another type. A new
+/// version of either is a new minor version of this crate (0.x).
+#[cfg(feature = "kvm")]
+pub use kvm_ioctls;
+pub use vm_memory;
+
 pub use bitmap::{BitmapError, DirtyBitmap, Runs};
 pub use error::Error;
 pub use events::{DirtyEvents, DirtyStats, Ioctl, NoEvents};

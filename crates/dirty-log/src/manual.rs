@@ -24,6 +24,7 @@ pub const CLEAR_ALIGN_PAGES: u64 = 64;
 
 /// How manual protect clears.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ManualConfig {
     /// Start with every page dirty and unprotected (`INITIALLY_SET`):
     /// enabling is O(1), and the first harvest's CLEAR protects lazily.

@@ -26,6 +26,7 @@ pub const RING_BYTES: u32 = 1 << 20;
 
 /// A way to track dirty pages, as measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mode {
     /// `KVM_GET_DIRTY_LOG`.
     Bitmap,
@@ -145,6 +146,7 @@ impl<B: VmmWrites + 'static> Tracker<B> {
 
 /// One mode's measurement: `dirty_log_perf_test`'s columns.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Row {
     /// The first pass over memory, before logging.
     pub populate: Duration,

@@ -19,6 +19,7 @@ pub use pipelined::copy_round_pipelined;
 
 /// Consecutive dirty pages of one slot, ready to copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CopyRun {
     /// The slot.
     pub slot: Slot,

@@ -29,6 +29,7 @@ pub const ENTRY_BYTES: u32 = std::mem::size_of::<DirtyGfn>() as u32;
 
 /// Which ring capability is in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RingMode {
     /// `KVM_CAP_DIRTY_LOG_RING_ACQ_REL`: flags are published with release and
     /// must be read with acquire (what the harvest does in both modes).
@@ -83,6 +84,7 @@ pub fn decode(entry: &DirtyGfn, slots: &[Slot]) -> Result<(usize, u64), EntryErr
 
 /// Why a ring entry names no tracked page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EntryError {
     /// An address space other than 0.
     AddressSpace,

@@ -77,10 +77,8 @@ fn setup(backend: Backend, writers: &[Writer]) -> Setup {
     let (mut log, ring, manual): (Box<dyn DirtyLog + Send>, _, _) = match backend {
         Backend::Bitmap => (Box::new(KvmBitmap::new(vm.vm.clone(), slots)), None, None),
         Backend::Manual { initially_set } => {
-            let config = ManualConfig {
-                initially_set,
-                ..ManualConfig::default()
-            };
+            let mut config = ManualConfig::default();
+            config.initially_set = initially_set;
             let log = KvmManualProtect::new(vm.vm.clone(), slots, config).unwrap();
             (Box::new(log), None, None)
         }
@@ -314,10 +312,8 @@ fn misuse_and_bad_configuration_are_errors_not_panics() {
         log.disable(),
         Err(dirty_log::Error::Enabled(false))
     ));
-    let bad_chunk = ManualConfig {
-        chunk_bytes: 100 << 10,
-        ..ManualConfig::default()
-    };
+    let mut bad_chunk = ManualConfig::default();
+    bad_chunk.chunk_bytes = 100 << 10;
     assert!(KvmManualProtect::new(vm.vm.clone(), slots(), bad_chunk).is_err());
     assert!(
         Slots::with_ids(&vm.memory, &[0]).is_err(),
@@ -357,10 +353,8 @@ fn misuse_that_would_lose_writes_is_a_named_error() {
     let e = bitmap.enable().unwrap_err();
     assert!(matches!(e, dirty_log::Error::NotRegistered), "{e}");
     assert!(e.to_string().contains("Slots::assume_registered"), "{e}");
-    let no_stall = ManualConfig {
-        max_stall: Duration::ZERO,
-        ..ManualConfig::default()
-    };
+    let mut no_stall = ManualConfig::default();
+    no_stall.max_stall = Duration::ZERO;
     let e = KvmManualProtect::new(vm.vm.clone(), vm.slots().unwrap(), no_stall).unwrap_err();
     assert!(e.to_string().contains("max_stall of 0"), "{e}");
     // A ring larger than the VM's, and a VM with none: touching the pages
@@ -424,11 +418,10 @@ fn a_slow_clear_shrinks_the_chunk_so_no_single_call_stalls_long() {
         return;
     }
     let vm = WriterVm::new(DATA_BYTES, false, |_| Ok(())).unwrap();
-    let config = ManualConfig {
-        initially_set: true,
-        chunk_bytes: 4 << 20,
-        max_stall: std::time::Duration::from_nanos(1),
-    };
+    let mut config = ManualConfig::default();
+    config.initially_set = true;
+    config.chunk_bytes = 4 << 20;
+    config.max_stall = std::time::Duration::from_nanos(1);
     let mut log = KvmManualProtect::new(vm.vm.clone(), vm.slots().unwrap(), config).unwrap();
     assert_eq!(log.chunk_pages(), 1024);
     log.enable().unwrap();

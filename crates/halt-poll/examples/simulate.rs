@@ -34,12 +34,16 @@ fn policies() -> Vec<(&'static str, Box<dyn PollPolicy>)> {
         ("Predictive", Box::new(Predictive::default())),
         (
             "Predictive, no latency slack",
-            Box::new(Predictive::new(PredictiveConfig {
-                latency_slack: 0.0,
-                ..Default::default()
-            })),
+            Box::new(Predictive::new(no_slack())),
         ),
     ]
+}
+
+/// `Predictive`'s settings with no latency slack: always the cheapest plan.
+fn no_slack() -> PredictiveConfig {
+    let mut config = PredictiveConfig::default();
+    config.latency_slack = 0.0;
+    config
 }
 
 fn main() {

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// The phase of a halt in which the wake-up was seen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum WokenDuring {
     /// During the hybrid sleep before polling (a timed block).
     Sleep,
@@ -17,6 +18,7 @@ pub enum WokenDuring {
 
 /// What happened during one halt: the input every policy learns from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HaltOutcome {
     /// Time from the start of the halt until the thread resumed (KVM's `halt_ns`).
     pub halt: Duration,
@@ -34,26 +36,44 @@ pub struct HaltOutcome {
 }
 
 impl HaltOutcome {
+    /// A valid, unpreempted halt of `halt` in all that slept `slept`, then
+    /// polled `polled`, and was woken during `woken`.
+    pub fn new(halt: Duration, slept: Duration, polled: Duration, woken: WokenDuring) -> Self {
+        Self {
+            halt,
+            slept,
+            polled,
+            woken,
+            valid: true,
+            preempted: false,
+        }
+    }
+
+    /// The same halt, woken by something that was not an event (KVM's
+    /// `!vcpu_valid_wakeup`).
+    pub fn spurious(self) -> Self {
+        Self {
+            valid: false,
+            ..self
+        }
+    }
+
+    /// The same halt, whose polling stopped early for another thread.
+    pub fn preempted(self) -> Self {
+        Self {
+            preempted: true,
+            ..self
+        }
+    }
+
     /// A halt woken `after` its start while polling.
     pub fn woken_while_polling(after: Duration) -> Self {
-        Self {
-            halt: after,
-            polled: after,
-            woken: WokenDuring::Poll,
-            valid: true,
-            ..Self::default()
-        }
+        Self::new(after, Duration::ZERO, after, WokenDuring::Poll)
     }
 
     /// A halt that polled for `polled`, then blocked until it resumed `halt` after its start.
     pub fn woken_after_blocking(polled: Duration, halt: Duration) -> Self {
-        Self {
-            halt,
-            polled,
-            woken: WokenDuring::Block,
-            valid: true,
-            ..Self::default()
-        }
+        Self::new(halt, Duration::ZERO, polled, WokenDuring::Block)
     }
 
     /// Whether the thread never blocked (KVM counts such a poll as successful).
@@ -69,6 +89,7 @@ impl HaltOutcome {
 
 /// What to do at the start of a halt: optionally sleep, then poll, then block.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PollPlan {
     /// Sleep this long first (hybrid polling); a wake-up ends the sleep early.
     pub sleep: Duration,
@@ -79,10 +100,12 @@ pub struct PollPlan {
 impl PollPlan {
     /// Poll for `window` from the start of the halt.
     pub fn poll(window: Duration) -> Self {
-        Self {
-            sleep: Duration::ZERO,
-            window,
-        }
+        Self::sleep_then_poll(Duration::ZERO, window)
+    }
+
+    /// Sleep for `sleep` (hybrid polling), then poll for `window`.
+    pub fn sleep_then_poll(sleep: Duration, window: Duration) -> Self {
+        Self { sleep, window }
     }
 
     /// The plan covering both: the shorter sleep and polling until the later end.

@@ -28,6 +28,7 @@ pub const DEFAULT_PREEMPT_GAP: Duration = Duration::from_micros(500);
 
 /// The result of one halt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Halt {
     /// The sources that fired (bit `i`: source `i`).
     pub events: Events,

@@ -59,6 +59,7 @@ const EAGER_SAMPLES: u32 = 32;
 
 /// Settings of [`Predictive`].
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct PredictiveConfig {
     /// Longest poll window.
     pub max_poll: Duration,

@@ -25,6 +25,7 @@ fn ns(d: Duration) -> u64 {
 /// `shrink` is 0), and 0 if that is below `grow_start`. The window is clamped to
 /// `max` when a halt starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvmGrowShrink {
     poll_ns: u64,
     /// `halt_poll_ns`, or the per-VM `KVM_CAP_HALT_POLL` value.
@@ -118,6 +119,7 @@ impl PollPolicy for KvmGrowShrink {
 /// `block_ns > guest_halt_poll_ns` and shrinking is allowed, shrink
 /// (`limit / shrink`, 0 if `shrink` is 0 or the result is below `grow_start`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GuestHaltpoll {
     limit_ns: u64,
     /// `guest_halt_poll_ns`.
@@ -184,6 +186,7 @@ impl PollPolicy for GuestHaltpoll {
 /// else if `ns < poll_max_ns && block_ns < poll_max_ns` grow (`ns * grow`,
 /// `grow` 0 meaning 2, or 4 µs from 0), capped at `poll_max_ns`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AioPoll {
     ns: u64,
     /// `poll-max-ns`.

@@ -49,6 +49,7 @@ impl LogHistogram {
 /// Counters with the names and meanings of KVM's vCPU binary stats, updated as
 /// `kvm_vcpu_halt` and `update_halt_poll_stats` update them.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct HaltStats {
     /// Halts that polled and never blocked.
     pub halt_successful_poll: AtomicU64,

@@ -59,9 +59,10 @@ fn without_latency_slack_memoryless_bimodal_wakes_miss_the_cpu_goal() {
     let trace = Trace::bimodal(20_000, 20, 2);
     let (kvm, predictive) = run(
         &trace,
-        PredictiveConfig {
-            latency_slack: 0.0,
-            ..Default::default()
+        {
+            let mut config = PredictiveConfig::default();
+            config.latency_slack = 0.0;
+            config
         },
     );
     assert!(predictive.mean_latency <= kvm.mean_latency);

@@ -170,11 +170,12 @@ fn vcpu_stats_describe_the_halt_counters_and_histograms() {
     assert_eq!((hist.kind, hist.size), (StatKind::LogHist, 32));
     assert_eq!(
         KvmHaltStats::read(&stats).unwrap(),
-        KvmHaltStats {
-            halt_poll_success_hist: vec![0; 32],
-            halt_poll_fail_hist: vec![0; 32],
-            halt_wait_hist: vec![0; 32],
-            ..KvmHaltStats::default()
+        {
+            let mut never_ran = KvmHaltStats::default();
+            never_ran.halt_poll_success_hist = vec![0; 32];
+            never_ran.halt_poll_fail_hist = vec![0; 32];
+            never_ran.halt_wait_hist = vec![0; 32];
+            never_ran
         },
         "a vCPU that never ran has not halted"
     );

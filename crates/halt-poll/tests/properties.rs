@@ -21,14 +21,21 @@ fn outcome() -> impl Strategy<Value = HaltOutcome> {
         any::<bool>(),
     )
         .prop_map(
-            |(halt, slept, polled, woken, valid, preempted)| HaltOutcome {
-                halt: Duration::from_nanos(halt),
-                slept: Duration::from_nanos(slept),
-                polled: Duration::from_nanos(polled),
-                woken: [WokenDuring::Sleep, WokenDuring::Poll, WokenDuring::Block]
-                    [usize::from(woken)],
-                valid,
-                preempted,
+            |(halt, slept, polled, woken, valid, preempted)| {
+                let phases = [WokenDuring::Sleep, WokenDuring::Poll, WokenDuring::Block];
+                let mut outcome = HaltOutcome::new(
+                    Duration::from_nanos(halt),
+                    Duration::from_nanos(slept),
+                    Duration::from_nanos(polled),
+                    phases[usize::from(woken)],
+                );
+                if !valid {
+                    outcome = outcome.spurious();
+                }
+                if preempted {
+                    outcome = outcome.preempted();
+                }
+                outcome
             },
         )
 }
@@ -59,7 +66,8 @@ proptest! {
         stays_within(GuestHaltpoll::new(), &outcomes, Duration::from_micros(200))?;
         stays_within(AioPoll::new(), &outcomes, Duration::from_nanos(32_768))?;
         stays_within(Predictive::default(), &outcomes, Duration::from_micros(500))?;
-        let config = PredictiveConfig { max_poll: Duration::from_micros(50), ..Default::default() };
+        let mut config = PredictiveConfig::default();
+        config.max_poll = Duration::from_micros(50);
         stays_within(Predictive::new(config), &outcomes, Duration::from_micros(50))?;
     }
 }
@@ -84,7 +92,7 @@ proptest! {
     /// after it), the halt returns with it.
     #[test]
     fn no_wakeup_is_lost(sleep_us in 0u64..300, window_us in 0u64..300, delay_us in 0u64..600) {
-        let plan = PollPlan { sleep: Duration::from_micros(sleep_us), window: Duration::from_micros(window_us) };
+        let plan = PollPlan::sleep_then_poll(Duration::from_micros(sleep_us), Duration::from_micros(window_us));
         let wake = Arc::new(FutexWake::new());
         let mut poller = HaltPoller::new(wake.clone(), Plan(plan));
         let waker = {

@@ -118,10 +118,7 @@ struct SleepThenPoll;
 
 impl PollPolicy for SleepThenPoll {
     fn plan(&self) -> halt_poll::PollPlan {
-        halt_poll::PollPlan {
-            sleep: Duration::from_micros(1800),
-            window: Duration::from_millis(500),
-        }
+        halt_poll::PollPlan::sleep_then_poll(Duration::from_micros(1800), Duration::from_millis(500))
     }
     fn window(&self) -> Duration {
         self.plan().window

@@ -19,18 +19,18 @@ fn recorded(text: &str) -> Vec<KvmHaltStats> {
             let v: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
             assert_eq!(v.len(), 7 + 3 * BUCKETS, "{line}");
             let hist = |i: usize| v[7 + i * BUCKETS..7 + (i + 1) * BUCKETS].to_vec();
-            KvmHaltStats {
-                halt_successful_poll: v[0],
-                halt_attempted_poll: v[1],
-                halt_poll_invalid: v[2],
-                halt_wakeup: v[3],
-                halt_poll_success_ns: v[4],
-                halt_poll_fail_ns: v[5],
-                halt_wait_ns: v[6],
-                halt_poll_success_hist: hist(0),
-                halt_poll_fail_hist: hist(1),
-                halt_wait_hist: hist(2),
-            }
+            let mut s = KvmHaltStats::default();
+            s.halt_successful_poll = v[0];
+            s.halt_attempted_poll = v[1];
+            s.halt_poll_invalid = v[2];
+            s.halt_wakeup = v[3];
+            s.halt_poll_success_ns = v[4];
+            s.halt_poll_fail_ns = v[5];
+            s.halt_wait_ns = v[6];
+            s.halt_poll_success_hist = hist(0);
+            s.halt_poll_fail_hist = hist(1);
+            s.halt_wait_hist = hist(2);
+            s
         })
         .collect()
 }

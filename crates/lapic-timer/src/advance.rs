@@ -9,6 +9,7 @@ use std::time::Duration;
 
 /// One host-timer wake-up, as the policies learn from it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Wakeup {
     /// The advance the timer was armed with.
     pub advance: Duration,
@@ -17,6 +18,12 @@ pub struct Wakeup {
 }
 
 impl Wakeup {
+    /// A wake-up `delta_ns` after the target (negative: before it) of a host
+    /// timer armed `advance` early.
+    pub fn new(advance: Duration, delta_ns: i64) -> Self {
+        Self { advance, delta_ns }
+    }
+
     /// What a deadline teaches: armed at `armed_ns` for `target_ns` with
     /// `advance`, its host timer woke at `woke_ns` (host ns). A host timer
     /// cannot fire before it is armed, so the advance it had is at most the
@@ -32,10 +39,10 @@ impl Wakeup {
     ) -> Option<Self> {
         let distance = target_ns.checked_sub(armed_ns).filter(|&d| d > 0)?;
         let delta_ns = i128::from(woke_ns) - i128::from(target_ns);
-        Some(Self {
-            advance: advance.min(Duration::from_nanos(distance)),
-            delta_ns: delta_ns.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64,
-        })
+        Some(Self::new(
+            advance.min(Duration::from_nanos(distance)),
+            delta_ns.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64,
+        ))
     }
 
     /// How late the host timer woke after the time it was armed for.
@@ -166,6 +173,7 @@ impl AdvancePolicy for KvmAdaptive {
 
 /// Settings of [`Percentile`].
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct PercentileConfig {
     /// Ns of spin that cost as much as one ns of lateness (λ). The advance is
     /// the `1 / (1 + λ)` quantile of the wake lateness: λ = 0.1 gives p91.

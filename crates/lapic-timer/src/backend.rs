@@ -36,6 +36,7 @@ pub const DEFAULT_SPIN_SHARE: f64 = 0.1;
 
 /// Where the expiry path busy-waits to the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SpinAt {
     /// On the timer thread, before it calls the sink.
     TimerThread,
@@ -52,6 +53,7 @@ pub enum SpinAt {
 /// instead often sleeps on the other CPU, which an idle host (or the
 /// hypervisor under it) may take long to wake.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TimerPlacement {
     /// Wherever the host's scheduler puts it.
     #[default]
@@ -67,6 +69,7 @@ pub enum TimerPlacement {
 
 /// A deadline whose time has come.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Expiry {
     /// What the deadline was armed with.
     pub payload: u64,

@@ -61,6 +61,7 @@ pub const HIST_BUCKETS: usize = 32;
 
 /// Counters and a log2 histogram of delivery lateness.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct TimerStats {
     /// Host-timer wake-ups.
     pub wakeups: AtomicU64,

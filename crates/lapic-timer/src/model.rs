@@ -39,6 +39,7 @@ const LVT_RESET: u32 = crate::registers::LVT_MASKED;
 /// A register access the timer refuses (the guest gets a #GP where it came
 /// through an MSR).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TimerError {
     /// The Current Count is read-only (an x2APIC write to it is a #GP).
     #[error("the {0:?} register is read-only")]
@@ -58,6 +59,7 @@ pub enum TimerError {
 
 /// The timer expired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Fired {
     /// The LVT Timer vector.
     pub vector: u8,

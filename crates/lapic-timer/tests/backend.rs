@@ -158,10 +158,9 @@ fn at_a_200_us_period_an_advance_at_its_cap_spins_at_most_its_share() {
 #[test]
 fn the_advance_forgets_a_stall_within_its_window_on_real_timers() {
     let (tx, rx) = mpsc::channel();
-    let policy = Percentile::new(PercentileConfig {
-        max_advance: Duration::from_millis(100),
-        ..Default::default()
-    });
+    let mut config = PercentileConfig::default();
+    config.max_advance = Duration::from_millis(100);
+    let policy = Percentile::new(config);
     let timer = TimerThread::start(policy, Forward(tx), NoEvents, SpinAt::Receiver).unwrap();
     // Returns at least the wake lateness the policy learned.
     let expire = |stall: Duration| {

@@ -40,7 +40,7 @@ proptest! {
     fn kvm_adaptive_stays_bounded(deltas in prop::collection::vec(any::<i64>(), 1..200), khz in 1u64..10_000_000) {
         let mut k = KvmAdaptive::new(khz);
         for d in deltas {
-            k.learn(&Wakeup { advance: k.advance(), delta_ns: d });
+            k.learn(&Wakeup::new(k.advance(), d));
             prop_assert!(k.advance() <= Duration::from_nanos(5_000));
         }
     }
@@ -48,9 +48,11 @@ proptest! {
     /// The own policy never advances beyond its cap.
     #[test]
     fn percentile_respects_its_cap(deltas in prop::collection::vec(-1_000_000i64..10_000_000, 1..300), cap_us in 0u64..1000) {
-        let mut p = Percentile::new(PercentileConfig { max_advance: Duration::from_micros(cap_us), ..Default::default() });
+        let mut config = PercentileConfig::default();
+        config.max_advance = Duration::from_micros(cap_us);
+        let mut p = Percentile::new(config);
         for d in deltas {
-            p.learn(&Wakeup { advance: p.advance(), delta_ns: d });
+            p.learn(&Wakeup::new(p.advance(), d));
             prop_assert!(p.advance() <= Duration::from_micros(cap_us));
         }
     }

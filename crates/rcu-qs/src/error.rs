@@ -4,6 +4,7 @@ use std::fmt;
 
 /// Why a call that waits for a grace period was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RcuError {
     /// The calling thread has an online [`Reader`](crate::Reader) of this domain,
     /// so a grace period would wait for the caller itself: a deadlock.

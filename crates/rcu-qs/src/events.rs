@@ -6,6 +6,7 @@ use std::time::Duration;
 
 /// One finished grace period.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GracePeriod {
     /// Time from starting the grace period to its end.
     pub wait: Duration,
@@ -45,6 +46,7 @@ impl<E: RcuEvents + ?Sized> RcuEvents for Arc<E> {
 
 /// Counters a VMM can read at any time, e.g. for its own metrics endpoint.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct RcuCounters {
     /// Grace periods completed.
     pub grace_periods: AtomicU64,

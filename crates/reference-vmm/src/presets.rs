@@ -122,10 +122,11 @@ impl HaltPoll {
     /// idle timer), the trade KVM's shrink rule refuses.
     pub fn timer_policy(self) -> Box<dyn PollPolicy + Send> {
         match self {
-            Self::Predictive | Self::Tuned => Box::new(Predictive::new(PredictiveConfig {
-                hybrid: false,
-                ..PredictiveConfig::default()
-            })),
+            Self::Predictive | Self::Tuned => {
+                let mut config = PredictiveConfig::default();
+                config.hybrid = false;
+                Box::new(Predictive::new(config))
+            }
             other => other.policy(),
         }
     }
@@ -175,11 +176,12 @@ impl TimerAdvance {
             Self::Fixed(d) => Box::new(Fixed(d)),
             Self::Kvm => Box::new(KvmAdaptive::new(tsc_khz)),
             Self::Percentile => Box::new(Percentile::default()),
-            Self::PercentileAt(q) => Box::new(Percentile::new(PercentileConfig {
+            Self::PercentileAt(q) => {
+                let mut config = PercentileConfig::default();
                 // It aims at the 1 / (1 + spin_weight) quantile.
-                spin_weight: 100.0 / f64::from(q) - 1.0,
-                ..PercentileConfig::default()
-            })),
+                config.spin_weight = 100.0 / f64::from(q) - 1.0;
+                Box::new(Percentile::new(config))
+            }
         }
     }
 }
@@ -391,7 +393,7 @@ impl Choices {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use halt_poll::HaltOutcome;
+    use halt_poll::{HaltOutcome, WokenDuring};
 
     #[test]
     fn each_wake_source_gets_its_own_halt_poll_choice() {
@@ -436,10 +438,12 @@ mod tests {
         let mut interrupts = presets.halt_poll(0, WakeSource::Interrupt);
         let mut timer = presets.halt_poll(0, WakeSource::Timer);
         // Regular 900 µs halts, each woken 10 µs into a poll after a sleep.
-        let outcome = HaltOutcome {
-            slept: Duration::from_micros(890),
-            ..HaltOutcome::woken_while_polling(Duration::from_micros(900))
-        };
+        let outcome = HaltOutcome::new(
+            Duration::from_micros(900),
+            Duration::from_micros(890),
+            Duration::from_micros(10),
+            WokenDuring::Poll,
+        );
         for _ in 0..200 {
             interrupts.learn(&outcome);
             timer.learn(&outcome);

@@ -39,11 +39,11 @@ const PLE_WINDOW: Duration = Duration::from_micros(2);
 
 /// Ten times the default budget: what the bound costs shows as the gap
 /// between `DirectedYield` under it and under this.
-const LOOSE: BoostBudget = BoostBudget {
-    max_boost: Duration::from_millis(10),
-    per_period: Duration::from_millis(20),
-    period: Duration::from_millis(10),
-};
+const LOOSE: BoostBudget = BoostBudget::new(
+    Duration::from_millis(10),
+    Duration::from_millis(20),
+    Duration::from_millis(10),
+);
 
 fn policies() -> Vec<(&'static str, Arc<dyn BoostPolicy>, BoostBudget)> {
     let default = BoostBudget::default();

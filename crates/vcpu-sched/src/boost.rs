@@ -41,6 +41,7 @@ use crate::thread::{ThreadControl, Tid, current_tid};
 
 /// How long and how much boosting is allowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BoostBudget {
     /// No boost lasts longer than this (plus the revoker's wake-up).
     pub max_boost: Duration,
@@ -50,14 +51,26 @@ pub struct BoostBudget {
     pub period: Duration,
 }
 
+impl BoostBudget {
+    /// Boosts of at most `max_boost`, and at most `per_period` of boost per
+    /// vCPU in each `period`.
+    pub const fn new(max_boost: Duration, per_period: Duration, period: Duration) -> Self {
+        Self {
+            max_boost,
+            per_period,
+            period,
+        }
+    }
+}
+
 impl Default for BoostBudget {
     /// At most 1 ms per boost, and 2 ms of boost per vCPU per 10 ms.
     fn default() -> Self {
-        Self {
-            max_boost: Duration::from_millis(1),
-            per_period: Duration::from_millis(2),
-            period: Duration::from_millis(10),
-        }
+        Self::new(
+            Duration::from_millis(1),
+            Duration::from_millis(2),
+            Duration::from_millis(10),
+        )
     }
 }
 

@@ -60,6 +60,7 @@ forward_events!(&E, std::sync::Arc<E>);
 
 /// Counters a VMM can read at any time.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct SchedStats {
     /// Boosts applied.
     pub boosts: AtomicU64,

@@ -28,6 +28,7 @@ mod ioctls {
 
 /// What went wrong talking to KVM.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KvmError {
     /// The window does not fit the capability's 32-bit nanoseconds.
     #[error("a halt-polling window of {0:?} does not fit KVM_CAP_HALT_POLL (at most 2^32-1 ns)")]
@@ -64,6 +65,7 @@ pub fn set_vm_halt_poll(vm: &VmFd, max: Duration) -> Result<(), KvmError> {
 
 /// What a statistic measures (`KVM_STATS_TYPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StatKind {
     /// A counter that only grows.
     Cumulative,
@@ -81,6 +83,7 @@ pub enum StatKind {
 
 /// One statistic's descriptor.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StatDesc {
     /// Its name, e.g. `halt_poll_success_ns`.
     pub name: String,
@@ -227,6 +230,7 @@ impl BinaryStats {
 
 /// A vCPU's halt-polling statistics, as KVM keeps them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvmHaltStats {
     /// Polls that caught the wake-up.
     pub halt_successful_poll: u64,

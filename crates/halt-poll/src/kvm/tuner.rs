@@ -48,6 +48,7 @@ use crate::stats::HIST_BUCKETS;
 
 /// Settings of a [`WindowTuner`].
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct TunerConfig {
     /// The longest window it sets.
     pub max_window: Duration,
