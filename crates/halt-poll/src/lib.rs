@@ -34,7 +34,7 @@
 //! let sender = std::thread::spawn(move || wake.wake(0));
 //! let halt = poller.halt(); // KVM_EXIT_HLT: poll or block until woken
 //! sender.join().unwrap();
-//! assert_eq!(halt.events, 1);
+//! assert_eq!(halt.fired, 1);
 //! assert!(matches!(halt.outcome.woken, WokenDuring::Poll | WokenDuring::Block));
 //! ```
 
@@ -42,6 +42,7 @@
 
 pub mod clock;
 mod contention;
+pub mod events;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
 #[cfg(feature = "kvm")]
@@ -53,6 +54,7 @@ pub mod presets;
 #[doc(hidden)]
 pub mod sim;
 pub mod stats;
+pub mod timer_slack;
 pub mod wake;
 
 /// The kvm-ioctls whose `VmFd` and `VcpuFd` the [`kvm`] module takes. Name
@@ -62,15 +64,17 @@ pub mod wake;
 #[cfg(feature = "kvm")]
 pub use kvm_ioctls;
 
-pub use clock::{Clock, FakeClock, MonotonicClock, set_timer_slack};
+pub use clock::{Clock, FakeClock, MonotonicClock};
+pub use events::{HaltEvents, NoEvents};
 pub use policy::{Fixed, HaltOutcome, Never, PollPlan, PollPolicy, WokenDuring};
 pub use poller::{Halt, HaltPoller};
 pub use predictive::{Predictive, PredictiveConfig};
 pub use presets::{AioPoll, GuestHaltpoll, KvmGrowShrink};
 #[doc(hidden)]
 pub use stats::TraceRecorder;
-pub use stats::{HaltEvents, HaltStats, LogHistogram, NoEvents};
-pub use wake::{EventFdWake, Events, FutexWake, MAX_SOURCES, WakeSource};
+pub use stats::{HaltStats, LogHistogram};
+pub use timer_slack::set_timer_slack;
+pub use wake::{EventFdWake, FutexWake, MAX_SOURCES, SourceSet, WakeSource};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::contention::RunDelayProbe;
+use crate::events::{HaltEvents, NoEvents};
 use crate::policy::{HaltOutcome, PollPlan, PollPolicy, WokenDuring};
-use crate::stats::{HaltEvents, NoEvents};
-use crate::wake::{Events, WakeSource};
+use crate::wake::{SourceSet, WakeSource};
 
 /// Polls between two clock readings.
 const SPINS_PER_CHECK: u32 = 16;
@@ -31,7 +31,7 @@ pub const DEFAULT_PREEMPT_GAP: Duration = Duration::from_micros(500);
 #[non_exhaustive]
 pub struct Halt {
     /// The sources that fired (bit `i`: source `i`).
-    pub events: Events,
+    pub fired: SourceSet,
     /// What happened, as the policies learned it.
     pub outcome: HaltOutcome,
 }
@@ -211,12 +211,15 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
         }
         outcome.halt = self.clock.now().saturating_sub(start);
         self.learn(&plan, &outcome, events);
-        Halt { events, outcome }
+        Halt {
+            fired: events,
+            outcome,
+        }
     }
 
     /// Polls for up to `window`: returns the events, the time polled, and whether
     /// the thread was preempted.
-    fn poll(&self, window: Duration) -> (Events, Duration, bool) {
+    fn poll(&self, window: Duration) -> (SourceSet, Duration, bool) {
         let start = self.clock.now();
         let (mut last, mut last_yield) = (start, start);
         loop {
@@ -244,7 +247,7 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
         }
     }
 
-    fn learn(&mut self, plan: &PollPlan, outcome: &HaltOutcome, events: Events) {
+    fn learn(&mut self, plan: &PollPlan, outcome: &HaltOutcome, events: SourceSet) {
         for (i, policy) in self.policies.iter_mut().enumerate() {
             if i < crate::MAX_SOURCES && events & (1 << i) != 0 {
                 policy.learn(outcome);
@@ -275,7 +278,7 @@ mod tests {
     }
 
     impl WakeSource for FiresAt<'_> {
-        fn take(&self) -> Events {
+        fn take(&self) -> SourceSet {
             if !self.fired.get() && self.clock.now() >= self.at {
                 self.fired.set(true);
                 return self.fire;
@@ -283,7 +286,7 @@ mod tests {
             0
         }
 
-        fn wait(&self, timeout: Option<Duration>) -> Events {
+        fn wait(&self, timeout: Option<Duration>) -> SourceSet {
             let now = self.clock.now();
             match timeout {
                 Some(t) if now + t < self.at => {
@@ -309,10 +312,10 @@ mod tests {
 
     #[test]
     fn a_wake_inside_the_window_is_caught_while_polling() {
-        let clock = FakeClock::new(Duration::from_nanos(50));
+        let clock = FakeClock::default().with_step(Duration::from_nanos(50));
         let mut p = HaltPoller::new(source(&clock, 20 * US, 1), Fixed(100 * US)).with_clock(&clock);
         let halt = p.halt();
-        assert_eq!(halt.events, 1);
+        assert_eq!(halt.fired, 1);
         assert_eq!(halt.outcome.woken, WokenDuring::Poll);
         assert!(
             halt.outcome.polled >= 19 * US && halt.outcome.polled < 25 * US,
@@ -322,29 +325,29 @@ mod tests {
 
     #[test]
     fn a_wake_after_the_window_is_caught_after_blocking() {
-        let clock = FakeClock::new(Duration::from_nanos(50));
+        let clock = FakeClock::default().with_step(Duration::from_nanos(50));
         let mut p =
             HaltPoller::new(source(&clock, 300 * US, 1), Fixed(100 * US)).with_clock(&clock);
         let halt = p.halt();
-        assert_eq!((halt.events, halt.outcome.woken), (1, WokenDuring::Block));
+        assert_eq!((halt.fired, halt.outcome.woken), (1, WokenDuring::Block));
         assert!(halt.outcome.polled >= 100 * US && halt.outcome.polled < 102 * US);
         assert!(halt.outcome.halt >= 300 * US);
     }
 
     #[test]
     fn a_pending_wake_returns_at_once_and_a_zero_window_blocks() {
-        let clock = FakeClock::new(Duration::from_nanos(1));
+        let clock = FakeClock::default().with_step(Duration::from_nanos(1));
         let mut p = HaltPoller::new(source(&clock, Duration::ZERO, 1), Never).with_clock(&clock);
         let halt = p.halt();
         assert_eq!(
-            (halt.events, halt.outcome.polled, halt.outcome.woken),
+            (halt.fired, halt.outcome.polled, halt.outcome.woken),
             (1, Duration::ZERO, WokenDuring::Poll)
         );
     }
 
     #[test]
     fn a_clock_gap_while_polling_is_a_preemption() {
-        let clock = FakeClock::new(600 * US); // every reading jumps 600 µs: preempted
+        let clock = FakeClock::default().with_step(600 * US); // every reading jumps 600 µs: preempted
         let mut p =
             HaltPoller::new(source(&clock, 100_000 * US, 1), Fixed(10_000 * US)).with_clock(&clock);
         let halt = p.halt();
@@ -367,20 +370,20 @@ mod tests {
             }
             fn learn(&mut self, _: &HaltOutcome) {}
         }
-        let clock = FakeClock::new(Duration::from_nanos(50));
+        let clock = FakeClock::default().with_step(Duration::from_nanos(50));
         let mut p = HaltPoller::new(source(&clock, 100 * US, 1), Hybrid).with_clock(&clock);
         let o = p.halt().outcome;
         assert_eq!(o.woken, WokenDuring::Poll);
         assert!(o.slept >= 80 * US && o.slept < 81 * US, "{o:?}");
         assert!(o.polled >= 19 * US && o.polled < 22 * US, "{o:?}");
-        let clock = FakeClock::new(Duration::from_nanos(50));
+        let clock = FakeClock::default().with_step(Duration::from_nanos(50));
         let mut p = HaltPoller::new(source(&clock, 30 * US, 1), Hybrid).with_clock(&clock);
         assert_eq!(p.halt().outcome.woken, WokenDuring::Sleep);
     }
 
     #[test]
     fn only_the_sources_that_fired_learn() {
-        let clock = FakeClock::new(Duration::from_nanos(50));
+        let clock = FakeClock::default().with_step(Duration::from_nanos(50));
         // Source 1 fires at 50 µs; source 0 never does.
         let policies = vec![KvmGrowShrink::new(), KvmGrowShrink::new()];
         let mut p =
@@ -402,7 +405,7 @@ mod tests {
         let wake = Arc::new(FutexWake::new());
         let mut p = HaltPoller::new(wake.clone(), Fixed(50 * US)).with_events(stats.clone());
         wake.wake(0);
-        assert_eq!(p.halt().events, 1);
+        assert_eq!(p.halt().fired, 1);
         assert_eq!(stats.halt_attempted_poll.load(Relaxed), 1);
         assert_eq!(stats.halt_successful_poll.load(Relaxed), 1);
         assert!(p.source().take() == 0);

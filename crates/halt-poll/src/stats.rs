@@ -1,29 +1,12 @@
-//! Statistics, under the names of KVM's binary stats, through an events trait.
+//! Statistics, under the names of KVM's binary stats, as [`HaltEvents`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::events::HaltEvents;
 use crate::policy::{HaltOutcome, PollPlan, WokenDuring};
 use crate::sim::Trace;
-
-/// Receives every finished halt. The default does nothing.
-pub trait HaltEvents {
-    /// A halt carried out `plan` and ended as `outcome`.
-    fn halted(&self, _plan: &PollPlan, _outcome: &HaltOutcome) {}
-}
-
-/// No statistics, at no cost.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NoEvents;
-
-impl HaltEvents for NoEvents {}
-
-impl<E: HaltEvents + ?Sized> HaltEvents for Arc<E> {
-    fn halted(&self, plan: &PollPlan, outcome: &HaltOutcome) {
-        (**self).halted(plan, outcome)
-    }
-}
 
 /// Buckets of a log2 histogram, as KVM's.
 pub const HIST_BUCKETS: usize = 32;

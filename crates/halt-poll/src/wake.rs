@@ -1,8 +1,8 @@
 //! Wake sources: how a halted thread learns that an event arrived, by polling
 //! (cheap, repeated) or by blocking.
 //!
-//! Events carry the index of their source as a bit, so a poller can keep one
-//! window per source.
+//! A wake-up carries the index of its source as a bit (a [`SourceSet`]), so
+//! a poller can keep one window per source.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -12,40 +12,40 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 /// Bit `i` set: source `i` fired.
-pub type Events = u64;
+pub type SourceSet = u64;
 
 /// How many sources one [`WakeSource`] can tell apart: one per bit of
-/// [`Events`]. Sources are numbered `0..MAX_SOURCES` (`usize`, as the
+/// [`SourceSet`]. Sources are numbered `0..MAX_SOURCES` (`usize`, as the
 /// policies of [`HaltPoller::with_policies`](crate::HaltPoller::with_policies)
 /// are indexed).
-pub const MAX_SOURCES: usize = Events::BITS as usize;
+pub const MAX_SOURCES: usize = SourceSet::BITS as usize;
 
 /// Where a halted thread's wake-ups come from.
 pub trait WakeSource {
     /// Takes the events that fired since the last call, without blocking; 0 if
     /// none. Called in the poll loop, so it must be cheap.
-    fn take(&self) -> Events;
+    fn take(&self) -> SourceSet;
 
     /// Blocks until an event fires or `timeout` (if any) passes; takes the events.
-    fn wait(&self, timeout: Option<Duration>) -> Events;
+    fn wait(&self, timeout: Option<Duration>) -> SourceSet;
 }
 
 impl<W: WakeSource + ?Sized> WakeSource for &W {
-    fn take(&self) -> Events {
+    fn take(&self) -> SourceSet {
         (**self).take()
     }
 
-    fn wait(&self, timeout: Option<Duration>) -> Events {
+    fn wait(&self, timeout: Option<Duration>) -> SourceSet {
         (**self).wait(timeout)
     }
 }
 
 impl<W: WakeSource + ?Sized> WakeSource for std::sync::Arc<W> {
-    fn take(&self) -> Events {
+    fn take(&self) -> SourceSet {
         (**self).take()
     }
 
-    fn wait(&self, timeout: Option<Duration>) -> Events {
+    fn wait(&self, timeout: Option<Duration>) -> SourceSet {
         (**self).wait(timeout)
     }
 }
@@ -85,7 +85,7 @@ impl FutexWake {
 
 impl WakeSource for FutexWake {
     #[inline]
-    fn take(&self) -> Events {
+    fn take(&self) -> SourceSet {
         if self.pending.load(SeqCst) == 0 {
             0
         } else {
@@ -93,7 +93,7 @@ impl WakeSource for FutexWake {
         }
     }
 
-    fn wait(&self, timeout: Option<Duration>) -> Events {
+    fn wait(&self, timeout: Option<Duration>) -> SourceSet {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             self.sleeping.store(SLEEPING, SeqCst);
@@ -179,7 +179,7 @@ impl EventFdWake {
         fd.try_clone()
     }
 
-    fn ppoll(&self, timeout: Option<Duration>) -> Events {
+    fn ppoll(&self, timeout: Option<Duration>) -> SourceSet {
         let mut pfds: Vec<libc::pollfd> = self
             .fds
             .iter()
@@ -222,11 +222,11 @@ impl EventFdWake {
 }
 
 impl WakeSource for EventFdWake {
-    fn take(&self) -> Events {
+    fn take(&self) -> SourceSet {
         self.ppoll(Some(Duration::ZERO))
     }
 
-    fn wait(&self, timeout: Option<Duration>) -> Events {
+    fn wait(&self, timeout: Option<Duration>) -> SourceSet {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let remaining = deadline.map(|d| d.saturating_duration_since(Instant::now()));

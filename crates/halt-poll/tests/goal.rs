@@ -57,14 +57,11 @@ fn without_latency_slack_memoryless_bimodal_wakes_miss_the_cpu_goal() {
     // The negative control for the slack: with the cheapest plan only, the
     // window that catches the short wakes is paid on every long one.
     let trace = Trace::bimodal(20_000, 20, 2);
-    let (kvm, predictive) = run(
-        &trace,
-        {
-            let mut config = PredictiveConfig::default();
-            config.latency_slack = 0.0;
-            config
-        },
-    );
+    let (kvm, predictive) = run(&trace, {
+        let mut config = PredictiveConfig::default();
+        config.latency_slack = 0.0;
+        config
+    });
     assert!(predictive.mean_latency <= kvm.mean_latency);
     assert!(
         predictive.wasted_cpu.as_nanos() * 2 > kvm.wasted_cpu.as_nanos(),

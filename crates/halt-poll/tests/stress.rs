@@ -53,7 +53,7 @@ where
     let policies = (0..WAKERS).map(|_| policy()).collect();
     let mut poller = HaltPoller::with_policies(source, policies);
     while acked.iter().any(|a| a.load(SeqCst) < WAKES) {
-        let events = poller.halt().events;
+        let events = poller.halt().fired;
         for (i, a) in acked.iter().enumerate() {
             if events & (1 << i) != 0 {
                 a.fetch_add(1, SeqCst);
@@ -118,7 +118,10 @@ struct SleepThenPoll;
 
 impl PollPolicy for SleepThenPoll {
     fn plan(&self) -> halt_poll::PollPlan {
-        halt_poll::PollPlan::sleep_then_poll(Duration::from_micros(1800), Duration::from_millis(500))
+        halt_poll::PollPlan::sleep_then_poll(
+            Duration::from_micros(1800),
+            Duration::from_millis(500),
+        )
     }
     fn window(&self) -> Duration {
         self.plan().window

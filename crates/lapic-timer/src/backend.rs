@@ -24,8 +24,9 @@ use std::time::Duration;
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
 use crate::advance::{AdvancePolicy, Wakeup};
+use crate::clock::{Clock, MonotonicClock};
 use crate::events::{Spin, TimerEvents};
-use crate::time::{Clock, MonotonicClock, ThreadCpuClock};
+use crate::time::ThreadCpuClock;
 
 /// The largest share of the time from arming a deadline to its target that
 /// its advance may take (and so its spin): at a 200 µs period, KVM's
@@ -562,7 +563,7 @@ impl<S: TimerSink> Worker<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::FakeClock;
+    use crate::clock::FakeClock;
 
     #[test]
     fn a_timer_closer_than_its_advance_teaches_the_distance_it_was_armed_at() {
@@ -594,9 +595,9 @@ mod tests {
     struct Stepping(FakeClock, Duration);
 
     impl Clock for Stepping {
-        fn now_ns(&self) -> u64 {
+        fn now(&self) -> Duration {
             self.0.advance(self.1);
-            self.0.now_ns()
+            self.0.now()
         }
     }
 
@@ -611,8 +612,10 @@ mod tests {
             max_spin: Duration::from_micros(5),
         };
         let us = Duration::from_micros;
-        let wall = |e: &Expiry, clock: &Stepping| e.spin(clock, &FakeClock::at(0)).wall;
-        let still = FakeClock::at(1_000);
+        let wall = |e: &Expiry, clock: &Stepping| {
+            e.spin(clock, &FakeClock::at(Duration::from_nanos(0))).wall
+        };
+        let still = FakeClock::at(Duration::from_nanos(1_000));
         assert_eq!(
             e.spin(&still, &still),
             Spin::default(),
@@ -623,7 +626,10 @@ mod tests {
             ..e
         };
         assert_eq!(
-            wall(&near, &Stepping(FakeClock::at(0), us(1))),
+            wall(
+                &near,
+                &Stepping(FakeClock::at(Duration::from_nanos(0)), us(1))
+            ),
             us(3),
             "to the target"
         );
@@ -632,15 +638,21 @@ mod tests {
             ..e
         };
         assert_eq!(
-            wall(&far, &Stepping(FakeClock::at(0), us(1))),
+            wall(
+                &far,
+                &Stepping(FakeClock::at(Duration::from_nanos(0)), us(1))
+            ),
             us(5),
             "cut at max_spin"
         );
         // A host stall in the middle of a spin (the thread preempted for 1 ms):
         // the spin ends at the first reading past its bound, not later, and
         // its wall time counts the stall while its CPU time does not.
-        let preempted = Stepping(FakeClock::at(0), Duration::from_millis(1));
-        let cpu = Stepping(FakeClock::at(0), us(2));
+        let preempted = Stepping(
+            FakeClock::at(Duration::from_nanos(0)),
+            Duration::from_millis(1),
+        );
+        let cpu = Stepping(FakeClock::at(Duration::from_nanos(0)), us(2));
         assert_eq!(far.spin(&preempted, &cpu), Spin::new(us(1000), us(2)));
     }
 

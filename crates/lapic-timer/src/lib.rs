@@ -59,6 +59,7 @@
 
 pub mod advance;
 pub mod backend;
+pub mod clock;
 pub mod events;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
@@ -76,12 +77,13 @@ pub use advance::{
 pub use backend::{
     DEFAULT_SPIN_SHARE, Expiry, NoSink, SpinAt, TimerPlacement, TimerSink, TimerThread,
 };
+pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use events::{NoEvents, Spin, TimerEvents, TimerStats};
 pub use lead::DeliveryLead;
 pub use model::{Fired, KVM_MIN_TIMER_PERIOD_NS, LapicTimer, LapicTimerState, TimerError};
 pub use registers::{LvtTimer, TimerMode, TimerRegister};
 pub use signal::SignalTimer;
-pub use time::{Clock, FakeClock, GuestTime, MonotonicClock, ThreadCpuClock, TscClock};
+pub use time::{GuestTime, ThreadCpuClock, TscClock};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -34,8 +34,8 @@ use std::time::Duration;
 
 use crate::advance::AdvancePolicy;
 use crate::backend::{Armed, Expiry, Tuning, itimerspec_at};
+use crate::clock::{Clock, MonotonicClock};
 use crate::events::{Spin, TimerEvents};
-use crate::time::{Clock, MonotonicClock};
 
 /// One deadline at a time, signalled to the thread that made the timer.
 pub struct SignalTimer {

@@ -1,36 +1,10 @@
-//! Time: clocks, and the guest's TSC as a function of host time.
+//! Time: the host TSC and the thread's CPU time as clocks, and the guest's
+//! TSC as a function of host time.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// A monotonic clock in nanoseconds (CLOCK_MONOTONIC's time base).
-pub trait Clock {
-    /// Now, in ns.
-    fn now_ns(&self) -> u64;
-}
-
-impl<C: Clock + ?Sized> Clock for &C {
-    fn now_ns(&self) -> u64 {
-        (**self).now_ns()
-    }
-}
-
-impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
-    fn now_ns(&self) -> u64 {
-        (**self).now_ns()
-    }
-}
-
-/// `CLOCK_MONOTONIC` (about 20 ns a reading here).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MonotonicClock;
-
-impl Clock for MonotonicClock {
-    fn now_ns(&self) -> u64 {
-        clock_ns(libc::CLOCK_MONOTONIC)
-    }
-}
+use crate::clock::{Clock, MonotonicClock};
 
 /// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`, a system call):
 /// what a spin cost, which a preemption in the middle of it does not add to.
@@ -38,20 +12,16 @@ impl Clock for MonotonicClock {
 pub struct ThreadCpuClock;
 
 impl Clock for ThreadCpuClock {
-    fn now_ns(&self) -> u64 {
-        clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+    fn now(&self) -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec we own; the clock exists
+        // on every Linux this crate builds for.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
     }
-}
-
-fn clock_ns(id: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we own; both clocks exist on
-    // every Linux this crate builds for.
-    unsafe { libc::clock_gettime(id, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The host TSC, converted to `CLOCK_MONOTONIC` nanoseconds with a calibrated
@@ -125,36 +95,9 @@ fn paired_read() -> (u64, u64) {
 }
 
 impl Clock for TscClock {
-    fn now_ns(&self) -> u64 {
+    fn now(&self) -> Duration {
         let ticks = rdtsc().wrapping_sub(self.tsc0) as i64 as f64;
-        (self.ns0 as f64 + ticks / self.ticks_per_ns) as u64
-    }
-}
-
-/// A clock for tests: it stands still until told to move.
-#[derive(Debug, Default)]
-pub struct FakeClock(AtomicU64);
-
-impl FakeClock {
-    /// A clock at `ns`.
-    pub fn at(ns: u64) -> Self {
-        Self(AtomicU64::new(ns))
-    }
-
-    /// Moves it forward.
-    pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
-    }
-
-    /// Sets it.
-    pub fn set(&self, ns: u64) {
-        self.0.store(ns, Ordering::SeqCst);
-    }
-}
-
-impl Clock for FakeClock {
-    fn now_ns(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        Duration::from_nanos((self.ns0 as f64 + ticks / self.ticks_per_ns) as u64)
     }
 }
 
@@ -254,15 +197,5 @@ mod tests {
             wall >= 20_000_000 && cpu < 10_000_000,
             "cpu {cpu} ns of wall {wall} ns"
         );
-    }
-
-    #[test]
-    fn fake_clock_moves_only_when_told() {
-        let c = FakeClock::at(5);
-        assert_eq!(c.now_ns(), 5);
-        c.advance(Duration::from_nanos(10));
-        assert_eq!(Clock::now_ns(&&c), 15, "through &C too");
-        c.set(1);
-        assert_eq!(c.now_ns(), 1);
     }
 }

@@ -106,7 +106,8 @@ impl GuestView for Pending {
 
 /// The vCPU scheduling of a VM here: `FifoBoost` boosts, counted in
 /// [`SchedStats`], with [`Pending`] as the guest view.
-pub type VmScheduler = Scheduler<Booster<FifoBoost, Arc<SchedStats>>, Arc<Pending>>;
+pub type VmScheduler =
+    Scheduler<Box<dyn BoostPolicy>, Booster<FifoBoost, Arc<SchedStats>>, Arc<Pending>>;
 
 /// Counters of what delivery did.
 #[derive(Debug, Default)]

@@ -60,8 +60,13 @@ fn policies() -> Vec<(&'static str, Arc<dyn BoostPolicy>, BoostBudget)> {
     ]
 }
 
+/// The policy under test (chosen per run), real boosts counted, and the
+/// pending interrupts as the guest view.
+type VmScheduler =
+    Scheduler<Arc<dyn BoostPolicy>, Booster<FifoBoost, Arc<SchedStats>>, Arc<Pending>>;
+
 struct Vm {
-    sched: Scheduler<Booster<FifoBoost, Arc<SchedStats>>, Arc<Pending>>,
+    sched: VmScheduler,
     pending: Arc<Pending>,
     acks: AtomicUsize,
     stop: AtomicBool,

@@ -162,7 +162,7 @@ impl<T: ThreadControl + 'static, E: SchedEvents + 'static> Booster<T, E> {
     /// If the revoker thread cannot be spawned (the system is out of threads).
     pub fn with_events(vcpus: usize, control: T, events: E) -> Self {
         let revokers = control.revokers().max(1);
-        let mut booster = Booster::build(vcpus, control, events, MonotonicClock::new(), revokers);
+        let mut booster = Booster::build(vcpus, control, events, MonotonicClock, revokers);
         for which in 0..revokers {
             let stop = Arc::new(StdAtomicBool::new(false));
             let (shared, flag) = (booster.shared.clone(), stop.clone());

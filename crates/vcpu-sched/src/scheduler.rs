@@ -26,22 +26,29 @@ use crate::thread::{FifoBoost, ThreadControl};
 /// Indices at or past [`vcpus`](Self::vcpus) are ignored by the event
 /// methods (a guest can name a vCPU that does not exist), and
 /// [`state`](Self::state) panics on them as slice indexing does.
-pub struct Scheduler<B: Boost = Booster<FifoBoost>, G: GuestView = NoGuestView> {
+///
+/// Generic over its [`BoostPolicy`] as `HaltPoller` is over its poll policy:
+/// a VMM that picks the policy at run time names `Box<dyn BoostPolicy>`.
+pub struct Scheduler<
+    P: BoostPolicy = Box<dyn BoostPolicy>,
+    B: Boost = Booster<FifoBoost>,
+    G: GuestView = NoGuestView,
+> {
     states: Box<[VcpuState]>,
     booster: B,
-    policy: Box<dyn BoostPolicy>,
+    policy: P,
     last_boosted: AtomicUsize,
     guest: G,
 }
 
-impl<B: Boost, G: GuestView> Scheduler<B, G> {
+impl<P: BoostPolicy, B: Boost, G: GuestView> Scheduler<P, B, G> {
     /// Scheduling for `vcpus` vCPUs with `policy`, boosting through
     /// `booster`, and `guest` to tell which blocked vCPUs would run.
-    pub fn new(vcpus: usize, policy: impl BoostPolicy + 'static, booster: B, guest: G) -> Self {
+    pub fn new(vcpus: usize, policy: P, booster: B, guest: G) -> Self {
         Self {
             states: (0..vcpus).map(|_| VcpuState::new()).collect(),
             booster,
-            policy: Box::new(policy),
+            policy,
             last_boosted: AtomicUsize::new(0),
             guest,
         }
@@ -131,14 +138,18 @@ impl<B: Boost, G: GuestView> Scheduler<B, G> {
     }
 }
 
-impl<T: ThreadControl, E: SchedEvents, G: GuestView> Scheduler<Booster<T, E>, G> {
+impl<P: BoostPolicy, T: ThreadControl, E: SchedEvents, G: GuestView>
+    Scheduler<P, Booster<T, E>, G>
+{
     /// The booster's events: what it and the policy did.
     pub fn events(&self) -> &E {
         self.booster.events()
     }
 }
 
-impl<B: Boost + std::fmt::Debug, G: GuestView> std::fmt::Debug for Scheduler<B, G> {
+impl<P: BoostPolicy, B: Boost + std::fmt::Debug, G: GuestView> std::fmt::Debug
+    for Scheduler<P, B, G>
+{
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scheduler")
             .field("states", &self.states)

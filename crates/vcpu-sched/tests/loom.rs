@@ -50,7 +50,7 @@ impl SchedEvents for Counts {
 }
 
 struct Vm {
-    sched: Scheduler<Booster<Fake>>,
+    sched: Scheduler<NoBoost, Booster<Fake>>,
 }
 
 impl Vm {
@@ -124,10 +124,11 @@ fn a_revocation_racing_with_a_boost_leaves_nothing_boosted() {
         let clock = std::sync::Arc::new(FakeClock::default());
         let booster = Arc::new(
             Booster::manual(2, Fake::default(), Counts::default(), clock.clone()).with_budget(
-                BoostBudget {
-                    max_boost: std::time::Duration::ZERO,
-                    ..BoostBudget::default()
-                },
+                BoostBudget::new(
+                    std::time::Duration::ZERO,
+                    BoostBudget::default().per_period,
+                    BoostBudget::default().period,
+                ),
             ),
         );
         booster.register(1, 101);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use halt_poll::{Events, FutexWake, WakeSource};
+use halt_poll::{FutexWake, SourceSet, WakeSource};
 use lapic_timer::{Clock, MonotonicClock};
 
 /// No timer armed.
@@ -18,7 +18,7 @@ const NONE: u64 = u64::MAX;
 /// time it arms or disarms the timer).
 pub(super) struct TimerWake {
     futex: Arc<FutexWake>,
-    timer_bit: Events,
+    timer_bit: SourceSet,
     due_ns: AtomicU64,
 }
 
@@ -38,7 +38,7 @@ impl TimerWake {
     }
 
     /// The timer bit if the timer is due by now.
-    fn due(&self) -> Events {
+    fn due(&self) -> SourceSet {
         match self.due_ns.load(Relaxed) {
             NONE => 0,
             at if MonotonicClock.now_ns() >= at => self.timer_bit,
@@ -48,14 +48,14 @@ impl TimerWake {
 }
 
 impl WakeSource for TimerWake {
-    fn take(&self) -> Events {
+    fn take(&self) -> SourceSet {
         self.futex.take() | self.due()
     }
 
     /// A wait, timed (a hybrid policy's sleep) or not (a block), ends by the
     /// deadline: a timer thread's wake-up comes before it (by its advance)
     /// unless that thread is late, and a signal timer's is blocked here.
-    fn wait(&self, timeout: Option<Duration>) -> Events {
+    fn wait(&self, timeout: Option<Duration>) -> SourceSet {
         let until_due = match self.due_ns.load(Relaxed) {
             NONE => None,
             at => Some(Duration::from_nanos(
