@@ -25,12 +25,16 @@ use hogs::Hogs;
 // And its RESULTS.md writer.
 #[path = "support/results.rs"]
 mod results;
+// And the simulator's trace recorder.
+#[path = "../sim/mod.rs"]
+mod sim;
+use sim::TraceRecorder;
 
 use std::fmt::Write as _;
 
 use halt_poll::{
     AioPoll, Fixed, FutexWake, GuestHaltpoll, HaltEvents, HaltPoller, HaltStats, KvmGrowShrink,
-    Never, NoEvents, PollPolicy, Predictive, TraceRecorder, set_timer_slack,
+    Never, NoEvents, PollPolicy, Predictive, set_timer_slack,
 };
 
 /// Makes a fresh policy for each thread of a run.

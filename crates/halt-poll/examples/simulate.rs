@@ -12,10 +12,12 @@ use std::path::Path;
 #[path = "support/results.rs"]
 mod results;
 
-use halt_poll::sim::{SimParams, SimResult, Trace, oracle, simulate, table};
+#[path = "../sim/mod.rs"]
+mod sim;
 use halt_poll::{
     AioPoll, Fixed, GuestHaltpoll, KvmGrowShrink, Never, PollPolicy, Predictive, PredictiveConfig,
 };
+use sim::{SimParams, SimResult, Trace, oracle, simulate, table};
 
 fn policies() -> Vec<(&'static str, Box<dyn PollPolicy>)> {
     vec![

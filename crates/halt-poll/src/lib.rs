@@ -51,8 +51,13 @@ pub mod policy;
 pub mod poller;
 pub mod predictive;
 pub mod presets;
-#[doc(hidden)]
-pub mod sim;
+/// The simulator (`sim/`, not part of the library) for the unit tests and
+/// the fuzz target's invariants, naming this crate as its other users do.
+#[cfg(any(test, feature = "fuzzing"))]
+#[path = "../sim/mod.rs"]
+mod sim;
+#[cfg(any(test, feature = "fuzzing"))]
+extern crate self as halt_poll;
 pub mod stats;
 pub mod timer_slack;
 pub mod wake;
@@ -70,8 +75,6 @@ pub use policy::{Fixed, HaltOutcome, Never, PollPlan, PollPolicy, WokenDuring};
 pub use poller::{Halt, HaltPoller};
 pub use predictive::{Predictive, PredictiveConfig};
 pub use presets::{AioPoll, GuestHaltpoll, KvmGrowShrink};
-#[doc(hidden)]
-pub use stats::TraceRecorder;
 pub use stats::{HaltStats, LogHistogram};
 pub use timer_slack::set_timer_slack;
 pub use wake::{EventFdWake, FutexWake, MAX_SOURCES, SourceSet, WakeSource};

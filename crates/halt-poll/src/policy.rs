@@ -4,7 +4,6 @@ use std::time::Duration;
 
 /// The phase of a halt in which the wake-up was seen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum WokenDuring {
     /// During the hybrid sleep before polling (a timed block).
     Sleep,

@@ -1,12 +1,10 @@
 //! Statistics, under the names of KVM's binary stats, as [`HaltEvents`].
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::events::HaltEvents;
 use crate::policy::{HaltOutcome, PollPlan, WokenDuring};
-use crate::sim::Trace;
 
 /// Buckets of a log2 histogram, as KVM's.
 pub const HIST_BUCKETS: usize = 32;
@@ -86,62 +84,6 @@ impl HaltEvents for HaltStats {
     }
 }
 
-/// Records each halt's wake time, to replay real runs in the simulator.
-///
-/// A halt woken while polling gives its wake time exactly; one woken from a
-/// block resumed `block_latency` after its wake, which is subtracted (but the
-/// wake is never put before the end of the poll window). Only the first
-/// `limit` halts are kept. Hidden from the docs, as the simulator is.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct TraceRecorder {
-    block_latency: Duration,
-    limit: usize,
-    wakes: Mutex<Vec<Duration>>,
-}
-
-impl TraceRecorder {
-    /// A recorder of up to `limit` halts, assuming a blocked thread resumes
-    /// `block_latency` after its wake.
-    pub fn new(block_latency: Duration, limit: usize) -> Self {
-        Self {
-            block_latency,
-            limit,
-            wakes: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// The recorded halts, as a trace called `name`.
-    pub fn trace(&self, name: &str) -> Trace {
-        let wakes = self
-            .wakes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        Trace {
-            name: name.to_owned(),
-            wakes,
-        }
-    }
-}
-
-impl HaltEvents for TraceRecorder {
-    fn halted(&self, _: &PollPlan, o: &HaltOutcome) {
-        let wake = match o.woken {
-            WokenDuring::Poll => o.halt,
-            WokenDuring::Block => o
-                .halt
-                .saturating_sub(self.block_latency)
-                .max(o.slept + o.polled),
-            WokenDuring::Sleep => o.halt.saturating_sub(self.block_latency).min(o.slept),
-        };
-        let mut wakes = self.wakes.lock().unwrap_or_else(PoisonError::into_inner);
-        if wakes.len() < self.limit {
-            wakes.push(wake);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,28 +133,5 @@ mod tests {
         assert_eq!(get(&st.halt_wakeup), 2);
         assert_eq!(get(&st.halt_wait_ns), 100_000 + 80_000);
         assert_eq!(st.halt_poll_fail_hist.snapshot().iter().sum::<u64>(), 1);
-    }
-
-    #[test]
-    fn recorder_estimates_wake_times() {
-        let r = TraceRecorder::new(30 * US, 3);
-        r.halted(
-            &PollPlan::default(),
-            &HaltOutcome::woken_while_polling(7 * US),
-        );
-        r.halted(
-            &PollPlan::default(),
-            &HaltOutcome::woken_after_blocking(10 * US, 100 * US),
-        );
-        r.halted(
-            &PollPlan::default(),
-            &HaltOutcome::woken_after_blocking(10 * US, 20 * US),
-        );
-        r.halted(&PollPlan::default(), &HaltOutcome::woken_while_polling(US));
-        assert_eq!(
-            r.trace("t").wakes,
-            [7 * US, 70 * US, 10 * US],
-            "the fourth is past the limit"
-        );
     }
 }

@@ -10,8 +10,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use halt_poll::sim::{SimParams, SimResult, Trace, simulate};
+#[path = "../sim/mod.rs"]
+mod sim;
 use halt_poll::{KvmGrowShrink, Predictive, PredictiveConfig};
+use sim::{SimParams, SimResult, Trace, simulate};
 
 /// Failed polls below this per halt are noise, for KVM and the predictive policy.
 const NEGLIGIBLE_WASTE: Duration = Duration::from_nanos(100);

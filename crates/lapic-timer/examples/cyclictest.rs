@@ -36,11 +36,13 @@ mod results;
 
 use std::fmt::Write as _;
 
-use lapic_timer::sim::TraceRecorder;
+#[path = "../sim/mod.rs"]
+mod sim;
 use lapic_timer::{
     AdvancePolicy, Clock, Expiry, Fixed, KvmAdaptive, MonotonicClock, NoAdvance, Percentile, Spin,
     SpinAt, TimerEvents, TimerSink, TimerStats, TimerThread, TscClock, Wakeup,
 };
+use sim::TraceRecorder;
 
 const ROUNDS: usize = 3;
 const SPIN_WEIGHT: f64 = 0.1;

@@ -13,8 +13,10 @@ use std::path::Path;
 mod results;
 use std::time::Duration;
 
-use lapic_timer::sim::{Trace, oracle, simulate, table};
+#[path = "../sim/mod.rs"]
+mod sim;
 use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile};
+use sim::{Trace, oracle, simulate, table};
 
 const SPIN_WEIGHT: f64 = 0.1;
 

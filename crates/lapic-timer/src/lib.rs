@@ -67,8 +67,13 @@ pub mod lead;
 pub mod model;
 pub mod registers;
 pub mod signal;
-#[doc(hidden)]
-pub mod sim;
+/// The simulator (`sim/`, not part of the library), for its own unit
+/// tests, naming this crate as its other users do.
+#[cfg(test)]
+#[path = "../sim/mod.rs"]
+mod sim;
+#[cfg(test)]
+extern crate self as lapic_timer;
 pub mod time;
 
 pub use advance::{

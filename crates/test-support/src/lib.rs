@@ -2,14 +2,16 @@
 //! that each crate's measurements run the same "other tenants". Not published:
 //! the reference VMM depends on it, and the published crates' examples include
 //! `hogs.rs`, `results.rs` and `criterion_medians.rs` through links in their
-//! `examples/support/` or `benches/support/`, so
-//! that they ship with each of them.
+//! `examples/support/` or `benches/support/`, and halt-poll's and
+//! lapic-timer's simulators (`sim/`) include `traces.rs`, so that they ship
+//! with each of them.
 
 #![deny(missing_docs)]
 
 pub mod criterion_medians;
 pub mod hogs;
 pub mod results;
+pub mod traces;
 
 pub use hogs::Hogs;
 

@@ -96,3 +96,41 @@ fn scratch_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+mod traces {
+    use crate::traces::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_trace_round_trips_and_a_bad_line_is_named() {
+        let dir = super::scratch_dir("traces");
+        let path = dir.join("host-x.trace");
+        let values = [Duration::from_nanos(5), Duration::from_micros(3)];
+        save(&path, "two values, ns", &values).unwrap();
+        assert_eq!(load(&path).unwrap(), ("host-x".to_owned(), values.to_vec()));
+        std::fs::write(&path, "# c\n7 # a comment\n\nx\n").unwrap();
+        let e = load(&path).unwrap_err();
+        assert!(e.to_string().contains("host-x.trace:4"), "{e}");
+    }
+
+    #[test]
+    fn a_table_has_its_heading_columns_and_rows() {
+        let rows = [vec!["a".to_owned(), "1".to_owned()]];
+        assert_eq!(
+            table("**t** (1 run)", &["name", "n"], &rows),
+            "**t** (1 run)\n\n| name | n |\n|---|---|\n| a | 1 |\n"
+        );
+    }
+
+    #[test]
+    fn the_random_source_repeats_from_its_seed_and_stays_in_range() {
+        let (mut a, mut b) = (Rng(7), Rng(7));
+        for _ in 0..1000 {
+            let u = a.unit();
+            assert!((0.0..1.0).contains(&u));
+            assert_eq!(u, b.unit());
+        }
+        assert!(a.uniform(2.0, 3.0) >= Duration::from_micros(2));
+        assert!(a.exponential(1.0) < Duration::from_secs(1));
+    }
+}

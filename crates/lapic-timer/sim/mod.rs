@@ -5,18 +5,20 @@
 //! For an advance `A` and a wake lateness `W`: the expiry is `max(W − A, 0)`
 //! late and spins `max(A − W, 0)`. Score = mean lateness + λ·mean spin.
 //!
-//! Not part of the supported API (hidden from the docs): the machinery behind
-//! the crate's examples and policy tests, which may change in any release.
+//! Not part of the library: the machinery behind the crate's `cyclictest`
+//! and `simulate-timer` examples and its policy tests, which include this
+//! file (so each uses only part of it).
+#![allow(dead_code)]
 
-use std::fmt::Write as _;
-use std::fs;
 use std::io;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::advance::{AdvancePolicy, Wakeup};
-use crate::events::TimerEvents;
+use lapic_timer::{AdvancePolicy, TimerEvents, Wakeup};
+
+mod traces;
+use traces::Rng;
 
 /// Host-timer wake lateness, one sample per expiry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,19 +27,6 @@ pub struct Trace {
     pub name: String,
     /// Wake lateness of each expiry.
     pub lateness: Vec<Duration>,
-}
-
-/// SplitMix64, for reproducible traces.
-struct Rng(u64);
-
-impl Rng {
-    fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 fn us(v: f64) -> Duration {
@@ -105,34 +94,14 @@ impl Trace {
 
     /// Reads a trace saved by [`save`](Trace::save): one lateness in ns per line.
     pub fn load(path: &Path) -> io::Result<Self> {
-        let text = fs::read_to_string(path)?;
-        let mut lateness = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim();
-            if line.is_empty() {
-                continue;
-            }
-            let ns: u64 = line.parse().map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}:{}: {e}: {line:?}", path.display(), n + 1),
-                )
-            })?;
-            lateness.push(Duration::from_nanos(ns));
-        }
-        let name = path
-            .file_stem()
-            .map_or("recorded".into(), |s| s.to_string_lossy().into_owned());
+        let (name, lateness) = traces::load(path)?;
         Ok(Self { name, lateness })
     }
 
     /// Writes the trace, one lateness in ns per line.
     pub fn save(&self, path: &Path) -> io::Result<()> {
-        let mut text = format!("# {}: host-timer wake lateness per expiry, ns\n", self.name);
-        for l in &self.lateness {
-            let _ = writeln!(text, "{}", l.as_nanos());
-        }
-        fs::write(path, text)
+        let header = format!("{}: host-timer wake lateness per expiry, ns", self.name);
+        traces::save(path, &header, &self.lateness)
     }
 }
 
@@ -232,25 +201,31 @@ pub fn oracle(trace: &Trace) -> SimResult {
 
 /// A Markdown table of `results` on `trace`.
 pub fn table(trace: &Trace, results: &[SimResult], spin_weight: f64) -> String {
-    let f = |d: Duration| d.as_nanos() as f64 / 1000.0;
-    let mut out = format!(
-        "**{}** ({} expiries)\n\n| policy | p50 late µs | p99 late µs | mean late µs | spin µs/expiry | score (λ={spin_weight}) |\n|---|---|---|---|---|---|\n",
-        trace.name,
-        trace.lateness.len()
-    );
-    for r in results {
-        let _ = writeln!(
-            out,
-            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            r.policy,
-            f(r.p50),
-            f(r.p99),
-            f(r.mean),
-            f(r.spin),
-            r.score(spin_weight)
-        );
-    }
-    out
+    let f = |d: Duration| format!("{:.2}", d.as_nanos() as f64 / 1000.0);
+    let score = format!("score (λ={spin_weight})");
+    let columns = [
+        "policy",
+        "p50 late µs",
+        "p99 late µs",
+        "mean late µs",
+        "spin µs/expiry",
+        &score,
+    ];
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            vec![
+                r.policy.clone(),
+                f(r.p50),
+                f(r.p99),
+                f(r.mean),
+                f(r.spin),
+                format!("{:.2}", r.score(spin_weight)),
+            ]
+        })
+        .collect();
+    let heading = format!("**{}** ({} expiries)", trace.name, trace.lateness.len());
+    traces::table(&heading, &columns, &rows)
 }
 
 /// Records the host timer's wake lateness, to replay real runs (first `limit`).
@@ -294,7 +269,7 @@ impl TimerEvents for TraceRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Fixed, NoAdvance};
+    use lapic_timer::{Fixed, NoAdvance};
 
     const US: Duration = Duration::from_micros(1);
 

@@ -12,17 +12,21 @@
 //! point `(L − ℓ) / λ` (λ: the weight of poll CPU against latency) and blocks at
 //! once on the others.
 //!
-//! Not part of the supported API (hidden from the docs): the machinery behind
-//! the crate's `simulate` example and goal test, which may change in any
-//! release. Copy it if a policy of your own should be scored the same way.
+//! Not part of the library: the machinery behind the crate's `simulate` and
+//! `pingpong` examples, its goal test, and the fuzz target's invariants, which
+//! include this file (so each uses only part of it). Copy it if a policy of
+//! your own should be scored the same way.
+#![allow(dead_code)]
 
-use std::fmt::Write as _;
-use std::fs;
 use std::io;
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::policy::{HaltOutcome, PollPolicy, WokenDuring};
+use halt_poll::{HaltEvents, HaltOutcome, PollPlan, PollPolicy, WokenDuring};
+
+mod traces;
+use traces::Rng;
 
 /// The machine the simulation models.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -59,32 +63,6 @@ pub struct Trace {
     pub name: String,
     /// Wake time of each halt.
     pub wakes: Vec<Duration>,
-}
-
-/// SplitMix64: a small, fast, seedable generator (deterministic traces).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn exponential(&mut self, mean_us: f64) -> Duration {
-        Duration::from_nanos((-(1.0 - self.unit()).ln() * mean_us * 1000.0) as u64)
-    }
-
-    fn uniform(&mut self, lo_us: f64, hi_us: f64) -> Duration {
-        Duration::from_nanos(((lo_us + (hi_us - lo_us) * self.unit()) * 1000.0) as u64)
-    }
 }
 
 impl Trace {
@@ -166,34 +144,14 @@ impl Trace {
     /// Reads a trace written by [`save`](Trace::save) (one wake time in ns per
     /// line; `#` starts a comment).
     pub fn load(path: &Path) -> io::Result<Self> {
-        let text = fs::read_to_string(path)?;
-        let mut wakes = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim();
-            if line.is_empty() {
-                continue;
-            }
-            let ns: u64 = line.parse().map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}:{}: {e}: {line:?}", path.display(), n + 1),
-                )
-            })?;
-            wakes.push(Duration::from_nanos(ns));
-        }
-        let name = path
-            .file_stem()
-            .map_or("recorded".into(), |s| s.to_string_lossy().into_owned());
+        let (name, wakes) = traces::load(path)?;
         Ok(Self { name, wakes })
     }
 
     /// Writes the trace, one wake time in ns per line.
     pub fn save(&self, path: &Path) -> io::Result<()> {
-        let mut text = format!("# {}: wake time of each halt, ns\n", self.name);
-        for w in &self.wakes {
-            let _ = writeln!(text, "{}", w.as_nanos());
-        }
-        fs::write(path, text)
+        let header = format!("{}: wake time of each halt, ns", self.name);
+        traces::save(path, &header, &self.wakes)
     }
 }
 
@@ -282,14 +240,7 @@ pub fn simulate_halt(
     } else {
         (WokenDuring::Block, poll_start, plan.window, p.block_latency)
     };
-    let outcome = HaltOutcome {
-        halt: t + latency,
-        slept,
-        polled,
-        woken,
-        valid: true,
-        preempted: false,
-    };
+    let outcome = HaltOutcome::new(t + latency, slept, polled, woken);
     (outcome, latency)
 }
 
@@ -340,32 +291,93 @@ pub fn oracle(trace: &Trace, p: &SimParams) -> SimResult {
 /// A Markdown table of `results` for `trace`.
 pub fn table(trace: &Trace, results: &[SimResult], p: &SimParams) -> String {
     let us = |d: Duration| d.as_nanos() as f64 / 1000.0;
-    let mut out = format!(
-        "**{}** ({} halts)\n\n| policy | mean latency µs | p99 latency µs | poll CPU µs/halt | wasted µs/halt | woken polling | cost (λ={}) |\n|---|---|---|---|---|---|---|\n",
-        trace.name,
-        trace.wakes.len(),
-        p.cpu_weight
-    );
-    for r in results {
-        let _ = writeln!(
-            out,
-            "| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1}% | {:.2} |",
-            r.policy,
-            us(r.mean_latency),
-            us(r.p99_latency),
-            us(r.poll_cpu),
-            us(r.wasted_cpu),
-            r.polled_percent,
-            r.cost_ns(p.cpu_weight) / 1000.0
-        );
+    let cost = format!("cost (λ={})", p.cpu_weight);
+    let columns = [
+        "policy",
+        "mean latency µs",
+        "p99 latency µs",
+        "poll CPU µs/halt",
+        "wasted µs/halt",
+        "woken polling",
+        &cost,
+    ];
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            vec![
+                r.policy.clone(),
+                format!("{:.2}", us(r.mean_latency)),
+                format!("{:.1}", us(r.p99_latency)),
+                format!("{:.2}", us(r.poll_cpu)),
+                format!("{:.2}", us(r.wasted_cpu)),
+                format!("{:.1}%", r.polled_percent),
+                format!("{:.2}", r.cost_ns(p.cpu_weight) / 1000.0),
+            ]
+        })
+        .collect();
+    let heading = format!("**{}** ({} halts)", trace.name, trace.wakes.len());
+    traces::table(&heading, &columns, &rows)
+}
+
+/// Records each halt's wake time, to replay real runs in the simulator.
+///
+/// A halt woken while polling gives its wake time exactly; one woken from a
+/// block resumed `block_latency` after its wake, which is subtracted (but the
+/// wake is never put before the end of the poll window). Only the first
+/// `limit` halts are kept.
+#[derive(Debug)]
+pub struct TraceRecorder {
+    block_latency: Duration,
+    limit: usize,
+    wakes: Mutex<Vec<Duration>>,
+}
+
+impl TraceRecorder {
+    /// A recorder of up to `limit` halts, assuming a blocked thread resumes
+    /// `block_latency` after its wake.
+    pub fn new(block_latency: Duration, limit: usize) -> Self {
+        Self {
+            block_latency,
+            limit,
+            wakes: Mutex::new(Vec::new()),
+        }
     }
-    out
+
+    /// The recorded halts, as a trace called `name`.
+    pub fn trace(&self, name: &str) -> Trace {
+        let wakes = self
+            .wakes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Trace {
+            name: name.to_owned(),
+            wakes,
+        }
+    }
+}
+
+impl HaltEvents for TraceRecorder {
+    fn halted(&self, _: &PollPlan, o: &HaltOutcome) {
+        let wake = match o.woken {
+            WokenDuring::Poll => o.halt,
+            WokenDuring::Block => o
+                .halt
+                .saturating_sub(self.block_latency)
+                .max(o.slept + o.polled),
+            WokenDuring::Sleep => o.halt.saturating_sub(self.block_latency).min(o.slept),
+        };
+        let mut wakes = self.wakes.lock().unwrap_or_else(PoisonError::into_inner);
+        if wakes.len() < self.limit {
+            wakes.push(wake);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Fixed, KvmGrowShrink, Never};
+    use halt_poll::{Fixed, KvmGrowShrink, Never};
 
     const US: Duration = Duration::from_micros(1);
 
@@ -444,5 +456,28 @@ mod tests {
         let err = Trace::load(&path).unwrap_err();
         assert!(err.to_string().contains(":2:"), "{err}");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn recorder_estimates_wake_times() {
+        let r = TraceRecorder::new(30 * US, 3);
+        r.halted(
+            &PollPlan::default(),
+            &HaltOutcome::woken_while_polling(7 * US),
+        );
+        r.halted(
+            &PollPlan::default(),
+            &HaltOutcome::woken_after_blocking(10 * US, 100 * US),
+        );
+        r.halted(
+            &PollPlan::default(),
+            &HaltOutcome::woken_after_blocking(10 * US, 20 * US),
+        );
+        r.halted(&PollPlan::default(), &HaltOutcome::woken_while_polling(US));
+        assert_eq!(
+            r.trace("t").wakes,
+            [7 * US, 70 * US, 10 * US],
+            "the fourth is past the limit"
+        );
     }
 }
