@@ -28,7 +28,10 @@ mod results;
 // And the simulator's trace recorder.
 #[path = "../sim/mod.rs"]
 mod sim;
+#[path = "support/summary.rs"]
+mod summary;
 use sim::TraceRecorder;
+use summary::median;
 
 use std::fmt::Write as _;
 
@@ -130,12 +133,6 @@ fn run(
     }
 }
 
-fn median(runs: &[Run], key: impl Fn(&Run) -> f64) -> f64 {
-    let mut v: Vec<f64> = runs.iter().map(key).collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     let mut args = std::env::args().skip(1);
     let secs: f64 = match args.next().map(|s| s.parse()) {
@@ -171,11 +168,11 @@ fn main() {
              | policy | round trip µs | vs block only | CPU µs per round trip | vs block only | responder woken polling | hog M iterations/s |\n\
              |---|---|---|---|---|---|---|\n"
         );
-        let base_rt = median(&runs[0], |r| r.round_trip.as_secs_f64());
-        let base_cpu = median(&runs[0], |r| r.cpu_per_round_trip.as_secs_f64());
+        let base_rt = median(runs[0].iter().map(|r| r.round_trip.as_secs_f64()));
+        let base_cpu = median(runs[0].iter().map(|r| r.cpu_per_round_trip.as_secs_f64()));
         for ((name, _), r) in policies().into_iter().zip(&runs) {
-            let rt = median(r, |r| r.round_trip.as_secs_f64());
-            let cpu = median(r, |r| r.cpu_per_round_trip.as_secs_f64());
+            let rt = median(r.iter().map(|r| r.round_trip.as_secs_f64()));
+            let cpu = median(r.iter().map(|r| r.cpu_per_round_trip.as_secs_f64()));
             let _ = writeln!(
                 table,
                 "| {name} | {:.2} | {:.2}x | {:.2} | {:.2}x | {:.1}% | {:.0} |",
@@ -183,8 +180,8 @@ fn main() {
                 rt / base_rt,
                 cpu * 1e6,
                 cpu / base_cpu,
-                median(r, |r| r.polled_percent),
-                median(r, |r| r.hog_rate),
+                median(r.iter().map(|r| r.polled_percent)),
+                median(r.iter().map(|r| r.hog_rate)),
             );
         }
         print!("{table}");

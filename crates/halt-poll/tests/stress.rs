@@ -3,6 +3,10 @@
 //! A lost wake-up leaves both sides waiting forever, which the watchdog turns
 //! into a failure.
 
+#[path = "support/affinity.rs"]
+mod affinity;
+use affinity::{allowed_cpus, pin_to};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::mpsc;
@@ -102,17 +106,6 @@ fn eventfd_wakes_are_never_lost() {
     });
 }
 
-/// Pins the calling thread to CPU `cpu`.
-fn pin_to(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE (it is 0 here).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: a valid set of the right size for the calling thread (pid 0).
-    let ret = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
-    assert_eq!(ret, 0, "{}", std::io::Error::last_os_error());
-}
-
 /// Sleeps 1.8 ms, then polls for up to 500 ms.
 struct SleepThenPoll;
 
@@ -137,12 +130,13 @@ fn a_poll_lets_a_waker_queued_on_its_cpu_run() {
     // with the window: the poll must not hold the CPU its waker is queued on.
     // The waker waits for each wake-up to be taken, so none merge.
     const ROUNDS: usize = 20;
+    let cpu = allowed_cpus().unwrap()[0];
     let wake = Arc::new(FutexWake::new());
     let taken = Arc::new(AtomicU64::new(0));
     let waker = {
         let (wake, taken) = (wake.clone(), taken.clone());
         thread::spawn(move || {
-            pin_to(0);
+            pin_to(cpu).unwrap();
             for n in 1..=ROUNDS as u64 {
                 thread::sleep(Duration::from_millis(2));
                 wake.wake(0);
@@ -154,7 +148,7 @@ fn a_poll_lets_a_waker_queued_on_its_cpu_run() {
     };
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
-        pin_to(0);
+        pin_to(cpu).unwrap();
         let mut poller = HaltPoller::new(wake, SleepThenPoll);
         let halts: Vec<Duration> = (0..ROUNDS)
             .map(|_| {

@@ -36,8 +36,12 @@ mod results;
 
 use std::fmt::Write as _;
 
+#[path = "support/affinity.rs"]
+mod affinity;
 #[path = "../sim/mod.rs"]
 mod sim;
+#[path = "support/summary.rs"]
+mod summary;
 use lapic_timer::{
     AdvancePolicy, Clock, Expiry, Fixed, KvmAdaptive, MonotonicClock, NoAdvance, Percentile, Spin,
     SpinAt, TimerEvents, TimerSink, TimerStats, TimerThread, TscClock, Wakeup,
@@ -243,27 +247,8 @@ impl Staller {
 /// Runs the whole process on its first allowed CPU, so that a stall there
 /// stalls the timer thread.
 fn share_one_cpu() -> std::io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
-    // writes at most its size.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` lives for the call and its size is passed.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let first = (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `cpu` is below CPU_SETSIZE, within the set.
-        .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .unwrap_or(0);
-    // SAFETY: as above; the set is rebuilt with that one CPU.
-    unsafe {
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(first, &mut set);
-    }
-    // SAFETY: `set` lives for the call and its size is passed.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    let first = affinity::allowed_cpus()?.first().copied().unwrap_or(0);
+    affinity::pin_to(first)
 }
 
 fn run(
@@ -316,9 +301,7 @@ fn run(
 }
 
 fn median(rows: &[Row], key: impl Fn(&Row) -> f64) -> f64 {
-    let mut v: Vec<f64> = rows.iter().map(key).collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    summary::median(rows.iter().map(key))
 }
 
 fn main() {

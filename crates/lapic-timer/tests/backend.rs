@@ -2,6 +2,10 @@
 //! target, re-arming replaces, disarming cancels, a receiver can do the
 //! spin itself, and the thread can follow the CPU of the one that arms it.
 
+#[path = "support/affinity.rs"]
+mod affinity;
+use affinity::{allowed_cpus, pin_to};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -75,18 +79,18 @@ fn deliveries_never_start_before_their_target() {
 /// spin in wall time.
 #[test]
 fn the_spin_statistic_is_the_cpu_the_receiver_used() {
-    let cpu = allowed_cpus()[0];
+    let cpu = allowed_cpus().unwrap()[0];
     let stop = Arc::new(AtomicBool::new(false));
     let hog = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            pin_to(cpu);
+            pin_to(cpu).unwrap();
             while !stop.load(Relaxed) {
                 std::hint::spin_loop();
             }
         })
     };
-    pin_to(cpu);
+    pin_to(cpu).unwrap();
     let (tx, rx) = mpsc::channel();
     let stats = Arc::new(TimerStats::default());
     let timer = TimerThread::start(
@@ -332,48 +336,12 @@ fn skip(test: &str, reason: &str) {
     }
 }
 
-/// The CPUs the calling thread may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for this thread.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid set of the size given, for the calling thread (0).
-    let ret =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    assert_eq!(
-        ret,
-        0,
-        "sched_getaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: CPU_ISSET reads inside the set for every index below CPU_SETSIZE.
-    (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
-}
-
-/// Keeps the calling thread on `cpu` alone.
-fn pin_to(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes inside the set: `cpu` came from allowed_cpus,
-    // below CPU_SETSIZE.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: a valid set of the size given, for the calling thread (0).
-    let ret = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    assert_eq!(
-        ret,
-        0,
-        "sched_setaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-}
-
 /// A sink that reports the CPUs the timer thread may run on at each expiry.
 struct ReportCpus(mpsc::Sender<Vec<usize>>);
 
 impl TimerSink for ReportCpus {
     fn expired(&self, _: Expiry) {
-        let _ = self.0.send(allowed_cpus());
+        let _ = self.0.send(allowed_cpus().unwrap());
     }
 }
 
@@ -386,7 +354,9 @@ fn cpus_at_expiry(timer: &TimerThread, rx: &mpsc::Receiver<Vec<usize>>) -> Vec<u
 
 #[test]
 fn the_timer_thread_follows_the_cpu_of_the_thread_that_arms_it() {
-    let cpus = std::thread::spawn(allowed_cpus).join().unwrap();
+    let cpus = std::thread::spawn(|| allowed_cpus().unwrap())
+        .join()
+        .unwrap();
     let &[first, second, ..] = cpus.as_slice() else {
         skip(
             "the_timer_thread_follows_the_cpu_of_the_thread_that_arms_it",
@@ -405,14 +375,14 @@ fn the_timer_thread_follows_the_cpu_of_the_thread_that_arms_it() {
         let (tx, anywhere_rx) = mpsc::channel();
         let anywhere =
             TimerThread::start(NoAdvance, ReportCpus(tx), NoEvents, SpinAt::TimerThread).unwrap();
-        pin_to(first);
+        pin_to(first).unwrap();
         assert_eq!(cpus_at_expiry(&timer, &rx), [first]);
         assert_eq!(
             cpus_at_expiry(&timer, &rx),
             [first],
             "stays while the armer does"
         );
-        pin_to(second);
+        pin_to(second).unwrap();
         assert_eq!(
             cpus_at_expiry(&timer, &rx),
             [second],

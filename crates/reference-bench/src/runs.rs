@@ -24,9 +24,7 @@ impl Runs {
 
     /// The median (the upper one of an even count; NaN for no runs).
     pub fn median(&self) -> f64 {
-        let mut v = self.0.clone();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        test_support::summary::median(self.0.iter().copied())
     }
 
     /// The smallest and the largest value (NaN for no runs).

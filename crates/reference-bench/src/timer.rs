@@ -17,6 +17,7 @@ use reference_vmm::MAX_LEAD;
 use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
 use reference_vmm::{Irqchip, KvmHaltPoll, TimerPlacement};
 use test_guests::layout::SAMPLES_ADDR;
+use test_support::summary::quantile;
 
 /// Timers per run, without `--quick`.
 const SAMPLES: u64 = 2000;
@@ -139,7 +140,7 @@ struct Run {
 /// Each variant's runs, by percentile: one value per run.
 fn per_run(runs: &[Vec<Run>], q: f64) -> Vec<Runs> {
     runs.iter()
-        .map(|r| Runs(r.iter().map(|run| percentile(&run.lateness, q)).collect()))
+        .map(|r| Runs(r.iter().map(|run| quantile(&run.lateness, q)).collect()))
         .collect()
 }
 
@@ -179,7 +180,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             // The percentiles of the run with the median p50.
             let median_run = runs[i]
                 .iter()
-                .find(|r| percentile(&r.lateness, 0.5) == p50[i].median());
+                .find(|r| quantile(&r.lateness, 0.5) == p50[i].median());
             let lat = median_run.map_or(&[][..], |r| r.lateness.as_slice());
             let early = runs[i].iter().map(|r| early(&r.lateness)).sum::<usize>();
             let spin = Runs(runs[i].iter().filter_map(|r| r.spin_us).collect());
@@ -187,10 +188,10 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             t.row(vec![
                 Cell::text(format!("{period_us} µs")),
                 Cell::text(name),
-                Cell::num(percentile(lat, 0.0), 1),
-                Cell::num(percentile(lat, 0.5), 1),
-                Cell::num(percentile(lat, 0.99), 1),
-                Cell::num(percentile(lat, 1.0), 1),
+                Cell::num(quantile(lat, 0.0), 1),
+                Cell::num(quantile(lat, 0.5), 1),
+                Cell::num(quantile(lat, 0.99), 1),
+                Cell::num(quantile(lat, 1.0), 1),
                 Cell::text(early.to_string()),
                 match (i == HOST, spin.0.is_empty()) {
                     (true, _) => Cell::text("-"),
@@ -387,7 +388,7 @@ fn pooled(runs: &[Vec<Run>], row: usize, q: f64) -> f64 {
         .iter()
         .flat_map(|r| r.lateness.iter().copied())
         .collect();
-    percentile(&all, q)
+    quantile(&all, q)
 }
 
 /// How far apart two p99s of one thing land on this host: KVM's two
@@ -425,7 +426,7 @@ fn delivery_line(period_us: u64, runs: &[Vec<Run>]) -> String {
                 "{:.0}/{:.1}/{:.1}",
                 r.delivery_us?,
                 r.start_p99_us?,
-                percentile(&r.lateness, 0.5)
+                quantile(&r.lateness, 0.5)
             ))
         })
         .collect();
@@ -586,16 +587,6 @@ pub fn cyclictest(
     Ok((run, lateness))
 }
 
-/// The `q` quantile of `values` (0: min, 1: max).
-fn percentile(values: &[f64], q: f64) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
-
 /// Counts per bucket: below 0, then up to each bound, then above the last.
 fn histogram(values: &[f64]) -> String {
     let mut counts = [0usize; BUCKETS.len() + 1];
@@ -611,12 +602,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentiles_and_histogram() {
+    fn histogram_and_early_count() {
         let v = [-1.0, 3.0, 7.0, 12.0, 30.0, 70.0, 200.0];
-        assert_eq!(percentile(&v, 0.0), -1.0);
-        assert_eq!(percentile(&v, 0.5), 12.0);
-        assert_eq!(percentile(&v, 1.0), 200.0);
-        assert!(percentile(&[], 0.5).is_nan());
         assert_eq!(histogram(&v), "1/1/1/1/1/1/1");
         assert_eq!(early(&v), 1);
     }

@@ -134,3 +134,35 @@ mod traces {
         assert!(a.exponential(1.0) < Duration::from_secs(1));
     }
 }
+
+mod summary {
+    use crate::summary::*;
+
+    #[test]
+    fn the_median_is_the_upper_middle_and_nan_for_nothing() {
+        assert_eq!(median([3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median([4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert!(median(Vec::<f64>::new()).is_nan());
+        assert_eq!(
+            (quantile([5.0, 1.0], 0.0), quantile([5.0, 1.0], 1.0)),
+            (1.0, 5.0)
+        );
+        assert_eq!(quantile((1..=101).map(f64::from), 0.99), 100.0);
+    }
+}
+
+mod affinity {
+    use crate::affinity::*;
+
+    #[test]
+    fn a_thread_pinned_to_an_allowed_cpu_runs_there_alone() {
+        let cpu = allowed_cpus().unwrap()[0];
+        std::thread::spawn(move || {
+            pin_to(cpu).unwrap();
+            assert_eq!(allowed_cpus().unwrap(), [cpu]);
+            assert!(pin_to(libc::CPU_SETSIZE as usize).is_err());
+        })
+        .join()
+        .unwrap();
+    }
+}

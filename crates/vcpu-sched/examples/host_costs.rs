@@ -10,6 +10,9 @@
 //!
 //! `cargo run --release -p vcpu-sched --example host_costs`
 
+#[path = "support/summary.rs"]
+mod summary;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::thread::{self, Thread};
@@ -85,9 +88,7 @@ fn on_parked_thread(op: impl Fn(Tid)) -> Duration {
 }
 
 fn median_ns(f: impl Fn() -> Duration) -> u128 {
-    let mut v: Vec<u128> = (0..RUNS).map(|_| f().as_nanos()).collect();
-    v.sort_unstable();
-    v[RUNS / 2]
+    summary::median((0..RUNS).map(|_| f().as_nanos() as f64)) as u128
 }
 
 fn main() {

@@ -24,7 +24,10 @@ use std::time::{Duration, Instant};
 mod hogs;
 #[path = "support/results.rs"]
 mod results;
+#[path = "support/summary.rs"]
+mod summary;
 use hogs::Hogs;
+use summary::median;
 
 use crossbeam_utils::CachePadded;
 use vcpu_sched::thread::current_tid;
@@ -216,12 +219,6 @@ fn run(
     }
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// A configuration: vCPUs, hog threads, spin window in µs.
 type Config = (usize, usize, u64);
 
@@ -315,19 +312,19 @@ fn rows((n, h, window_us): Config, secs: f64) -> String {
         }
     }
     drop(hogs);
-    let base_rounds = median(&runs[0].iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
-    let base_hogs = median(&runs[0].iter().map(|r| r.hog_rate).collect::<Vec<_>>());
+    let base_rounds = median(runs[0].iter().map(|r| r.rounds_per_s));
+    let base_hogs = median(runs[0].iter().map(|r| r.hog_rate));
     let mut out = String::new();
     for ((name, _, _), r) in policies().into_iter().zip(&runs) {
-        let rounds = median(&r.iter().map(|r| r.rounds_per_s).collect::<Vec<_>>());
-        let hog = median(&r.iter().map(|r| r.hog_rate).collect::<Vec<_>>());
+        let rounds = median(r.iter().map(|r| r.rounds_per_s));
+        let hog = median(r.iter().map(|r| r.hog_rate));
         let hog_ratio = if h == 0 {
             "-".to_string()
         } else {
             format!("{:.2}x", hog / base_hogs)
         };
-        let boosted = median(&r.iter().map(|r| r.boosted_ms_per_s).collect::<Vec<_>>());
-        let vm_cpus = median(&r.iter().map(|r| r.vm_cpus).collect::<Vec<_>>());
+        let boosted = median(r.iter().map(|r| r.boosted_ms_per_s));
+        let vm_cpus = median(r.iter().map(|r| r.vm_cpus));
         out.push_str(&format!(
             "| {n} | {h} | {window_us} µs | {name} | {rounds:.0} | {:.2}x | {hog:.0} | {hog_ratio} | {vm_cpus:.2} | {boosted:.1} | {} |\n",
             rounds / base_rounds,

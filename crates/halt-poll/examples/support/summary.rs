@@ -1,0 +1,1 @@
+../../../test-support/src/summary.rs
