@@ -3,6 +3,9 @@
 //! them, except the first manual-protect harvest with INITIALLY_SET, which
 //! reports every page); and a pre-copy of a guest that keeps writing must end
 //! byte-for-byte equal to the guest's memory.
+//!
+//! The guest is x86-64 code: on other hosts `tests/other_arch.rs` says so.
+#![cfg(target_arch = "x86_64")]
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
