@@ -9,6 +9,7 @@
 //! [`CHECK_INTERVAL`], and a verdict of "contended" holds for [`HOLD`].
 
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
@@ -62,19 +63,29 @@ impl RunDelayProbe {
         self.last_check = Some(now);
     }
 
-    fn read_run_delay(&mut self) -> Option<u64> {
-        if self.unavailable {
-            return None;
-        }
+    /// Opens the calling thread's `schedstat` now, unless it is open for
+    /// this thread already. An error (no such file) switches the probe off.
+    pub fn open(&mut self) -> io::Result<()> {
         let me = std::thread::current().id();
-        if self.file.as_ref().is_none_or(|(_, owner)| *owner != me) {
-            match File::open("/proc/thread-self/schedstat") {
-                Ok(f) => self.file = Some((f, me)),
-                Err(_) => {
-                    self.unavailable = true;
-                    return None;
-                }
+        if self.file.as_ref().is_some_and(|(_, owner)| *owner == me) {
+            return Ok(());
+        }
+        match File::open("/proc/thread-self/schedstat") {
+            Ok(f) => {
+                self.file = Some((f, me));
+                self.unavailable = false;
+                Ok(())
             }
+            Err(e) => {
+                self.unavailable = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn read_run_delay(&mut self) -> Option<u64> {
+        if self.unavailable || self.open().is_err() {
+            return None;
         }
         let (file, _) = self.file.as_ref()?;
         let mut buf = [0u8; 96];
@@ -96,6 +107,7 @@ fn parse_run_delay(text: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn parses_schedstat_and_rejects_garbage() {
@@ -103,6 +115,23 @@ mod tests {
         assert_eq!(parse_run_delay(b"123"), None);
         assert_eq!(parse_run_delay(b"a b c"), None);
         assert_eq!(parse_run_delay(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn opened_ahead_it_reads_without_opening_again_on_the_same_thread() {
+        let mut probe = RunDelayProbe::new();
+        probe.open().unwrap();
+        let fd = |p: &RunDelayProbe| p.file.as_ref().map(|(f, _)| f.as_raw_fd());
+        let opened = fd(&probe);
+        assert!(probe.read_run_delay().is_some());
+        assert_eq!(fd(&probe), opened, "the same file");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert!(probe.read_run_delay().is_some());
+                let owner = probe.file.as_ref().map(|(_, t)| *t);
+                assert_eq!(owner, Some(std::thread::current().id()), "its own file");
+            });
+        });
     }
 
     #[test]

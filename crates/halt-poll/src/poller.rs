@@ -1,6 +1,7 @@
 //! `HaltPoller`: the mechanism that carries out a policy's plan for each halt.
 
 use std::hint::spin_loop;
+use std::io;
 use std::time::Duration;
 
 use crate::clock::{Clock, MonotonicClock};
@@ -153,6 +154,16 @@ impl<P: PollPolicy, W: WakeSource, C: Clock, E: HaltEvents> HaltPoller<P, W, C, 
     pub fn yield_to_waiting_threads(mut self, check: bool) -> Self {
         self.contention = check.then(RunDelayProbe::new);
         self
+    }
+
+    /// Opens the calling thread's `/proc/thread-self/schedstat` for the check
+    /// for threads waiting for its CPU, which the first halt would otherwise
+    /// open: call it on the vCPU thread before a seccomp filter that denies
+    /// `openat`. Where the file cannot be opened the check is off, and the
+    /// error says why (the first halt switches it off silently). Nothing to
+    /// do with the check off.
+    pub fn open_contention_probe(&mut self) -> io::Result<()> {
+        self.contention.as_mut().map_or(Ok(()), RunDelayProbe::open)
     }
 
     /// The same poller with another preemption gap ([`DEFAULT_PREEMPT_GAP`]).
