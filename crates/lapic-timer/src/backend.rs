@@ -4,9 +4,10 @@
 //! (`deadline − lead`) before delivery starts.
 //!
 //! The busy-wait never lasts longer than the advance it was armed with, the
-//! advance is never more than a share of the time to the deadline it serves
-//! ([`DEFAULT_SPIN_SHARE`], so that spinning takes at most that share of a
-//! CPU however short the period), and it runs where the VMM chooses ([`SpinAt`]): on the timer thread, or on the
+//! advance is never more than the spin budget holds
+//! ([`DEFAULT_SPIN_SHARE`](crate::DEFAULT_SPIN_SHARE) of real time, so that
+//! spinning takes at most that share of a CPU however short the period), and
+//! it runs where the VMM chooses ([`SpinAt`]): on the timer thread, or on the
 //! receiver (the vCPU thread, just before `KVM_RUN`, as the kernel does).
 //! The advance policy learns where the spin starts: on the timer thread from
 //! its own wake-up; on the receiver from when the receiver got there
@@ -26,14 +27,8 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use crate::advance::{AdvancePolicy, Wakeup};
 use crate::clock::{Clock, MonotonicClock};
 use crate::events::{Spin, TimerEvents};
+use crate::spin_budget::{DEFAULT_SPIN_SHARE, SpinBudget};
 use crate::time::ThreadCpuClock;
-
-/// The largest share of the time from arming a deadline to its target that
-/// its advance may take (and so its spin): at a 200 µs period, KVM's
-/// shortest, at most 20 µs of spin per expiry, a tenth of a CPU. Set with
-/// `set_spin_share` on [`TimerThread`] or
-/// [`SignalTimer`](crate::SignalTimer).
-pub const DEFAULT_SPIN_SHARE: f64 = 0.1;
 
 /// Where the expiry path busy-waits to the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,8 +173,8 @@ pub(crate) struct Tuning {
     /// The policy's current advance, published after each lesson.
     advance_ns: AtomicU64,
     lead_ns: AtomicU64,
-    /// The spin share, in millionths (see [`DEFAULT_SPIN_SHARE`]).
-    spin_share_ppm: AtomicU64,
+    /// What the spins may still cost.
+    budget: Mutex<SpinBudget>,
     /// Told of every wake-up, and of each spin and delivery wherever it runs.
     events: Box<dyn TimerEvents>,
 }
@@ -194,31 +189,31 @@ impl Tuning {
             advance_ns: AtomicU64::new(policy.advance().as_nanos() as u64),
             policy: Mutex::new(Box::new(policy)),
             lead_ns: AtomicU64::new(0),
-            spin_share_ppm: AtomicU64::new(share_ppm(DEFAULT_SPIN_SHARE)),
+            budget: Mutex::new(SpinBudget::new(DEFAULT_SPIN_SHARE, MonotonicClock.now_ns())),
             events: Box::new(events),
         }
     }
 
     /// `deadline_ns` armed now, with the current lead, and the current
-    /// advance cut to the spin share of the time left to the target: a
-    /// deadline already due gets none, so nothing spins toward it.
+    /// advance if the spin budget holds it (what it holds otherwise).
     pub(crate) fn arm(&self, deadline_ns: u64, payload: u64) -> Armed {
         let armed_ns = MonotonicClock.now_ns();
-        let lead_ns = self.lead_ns.load(Relaxed);
-        let to_target = deadline_ns.saturating_sub(lead_ns).saturating_sub(armed_ns);
-        let share_cap =
-            u128::from(to_target) * u128::from(self.spin_share_ppm.load(Relaxed)) / 1_000_000;
+        let wanted = self.advance_ns.load(Relaxed);
         Armed {
             deadline_ns,
             payload,
-            lead_ns,
-            advance_ns: self.advance_ns.load(Relaxed).min(share_cap as u64),
+            lead_ns: self.lead_ns.load(Relaxed),
+            advance_ns: self.budget().grant(wanted, armed_ns),
             armed_ns,
         }
     }
 
+    fn budget(&self) -> std::sync::MutexGuard<'_, SpinBudget> {
+        self.budget.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub(crate) fn set_spin_share(&self, share: f64) {
-        self.spin_share_ppm.store(share_ppm(share), Relaxed);
+        self.budget().set_share(share);
     }
 
     /// Teaches the policy what `expiry` measured at `now_ns`, if anything,
@@ -249,6 +244,7 @@ impl Tuning {
     /// delivery's lateness; returns the spin.
     pub(crate) fn spin_to_target(&self, expiry: &Expiry, clock: &impl Clock) -> Spin {
         let spun = expiry.spin(clock, &ThreadCpuClock);
+        self.budget().spend(spun.cpu);
         self.events.spun(spun);
         let lateness = i128::from(clock.now_ns()) - i128::from(expiry.target_ns);
         self.events
@@ -309,11 +305,6 @@ pub(crate) fn itimerspec_at(at_ns: u64) -> libc::itimerspec {
             tv_nsec: (at_ns % 1_000_000_000) as libc::c_long,
         },
     }
-}
-
-/// `share` (clamped to 0..=1; NaN is 0) in millionths.
-fn share_ppm(share: f64) -> u64 {
-    (share.clamp(0.0, 1.0) * 1e6) as u64
 }
 
 /// A wake-up `delta_ns` after the target (saturated to `i64`).
@@ -466,9 +457,9 @@ impl TimerThread {
         self.shared.tuning.set_lead(lead);
     }
 
-    /// Sets the largest share of the time to a deadline its advance may
-    /// take, for deadlines armed from now on ([`DEFAULT_SPIN_SHARE`] unless
-    /// set; clamped to 0..=1, 0 turns the advance off).
+    /// Sets the share of real time the spins may take
+    /// ([`DEFAULT_SPIN_SHARE`](crate::DEFAULT_SPIN_SHARE) unless set;
+    /// clamped to 0..=1, 0 turns the advance off).
     pub fn set_spin_share(&self, share: f64) {
         self.shared.tuning.set_spin_share(share);
     }
@@ -657,7 +648,7 @@ mod tests {
     }
 
     #[test]
-    fn the_advance_is_cut_to_its_share_of_the_time_to_the_target() {
+    fn the_advance_is_what_the_spin_budget_holds() {
         let tuning = Tuning::new(crate::Fixed(Duration::from_micros(500)), crate::NoEvents);
         let now = MonotonicClock.now_ns();
         let advance = |a: Armed| a.deadline_ns - a.fire_at_ns();
@@ -665,22 +656,14 @@ mod tests {
         assert_eq!(
             advance(far),
             500_000,
-            "100 ms away: the policy's own advance"
+            "a full budget: the policy's own advance"
         );
-        let near = tuning.arm(now + 200_000, 0);
+        // Two spins that used 500 µs each empty the bucket (1 ms).
+        tuning.budget().spend(Duration::from_micros(1000));
         assert!(
-            advance(near) <= 20_000,
-            "200 µs away: a tenth, {} ns",
-            advance(near)
+            advance(tuning.arm(now + 100_000_000, 0)) < 100_000,
+            "what refilled since"
         );
-        let due = tuning.arm(now.saturating_sub(1_000), 0);
-        assert_eq!(
-            due.expiry(now).max_spin,
-            Duration::ZERO,
-            "already due: no spin"
-        );
-        tuning.set_spin_share(1.0);
-        assert!(advance(tuning.arm(now + 200_000, 0)) > 150_000, "all of it");
         tuning.set_spin_share(f64::NAN);
         assert_eq!(advance(tuning.arm(now + 100_000_000, 0)), 0, "NaN: none");
     }

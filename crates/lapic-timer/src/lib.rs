@@ -72,6 +72,7 @@ pub mod signal;
 #[cfg(test)]
 #[path = "../sim/mod.rs"]
 mod sim;
+pub mod spin_budget;
 #[cfg(test)]
 extern crate self as lapic_timer;
 pub mod time;
@@ -79,15 +80,14 @@ pub mod time;
 pub use advance::{
     AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, PercentileConfig, Wakeup,
 };
-pub use backend::{
-    DEFAULT_SPIN_SHARE, Expiry, NoSink, SpinAt, TimerPlacement, TimerSink, TimerThread,
-};
+pub use backend::{Expiry, NoSink, SpinAt, TimerPlacement, TimerSink, TimerThread};
 pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use events::{NoEvents, Spin, TimerEvents, TimerStats};
 pub use lead::DeliveryLead;
 pub use model::{Fired, KVM_MIN_TIMER_PERIOD_NS, LapicTimer, LapicTimerState, TimerError};
 pub use registers::{LvtTimer, TimerMode, TimerRegister};
 pub use signal::SignalTimer;
+pub use spin_budget::{DEFAULT_SPIN_SHARE, SPIN_BURST};
 pub use time::{GuestTime, ThreadCpuClock, TscClock};
 
 // The README's examples are doctests too.

@@ -151,8 +151,7 @@ impl SignalTimer {
         self.tuning.set_lead(lead);
     }
 
-    /// Sets the largest share of the time to a deadline its advance may
-    /// take, for deadlines armed from now on
+    /// Sets the share of real time the spins may take
     /// ([`DEFAULT_SPIN_SHARE`](crate::DEFAULT_SPIN_SHARE) unless set;
     /// clamped to 0..=1, 0 turns the advance off).
     pub fn set_spin_share(&self, share: f64) {
