@@ -135,6 +135,9 @@ struct Run {
     /// (the advance's own miss), the upper edge of its power-of-two bucket,
     /// µs (`None` on KVM's LAPIC).
     start_p99_us: Option<f64>,
+    /// The vCPU's exits to this VMM per timer (its HLT, EOI and deadline
+    /// write, and whatever else; `None` where not measured).
+    exits_per_timer: Option<f64>,
 }
 
 /// Each variant's runs, by percentile: one value per run.
@@ -213,6 +216,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             .map(|(a, b)| early(&a.lateness) + early(&b.lateness))
             .collect();
         goals.push(timer_goal(period_us, &runs, &early_percentile));
+        goals.push(tail_goal(period_us, &runs));
         goals.push(noise_line(period_us, &runs));
         goals.push(delivery_line(period_us, &runs));
         goals.push(host_floor(period_us, &p50, &p99));
@@ -270,6 +274,7 @@ fn measure_period(
             polling_us: None,
             delivery_us: None,
             start_p99_us: None,
+            exits_per_timer: None,
         });
         let Some(qemu) = peer.qemu.filter(|_| peer.failure.is_none()) else {
             continue;
@@ -282,6 +287,7 @@ fn measure_period(
                 polling_us: None,
                 delivery_us: None,
                 start_p99_us: None,
+                exits_per_timer: None,
             }),
             Err(e) => *peer.failure = Some(e.to_string()),
         }
@@ -382,6 +388,29 @@ fn timer_goal(period_us: u64, runs: &[Vec<Run>], early_percentile: &[usize]) -> 
     )
 }
 
+/// Most a userspace timer's p99 may be above the in-kernel timer's: its
+/// expiry starts with a host wake-up and ends in exits KVM's LAPIC does not
+/// take, which at 200 µs costs tens of µs (the delivery line below).
+const TAIL_BOUND: f64 = 3.0;
+
+/// The percentile row's p99 against KVM's LAPIC's, run by run: every run
+/// must hold the bound, as a tail of milliseconds in one run is a guest that
+/// fell behind its timers.
+fn tail_goal(period_us: u64, runs: &[Vec<Run>]) -> String {
+    let p99 = per_run(runs, 0.99);
+    let ratio = p99[PERCENTILE].ratio_to(&p99[KERNEL[0]]);
+    let each = ratio.each(|r| r <= TAIL_BOUND);
+    let listed: Vec<String> = ratio.0.iter().map(|r| format!("{r:.2}x")).collect();
+    goal(
+        &format!(
+            "at {period_us} µs, the percentile row's p99 at most {TAIL_BOUND}x KVM's LAPIC's (--irqchip kernel) in every run"
+        ),
+        &format!("per run {}", listed.join(", ")),
+        !each.is_empty() && each.iter().all(|&m| m),
+        &[],
+    )
+}
+
 /// The `q` quantile of one row's timers over all its runs.
 fn pooled(runs: &[Vec<Run>], row: usize, q: f64) -> f64 {
     let all: Vec<f64> = runs[row]
@@ -423,7 +452,8 @@ fn delivery_line(period_us: u64, runs: &[Vec<Run>]) -> String {
         .flat_map(|&row| &runs[row])
         .filter_map(|r| {
             Some(format!(
-                "{:.0}/{:.1}/{:.1}",
+                "{:.1}/{:.0}/{:.1}/{:.1}",
+                r.exits_per_timer?,
                 r.delivery_us?,
                 r.start_p99_us?,
                 quantile(&r.lateness, 0.5)
@@ -431,7 +461,7 @@ fn delivery_line(period_us: u64, runs: &[Vec<Run>]) -> String {
         })
         .collect();
     format!(
-        "At {period_us} µs, where this VMM's lateness comes from, per run of the percentile rows (µs): the delivery path's median (KVM_INTERRUPT, KVM_RUN and the guest's emulated interrupt entry) / the advance's own p99 miss (delivery starting after its target; at most, a power-of-two bucket) / the guest's p50 lateness: {}. The lead covers at most {} µs of the path, so that a guest never sees its timer early when the path turns fast again; KVM's LAPIC delivers from inside KVM_RUN.",
+        "At {period_us} µs, where this VMM's lateness comes from, per run of the percentile rows: the vCPU's exits to this VMM per timer / the delivery path's median (KVM_INTERRUPT, KVM_RUN and the guest's emulated interrupt entry) / the advance's own p99 miss (delivery starting after its target; at most, a power-of-two bucket) / the guest's p50 lateness, in µs: {}. The lead covers at most {} µs of the path, so that a guest never sees its timer early when the path turns fast again; KVM's LAPIC delivers from inside KVM_RUN.",
         pairs.join(", "),
         MAX_LEAD.as_micros()
     )
@@ -492,10 +522,13 @@ fn catch_up_line(period_us: u64, runs: &[Vec<Run>]) -> String {
     let (kernel_stalls, kernel) = pooled(&KERNEL);
     let rate = |stalls: usize, drop: f64| match (stalls, drop.is_nan()) {
         (0, _) => "no timer over two periods late".to_string(),
-        (n, true) => format!("{n} stall(s) (a timer over two periods late), none caught up from"),
+        (n, true) => format!(
+            "{n} stall(s) (a timer over two periods late), none caught up from: at this period this host does not serve the timer, and the p99 is the backlog, not a timer's lateness"
+        ),
         (n, false) => format!(
-            "{n} stall(s) (a timer over two periods late), then each timer {drop:.1} µs less late than the one before (so {:.1} µs of work per timer, and {:.0} late timers per ms of stall)",
+            "{n} stall(s) (a timer over two periods late), then each timer {drop:.1} µs less late than the one before (so {:.1} µs of work per timer, {:.0} % of the period, and {:.0} late timers per ms of stall, which a p99 counts as lateness)",
             period - drop,
+            100.0 * (period - drop) / period,
             1000.0 / drop
         ),
     };
@@ -559,6 +592,11 @@ fn lateness(m: Choices, samples: u64, period_ticks: u64) -> Result<Run, Error> {
         polling_us: Some(stats.polled_ns as f64 / 1000.0 / samples.max(1) as f64),
         delivery_us: stats.timer_delivery_p50_us.map(|us| us as f64),
         start_p99_us: stats.timer_start_p99_ns.map(|ns| ns as f64 / 1000.0),
+        exits_per_timer: run
+            .report
+            .vcpus
+            .first()
+            .map(|v| v.exits as f64 / samples.max(1) as f64),
     })
 }
 
@@ -622,6 +660,7 @@ mod tests {
             polling_us: None,
             delivery_us: None,
             start_p99_us: None,
+            exits_per_timer: None,
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE].push(run(&lateness));
@@ -630,12 +669,41 @@ mod tests {
         assert!(line.contains("percentile advance: 2 stall(s)"), "{line}");
         assert!(line.contains("80.0 µs less late"), "{line}");
         assert!(
+            line.contains("120.0 µs of work per timer, 60 % of the period"),
+            "{line}"
+        );
+        assert!(
             line.contains(
-                "KVM's LAPIC: 1 stall(s) (a timer over two periods late), none caught up from"
+                "KVM's LAPIC: 1 stall(s) (a timer over two periods late), none caught up from: at this period this host does not serve the timer"
             ),
             "{line}"
         );
         assert!(!line.contains("NaN"), "{line}");
+    }
+
+    #[test]
+    fn the_tail_goal_holds_only_if_every_run_is_within_the_bound() {
+        let run = |p99: f64| Run {
+            lateness: vec![p99; 10],
+            spin_us: None,
+            polling_us: None,
+            delivery_us: None,
+            start_p99_us: None,
+            exits_per_timer: None,
+        };
+        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        runs[KERNEL[0]] = vec![run(30.0), run(30.0)];
+        runs[PERCENTILE] = vec![run(60.0), run(89.0)];
+        let line = tail_goal(200, &runs);
+        assert!(line.contains("per run 2.00x, 2.97x: met."), "{line}");
+        runs[PERCENTILE][1] = run(3000.0);
+        let line = tail_goal(200, &runs);
+        assert!(line.contains("per run 2.00x, 100.00x: not met."), "{line}");
+        runs[PERCENTILE].clear();
+        assert!(
+            tail_goal(200, &runs).ends_with(": not met."),
+            "no runs, no verdict of met"
+        );
     }
 
     #[test]
@@ -646,6 +714,7 @@ mod tests {
             polling_us: None,
             delivery_us: None,
             start_p99_us: None,
+            exits_per_timer: None,
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(&[10.0, 20.0, 30.0]), run(&[10.0, 20.0, 30.0])];
@@ -668,6 +737,7 @@ mod tests {
             polling_us: Some(polling),
             delivery_us: None,
             start_p99_us: None,
+            exits_per_timer: None,
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[KERNEL[0]] = vec![run(30.0, 115.0), run(40.0, 116.0)];
@@ -693,6 +763,7 @@ mod tests {
             polling_us: None,
             delivery_us: Some(delivery),
             start_p99_us: Some(4.096),
+            exits_per_timer: Some(3.0),
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(19.0, 6.0), run(29.0, 16.0)];
@@ -700,7 +771,7 @@ mod tests {
         runs[KERNEL[0]] = vec![run(99.0, 99.0)];
         let line = delivery_line(200, &runs);
         assert!(
-            line.contains(": 19/4.1/6.0, 29/4.1/16.0, 20/4.1/7.0."),
+            line.contains(": 3.0/19/4.1/6.0, 3.0/29/4.1/16.0, 3.0/20/4.1/7.0."),
             "{line}"
         );
         assert!(line.contains("at most 13 µs"), "{line}");
@@ -717,6 +788,7 @@ mod tests {
             polling_us: None,
             delivery_us: None,
             start_p99_us: None,
+            exits_per_timer: None,
         };
         // 100 timers a run at `at` µs, `late` of them at `tail` µs: a run's
         // p99 is its 2nd latest, the pooled p99 of two runs their 3rd.
