@@ -17,10 +17,7 @@ impl AdvancePolicy for HalfLate {
 
 fn main() {
     let mut policy = HalfLate(Duration::ZERO);
-    policy.learn(&Wakeup {
-        advance: Duration::ZERO,
-        delta_ns: 4_000,
-    });
+    policy.learn(&Wakeup::new(Duration::ZERO, 4_000));
     assert_eq!(policy.advance(), Duration::from_micros(2));
     let mut timer = LapicTimer::new(GuestTime {
         tsc_khz: 1_000_000,
