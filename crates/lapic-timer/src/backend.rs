@@ -5,7 +5,7 @@
 //!
 //! The busy-wait never lasts longer than the advance it was armed with, the
 //! advance is never more than the spin budget holds
-//! ([`DEFAULT_SPIN_SHARE`](crate::DEFAULT_SPIN_SHARE) of real time, so that
+//! ([`DEFAULT_SPIN_SHARE`] of real time, so that
 //! spinning takes at most that share of a CPU however short the period), and
 //! it runs where the VMM chooses ([`SpinAt`]): on the timer thread, or on the
 //! receiver (the vCPU thread, just before `KVM_RUN`, as the kernel does).
@@ -458,7 +458,7 @@ impl TimerThread {
     }
 
     /// Sets the share of real time the spins may take
-    /// ([`DEFAULT_SPIN_SHARE`](crate::DEFAULT_SPIN_SHARE) unless set;
+    /// ([`DEFAULT_SPIN_SHARE`] unless set;
     /// clamped to 0..=1, 0 turns the advance off).
     pub fn set_spin_share(&self, share: f64) {
         self.shared.tuning.set_spin_share(share);

@@ -140,6 +140,21 @@ struct Run {
     exits_per_timer: Option<f64>,
 }
 
+impl Run {
+    /// A run of which only each timer's lateness is known (the host's row,
+    /// QEMU's).
+    fn of_lateness(lateness: Vec<f64>) -> Self {
+        Self {
+            lateness,
+            spin_us: None,
+            polling_us: None,
+            delivery_us: None,
+            start_p99_us: None,
+            exits_per_timer: None,
+        }
+    }
+}
+
 /// Each variant's runs, by percentile: one value per run.
 fn per_run(runs: &[Vec<Run>], q: f64) -> Vec<Runs> {
     runs.iter()
@@ -268,27 +283,13 @@ fn measure_period(
             runs[i].push(lateness(m, samples, period_ticks)?);
         }
         progress(&format!("timer: {period_us} µs, {HOST_ROW}"));
-        runs[HOST].push(Run {
-            lateness: host_wakeups(samples, period_us)?,
-            spin_us: None,
-            polling_us: None,
-            delivery_us: None,
-            start_p99_us: None,
-            exits_per_timer: None,
-        });
+        runs[HOST].push(Run::of_lateness(host_wakeups(samples, period_us)?));
         let Some(qemu) = peer.qemu.filter(|_| peer.failure.is_none()) else {
             continue;
         };
         progress(&format!("timer: {period_us} µs, {QEMU_ROW}"));
         match qemu_lateness(qemu, samples, period_ticks, peer.opts) {
-            Ok(lateness) => runs[QEMU].push(Run {
-                lateness,
-                spin_us: None,
-                polling_us: None,
-                delivery_us: None,
-                start_p99_us: None,
-                exits_per_timer: None,
-            }),
+            Ok(lateness) => runs[QEMU].push(Run::of_lateness(lateness)),
             Err(e) => *peer.failure = Some(e.to_string()),
         }
     }
@@ -654,14 +655,7 @@ mod tests {
         assert_eq!(catch_up(&lateness, 200.0), vec![80.0, 80.0, 80.0]);
         assert_eq!(stalls_in(&[900.0, 20.0], 200.0), 1, "behind from the start");
         assert!(catch_up(&[20.0, 30.0, 25.0], 200.0).is_empty());
-        let run = |lateness: &[f64]| Run {
-            lateness: lateness.to_vec(),
-            spin_us: None,
-            polling_us: None,
-            delivery_us: None,
-            start_p99_us: None,
-            exits_per_timer: None,
-        };
+        let run = |lateness: &[f64]| Run::of_lateness(lateness.to_vec());
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE].push(run(&lateness));
         runs[KERNEL[0]].push(run(&[30.0, 900.0]));
@@ -683,14 +677,7 @@ mod tests {
 
     #[test]
     fn the_tail_goal_holds_only_if_every_run_is_within_the_bound() {
-        let run = |p99: f64| Run {
-            lateness: vec![p99; 10],
-            spin_us: None,
-            polling_us: None,
-            delivery_us: None,
-            start_p99_us: None,
-            exits_per_timer: None,
-        };
+        let run = |p99: f64| Run::of_lateness(vec![p99; 10]);
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[KERNEL[0]] = vec![run(30.0), run(30.0)];
         runs[PERCENTILE] = vec![run(60.0), run(89.0)];
@@ -708,14 +695,7 @@ mod tests {
 
     #[test]
     fn the_placement_line_compares_the_percentile_rows_and_counts_stalled_runs() {
-        let run = |lateness: &[f64]| Run {
-            lateness: lateness.to_vec(),
-            spin_us: None,
-            polling_us: None,
-            delivery_us: None,
-            start_p99_us: None,
-            exits_per_timer: None,
-        };
+        let run = |lateness: &[f64]| Run::of_lateness(lateness.to_vec());
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(&[10.0, 20.0, 30.0]), run(&[10.0, 20.0, 30.0])];
         runs[THREAD] = vec![run(&[20.0, 40.0, 900.0]), run(&[20.0, 40.0, 60.0])];
@@ -732,12 +712,8 @@ mod tests {
     #[test]
     fn the_noise_line_compares_kvms_settings_only_where_they_polled_alike() {
         let run = |tail: f64, polling: f64| Run {
-            lateness: (0..100).map(|i| if i < 2 { tail } else { 18.0 }).collect(),
-            spin_us: None,
             polling_us: Some(polling),
-            delivery_us: None,
-            start_p99_us: None,
-            exits_per_timer: None,
+            ..Run::of_lateness((0..100).map(|i| if i < 2 { tail } else { 18.0 }).collect())
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[KERNEL[0]] = vec![run(30.0, 115.0), run(40.0, 116.0)];
@@ -758,12 +734,10 @@ mod tests {
     #[test]
     fn the_delivery_line_pairs_each_runs_path_with_its_lateness() {
         let run = |delivery: f64, p50: f64| Run {
-            lateness: vec![p50; 5],
-            spin_us: None,
-            polling_us: None,
             delivery_us: Some(delivery),
             start_p99_us: Some(4.096),
             exits_per_timer: Some(3.0),
+            ..Run::of_lateness(vec![p50; 5])
         };
         let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(19.0, 6.0), run(29.0, 16.0)];
@@ -782,14 +756,7 @@ mod tests {
         // Rows: none, fixed, kvm, percentile, percentile:99, percentile on a
         // timer thread, percentile + polling, kernel, kernel + polling.
         assert_eq!(variants().len(), 9);
-        let run = |lateness: Vec<f64>| Run {
-            lateness,
-            spin_us: None,
-            polling_us: None,
-            delivery_us: None,
-            start_p99_us: None,
-            exits_per_timer: None,
-        };
+        let run = Run::of_lateness;
         // 100 timers a run at `at` µs, `late` of them at `tail` µs: a run's
         // p99 is its 2nd latest, the pooled p99 of two runs their 3rd.
         let series = |at: f64, late: usize, tail: f64| {
