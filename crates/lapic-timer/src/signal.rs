@@ -27,6 +27,29 @@
 //!   wants to be interrupted (a VMM: inside `KVM_RUN`, with
 //!   `KVM_SET_SIGNAL_MASK`), with a handler installed if it is ever
 //!   unblocked (a real-time signal's default action ends the process).
+//!
+//! # Example
+//! Its signal stays blocked except in `KVM_RUN` (`KVM_SET_SIGNAL_MASK`), which
+//! it ends with `EINTR`; `take_due` reads the clock, so nothing is missed
+//! whether the signal came or not (the mask here uses `libc`):
+//! ```
+//! use lapic_timer::{Clock, MonotonicClock, NoEvents, Percentile, SignalTimer};
+//!
+//! let signal = libc::SIGRTMIN() + 1;
+//! // SAFETY: a valid set; blocks the signal on this thread only.
+//! unsafe {
+//!     let mut set = std::mem::zeroed();
+//!     (libc::sigemptyset(&mut set), libc::sigaddset(&mut set, signal));
+//!     libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+//! }
+//! let mut timer = SignalTimer::new(Percentile::default(), NoEvents, signal)?;
+//! timer.arm(MonotonicClock.now_ns() + 200_000, 0xec)?;
+//! // Before each KVM_RUN (and after it returned EINTR): anything due?
+//! let expiry = loop { if let Some(due) = timer.take_due() { break due; } };
+//! timer.receive(&expiry); // learns, then spins to the target
+//! assert_eq!(expiry.payload, 0xec);
+//! # Ok::<(), std::io::Error>(())
+//! ```
 
 use std::io;
 use std::os::raw::c_int;
