@@ -1,6 +1,8 @@
 //! Drives vCPU states, candidate selection and the booster with arbitrary
-//! sequences of events, and panics if an invariant breaks. The fuzz target
-//! (`fuzz/`) feeds it random bytes; `cargo test` replays the corpus.
+//! sequences of events ([`run`]), and guest-requested boosts with arbitrary
+//! request words ([`guest_requests`]), and panics if an invariant breaks. The
+//! fuzz targets (`fuzz/`) feed them random bytes; `cargo test` replays their
+//! corpora.
 
 use std::io;
 use std::sync::Mutex;
@@ -9,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use crate::{
-    Booster, FakeClock, NoEvents, NoGuestView, RunState, ThreadControl, Tid, VcpuState,
+    BoostBudget, Booster, Clock, FakeClock, GuestBoosts, NoBoost, NoEvents, NoGuestView,
+    RequestLimits, RunState, SchedEvents, Scheduler, ThreadControl, ThreadSeen, Tid, VcpuState,
     YieldResult, on_spin,
 };
 
@@ -109,6 +112,86 @@ pub fn run(data: &[u8]) {
     drop(booster); // restores whatever is still boosted
 }
 
+/// The step in which [`guest_requests`] lets time pass, revoking at each.
+const STEP: Duration = Duration::from_micros(10);
+
+/// Every boost's length and the boosted time per vCPU, as the booster
+/// reports them.
+#[derive(Default)]
+struct Held(Mutex<Vec<(usize, Duration)>>);
+
+impl SchedEvents for Held {
+    fn unboosted(&self, vcpu: usize, held: Duration, _revoked: bool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((vcpu, held));
+    }
+}
+
+/// Guest-requested boosts under whatever the guest writes: each 10 bytes
+/// are a vCPU, a request word (8 bytes), and an action byte whose low bits
+/// say how the vCPU's thread is seen and whose high bits how long time
+/// passes next. Checks that no boost outlives `max_boost`, that no vCPU's
+/// boosts in a period exceed the budget per period (plus the one boost
+/// begun just under it), and that the booster's record and the thread agree.
+pub fn guest_requests(data: &[u8]) {
+    let budget = BoostBudget::default();
+    let clock = std::sync::Arc::new(FakeClock::default());
+    let booster = Booster::manual(VCPUS, Control::default(), Held::default(), clock.clone())
+        .with_budget(budget);
+    (0..VCPUS).for_each(|v| booster.register(v, v as Tid));
+    let sched = Scheduler::new(VCPUS, NoBoost, booster, NoGuestView);
+    let words: Box<[std::sync::atomic::AtomicU64]> =
+        (0..VCPUS).map(|_| Default::default()).collect();
+    let limits = RequestLimits::new(Duration::from_millis(3), budget.max_boost);
+    let requests = GuestBoosts::with_clock(VCPUS, words, limits, clock.clone());
+    let seen = [
+        ThreadSeen::Preempted,
+        ThreadSeen::Running,
+        ThreadSeen::Blocked,
+    ];
+    for op in data.chunks_exact(10) {
+        let v = usize::from(op[0]) % VCPUS;
+        let word = u64::from_le_bytes(op[1..9].try_into().expect("8 bytes"));
+        requests.words()[v].store(word, SeqCst);
+        let thread = seen[usize::from(op[9] & 3) % 3];
+        requests.check_seen(&sched.ctx(), v, thread);
+        for _ in 0..op[9] >> 2 {
+            clock.advance(STEP);
+            sched.booster().revoke_expired();
+        }
+        for i in 0..VCPUS {
+            assert_eq!(
+                sched.booster().is_boosted(i),
+                sched.booster().control().boosted(i),
+                "the booster's record and the thread disagree"
+            );
+        }
+    }
+    for v in 0..VCPUS {
+        sched.booster().ran(v).expect("the control never fails"); // accounted
+    }
+    let held = sched
+        .booster()
+        .events()
+        .0
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let periods = clock.now().as_nanos() / budget.period.as_nanos() + 1;
+    for v in 0..VCPUS {
+        let boosts: Vec<Duration> = held.iter().filter(|b| b.0 == v).map(|b| b.1).collect();
+        let longest = boosts.iter().max().copied().unwrap_or_default();
+        assert!(longest <= budget.max_boost + STEP, "a boost of {longest:?}");
+        let total: Duration = boosts.iter().sum();
+        let bound = (budget.per_period + budget.max_boost + STEP) * periods as u32;
+        assert!(
+            total <= bound,
+            "vCPU {v}: {total:?} boosted in {periods} periods"
+        );
+    }
+}
+
 /// One directed-yield search by `me`, whose attempts succeed, fail or do
 /// nothing as the bits of `arg` say.
 fn spin(vcpus: &[VcpuState], me: usize, last: &AtomicUsize, arg: u8) {
@@ -157,6 +240,36 @@ mod tests {
         let mut inputs = 0;
         for entry in std::fs::read_dir(dir).expect("the corpus is committed") {
             super::run(&std::fs::read(entry.unwrap().path()).unwrap());
+            inputs += 1;
+        }
+        assert!(inputs >= 8, "the corpus has only {inputs} inputs");
+    }
+
+    #[test]
+    fn guest_requests_that_hold_flip_or_garble_the_mark_stay_bounded() {
+        let mut data = Vec::new();
+        for i in 0..3000u32 {
+            let v = (i % 3) as u8;
+            let word = match v {
+                0 => 1u64 << 32 | 7,                                   // held forever
+                1 => u64::from(i) | u64::from(i & 1) << 32,            // flipped
+                _ => u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15), // garbage
+            };
+            data.push(v);
+            data.extend(word.to_le_bytes());
+            data.push((i % 7) as u8 * 4); // preempted, then 0-24 steps
+        }
+        super::guest_requests(&data);
+        super::guest_requests(&[]);
+    }
+
+    /// Replays every input committed under `fuzz-corpus/guest_requests/`.
+    #[test]
+    fn replays_the_guest_requests_corpus() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/guest_requests");
+        let mut inputs = 0;
+        for entry in std::fs::read_dir(dir).expect("the corpus is committed") {
+            super::guest_requests(&std::fs::read(entry.unwrap().path()).unwrap());
             inputs += 1;
         }
         assert!(inputs >= 8, "the corpus has only {inputs} inputs");

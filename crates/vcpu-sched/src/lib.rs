@@ -61,9 +61,11 @@ pub mod boost;
 pub mod clock;
 pub mod directed_yield;
 pub mod events;
+pub mod guest_request;
 pub mod host_load;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
+pub mod irq_route;
 pub mod policy;
 pub mod probe;
 pub mod scheduler;
@@ -75,13 +77,17 @@ pub use boost::{BoostBudget, Booster};
 pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use directed_yield::{GuestView, NoGuestView, YieldResult, on_spin};
 pub use events::{NoEvents, SchedEvents, SchedStats};
+pub use guest_request::{
+    BoostRequest, GuestBoosts, RequestLimits, RequestOutcome, RequestWatcher, RequestWords,
+};
 pub use host_load::{Crowding, LoadSource, RunnableThreads};
+pub use irq_route::{GsiRoute, IrqTargets, MsiMessage, NoTarget};
 pub use policy::{
     Boost, BoostPolicy, Ctx, DirectedYield, FifoOnDelivery, KvmReady, NoBoost, boost_ready,
     pv_yield_to,
 };
-pub use probe::PreemptionProbe;
-pub use scheduler::Scheduler;
+pub use probe::{PreemptionProbe, ThreadProbe, ThreadSeen};
+pub use scheduler::{Delivery, Scheduler};
 pub use state::{RunState, VcpuState};
 pub use thread::{FifoBoost, SchedAttr, ThreadControl, Tid};
 

@@ -124,6 +124,9 @@ pub trait Boost {
     fn yield_now(&self);
     /// Reports a directed-yield attempt.
     fn directed_yield(&self, successful: bool);
+    /// Says which host thread runs vCPU `vcpu` (the default ignores it: a
+    /// booster that needs no thread ids).
+    fn register(&self, _vcpu: usize, _tid: crate::Tid) {}
 }
 
 macro_rules! forward_boost {
@@ -143,6 +146,9 @@ macro_rules! forward_boost {
             }
             fn directed_yield(&self, successful: bool) {
                 (**self).directed_yield(successful)
+            }
+            fn register(&self, vcpu: usize, tid: crate::Tid) {
+                (**self).register(vcpu, tid)
             }
         }
     )*};
@@ -166,6 +172,9 @@ impl<T: crate::ThreadControl, E: crate::SchedEvents> Boost for crate::Booster<T,
     }
     fn directed_yield(&self, successful: bool) {
         self.report_directed_yield(successful);
+    }
+    fn register(&self, vcpu: usize, tid: crate::Tid) {
+        crate::Booster::register(self, vcpu, tid);
     }
 }
 

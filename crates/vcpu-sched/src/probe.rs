@@ -1,6 +1,13 @@
 //! Detecting a preempted vCPU from userspace: runnable, but not running.
 //!
-//! KVM knows from its scheduler notifiers. A VMM can see, in
+//! KVM knows from its scheduler notifiers. A userspace VMM has two looks:
+//! - [`ThreadProbe`], at one moment: is the thread on a CPU, waiting for one,
+//!   or asleep? For a VMM on KVM's in-kernel irqchip, whose vCPU threads stay
+//!   inside `KVM_RUN` and halt there, this is all it can know at the moment a
+//!   device thread raises an interrupt ([`crate::Scheduler::delivering`]).
+//! - [`PreemptionProbe`], over an interval: was the thread kept off its CPU?
+//!
+//! For the second, a VMM can see, in
 //! `/proc/self/task/<tid>/schedstat`, how long a thread has run and how long it
 //! waited on a runqueue: a vCPU thread in the guest or the VMM that, since the
 //! last look, waited for a CPU more than a quarter of the time and ran less than
@@ -10,7 +17,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::thread::Tid;
 
@@ -67,6 +74,104 @@ impl PreemptionProbe {
 /// less than half of it.
 fn kept_off_cpu(wall: u64, ran: u64, waited: u64) -> bool {
     waited > wall / 4 && ran < wall / 2
+}
+
+/// Where a thread is at one moment, as the host scheduler has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ThreadSeen {
+    /// On a CPU (for a vCPU: in the guest, in KVM, halt polling in KVM).
+    Running,
+    /// Runnable but waiting for a CPU: KVM's `preempted` (and `ready`), the
+    /// one state in which a boost buys anything.
+    Preempted,
+    /// Asleep (for a vCPU inside `KVM_RUN`: halted, blocked in KVM until an
+    /// interrupt wakes it), stopped, or exited.
+    Blocked,
+}
+
+/// Tells, at one moment, whether a thread of this process runs, waits for a
+/// CPU or sleeps, from outside it: its state letter in
+/// `/proc/self/task/<tid>/stat` (`R`: running or runnable) and whether its
+/// CPU clock (`CLOCK_THREAD_CPUTIME_ID` of that thread, which the kernel
+/// brings up to date for a thread on a CPU) advances between two reads.
+///
+/// [`ThreadProbe::new`] opens the stat file; a VMM that installs a seccomp
+/// filter opens its probes first. Each [`ThreadProbe::seen`] then makes
+/// three system calls: `clock_gettime`, `pread64`, `clock_gettime`.
+#[derive(Debug)]
+pub struct ThreadProbe {
+    stat: File,
+    cpu_clock: libc::clockid_t,
+}
+
+impl ThreadProbe {
+    /// A probe of thread `tid` of this process.
+    ///
+    /// # Errors
+    /// The thread's stat file cannot be opened (no such thread, no `/proc`).
+    pub fn new(tid: Tid) -> io::Result<Self> {
+        Ok(Self {
+            stat: File::open(format!("/proc/self/task/{tid}/stat"))?,
+            cpu_clock: thread_cpu_clock(tid),
+        })
+    }
+
+    /// Where the thread is now.
+    ///
+    /// # Errors
+    /// The stat file or the CPU clock cannot be read (the thread exited).
+    pub fn seen(&self) -> io::Result<ThreadSeen> {
+        let before = self.cpu_time()?;
+        let runnable = self.runnable()?;
+        let after = self.cpu_time()?;
+        Ok(match (after > before, runnable) {
+            (true, _) => ThreadSeen::Running,
+            (false, true) => ThreadSeen::Preempted,
+            (false, false) => ThreadSeen::Blocked,
+        })
+    }
+
+    /// The CPU time the thread has used.
+    pub fn cpu_time(&self) -> io::Result<Duration> {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec for the call to write.
+        if unsafe { libc::clock_gettime(self.cpu_clock, &mut ts) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+
+    /// Whether the stat file says `R` (running or runnable).
+    fn runnable(&self) -> io::Result<bool> {
+        let mut buf = [0u8; 512];
+        let n = self.stat.read_at(&mut buf, 0)?;
+        state_letter(&buf[..n])
+            .map(|state| state == b'R')
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected stat format"))
+    }
+}
+
+/// The state letter of a `/proc/<pid>/stat` line: the first field after the
+/// command name, which is in parentheses and may itself hold spaces and
+/// parentheses (hence the last `)`).
+fn state_letter(stat: &[u8]) -> Option<u8> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    match stat.get(close + 1..close + 3)? {
+        [b' ', state] => Some(*state),
+        _ => None,
+    }
+}
+
+/// The CPU clock of thread `tid` (the kernel's `MAKE_THREAD_CPUCLOCK(tid,
+/// CPUCLOCK_SCHED)`, which glibc's `pthread_getcpuclockid` builds from a
+/// `pthread_t`; a VMM knows its vCPU threads by tid).
+fn thread_cpu_clock(tid: Tid) -> libc::clockid_t {
+    const CPUCLOCK_PERTHREAD: libc::clockid_t = 4;
+    const CPUCLOCK_SCHED: libc::clockid_t = 2;
+    (!tid << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED
 }
 
 #[cfg(test)]
@@ -159,6 +264,82 @@ mod tests {
         assert!(
             verdict,
             "three spinners on one CPU: each waits about two thirds of the time"
+        );
+    }
+
+    #[test]
+    fn reads_the_state_letter_past_any_command_name() {
+        assert_eq!(state_letter(b"42 (vcpu 0) R 1 2"), Some(b'R'));
+        assert_eq!(state_letter(b"42 (a) b) (c) S 1 2"), Some(b'S'));
+        assert_eq!(state_letter(b"42 (x)"), None);
+        assert_eq!(state_letter(b"42 x R"), None);
+    }
+
+    #[test]
+    fn a_thread_is_seen_running_asleep_and_waiting_for_its_cpu() {
+        let _turn = one_at_a_time();
+        let me = ThreadProbe::new(current_tid()).unwrap();
+        assert_eq!(me.seen().unwrap(), ThreadSeen::Running, "the caller runs");
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            tid_tx.send(current_tid()).unwrap();
+            rx.recv().unwrap();
+        });
+        let asleep = ThreadProbe::new(tid_rx.recv().unwrap()).unwrap();
+        // It may not have reached recv() yet: a few looks.
+        let blocked = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            asleep.seen().unwrap() == ThreadSeen::Blocked
+        });
+        tx.send(()).unwrap();
+        sleeper.join().unwrap();
+        assert!(blocked, "a thread waiting on a channel sleeps");
+        assert!(asleep.seen().is_err(), "an exited thread has no state");
+
+        // Three spinners pinned to one CPU: at any moment two of them wait.
+        // Probed once all spin (before, a page fault can sleep on the
+        // process's memory map lock while the test harness maps stacks).
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        let cpu = crate::thread::available_cpus().unwrap()[0];
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinning = std::sync::Arc::new(AtomicUsize::new(0));
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let spinners: Vec<_> = (0..3)
+            .map(|_| {
+                let (stop, spinning, tid_tx) = (stop.clone(), spinning.clone(), tid_tx.clone());
+                std::thread::spawn(move || {
+                    crate::thread::pin(0, &[cpu]).unwrap();
+                    tid_tx.send(current_tid()).unwrap();
+                    spinning.fetch_add(1, Relaxed);
+                    while !stop.load(Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let probes: Vec<_> = tid_rx
+            .iter()
+            .take(3)
+            .map(|tid| ThreadProbe::new(tid).unwrap())
+            .collect();
+        while spinning.load(Relaxed) < 3 {
+            std::thread::yield_now();
+        }
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..2000 {
+            for p in &probes {
+                seen.insert(p.seen().unwrap());
+            }
+            if seen.len() == 2 {
+                break;
+            }
+        }
+        stop.store(true, Relaxed);
+        spinners.into_iter().for_each(|t| t.join().unwrap());
+        assert!(
+            seen.contains(&ThreadSeen::Preempted) && !seen.contains(&ThreadSeen::Blocked),
+            "spinners sharing a CPU take turns: {seen:?}"
         );
     }
 }

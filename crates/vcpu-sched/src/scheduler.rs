@@ -2,14 +2,18 @@
 //! boost policy, where the last directed yield went, and the guest view, with
 //! one method per event a VMM's vCPUs have.
 
+use std::io;
 use std::sync::atomic::AtomicUsize;
+
+use arc_swap::ArcSwapOption;
 
 use crate::boost::Booster;
 use crate::directed_yield::{GuestView, NoGuestView};
 use crate::events::SchedEvents;
 use crate::policy::{Boost, BoostPolicy, Ctx};
+use crate::probe::{ThreadProbe, ThreadSeen};
 use crate::state::{RunState, VcpuState};
-use crate::thread::{FifoBoost, ThreadControl};
+use crate::thread::{FifoBoost, ThreadControl, Tid};
 
 /// A VM's vCPU scheduling: a VMM creates one per VM, shares it with every
 /// vCPU thread (it is `Sync`), and calls a method for each event:
@@ -22,6 +26,7 @@ use crate::thread::{FifoBoost, ThreadControl};
 /// | it waits on other vCPUs (a pause-loop exit) | [`waiting`](Self::waiting) | [`BoostPolicy::on_wait`] |
 /// | it polls with nothing to wait for | [`idle`](Self::idle) | [`BoostPolicy::on_idle`] |
 /// | it halted, or was woken | [`halted`](Self::halted), [`woken`](Self::woken) | (its run state) |
+/// | KVM delivers an interrupt a device thread raised (irqfd, `KVM_SIGNAL_MSI`) | [`delivering`](Self::delivering) | [`BoostPolicy::on_delivery`], if the vCPU waits for a CPU |
 ///
 /// Indices at or past [`vcpus`](Self::vcpus) are ignored by the event
 /// methods (a guest can name a vCPU that does not exist), and
@@ -39,6 +44,27 @@ pub struct Scheduler<
     policy: P,
     last_boosted: AtomicUsize,
     guest: G,
+    /// Each vCPU thread's probe, for [`Self::delivering`].
+    threads: Box<[ArcSwapOption<ThreadProbe>]>,
+}
+
+/// What [`Scheduler::delivering`] found the target vCPU's thread doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Delivery {
+    /// Waiting for a CPU: handed to the policy, which boosted it or not.
+    Preempted {
+        /// Whether the thread is boosted now.
+        boosted: bool,
+    },
+    /// On a CPU (in the guest, or halt polling in KVM): left alone.
+    Running,
+    /// Asleep: halted in KVM with the interrupt not (yet) waking it, or
+    /// stopped. Left alone, as KVM's `ready` rule leaves a blocked vCPU.
+    Blocked,
+    /// No thread registered with [`Scheduler::register_thread`], its
+    /// thread gone, or no such vCPU.
+    Unknown,
 }
 
 impl<P: BoostPolicy, B: Boost, G: GuestView> Scheduler<P, B, G> {
@@ -51,7 +77,63 @@ impl<P: BoostPolicy, B: Boost, G: GuestView> Scheduler<P, B, G> {
             policy,
             last_boosted: AtomicUsize::new(0),
             guest,
+            threads: (0..vcpus).map(|_| ArcSwapOption::empty()).collect(),
         }
+    }
+
+    /// Says that thread `tid` runs vCPU `vcpu`: registers it with the
+    /// booster and opens the probe [`delivering`](Self::delivering) reads
+    /// (so a VMM with a seccomp filter calls this before installing it).
+    /// A vCPU's thread may be registered again (a new thread replaces it);
+    /// an unknown vCPU is ignored.
+    ///
+    /// # Errors
+    /// The thread's `/proc/self/task/<tid>/stat` cannot be opened.
+    pub fn register_thread(&self, vcpu: usize, tid: Tid) -> io::Result<()> {
+        let Some(slot) = self.threads.get(vcpu) else {
+            return Ok(());
+        };
+        slot.store(Some(ThreadProbe::new(tid)?.into()));
+        self.booster.register(vcpu, tid);
+        Ok(())
+    }
+
+    /// A device thread raised an interrupt that KVM's in-kernel irqchip
+    /// delivers to `target` (through an irqfd or `KVM_SIGNAL_MSI`; which
+    /// vCPU, [`crate::IrqTargets`] tells): call it right after the write or
+    /// the ioctl. KVM has woken a halted target by then, and the VMM never
+    /// sees the vCPU leave `KVM_RUN`, so this looks at the thread itself, with
+    /// KVM's `ready` rule: a thread waiting for a CPU (preempted, or just woken
+    /// and not yet run) is marked ready and handed to the policy's
+    /// [`on_delivery`](BoostPolicy::on_delivery), which may boost it within
+    /// the booster's budget; one running, or still asleep, is left alone.
+    ///
+    /// The boost ends when the vCPU next leaves the guest
+    /// ([`left_guest`](Self::left_guest)) or, since such a vCPU may stay in
+    /// KVM for long, at the booster's `max_boost`: a short one (a few hundred
+    /// microseconds, the time to be scheduled in) suits these boosts.
+    pub fn delivering(&self, target: usize) -> Delivery {
+        let (Some(state), Some(seen)) = (self.states.get(target), self.thread_seen(target)) else {
+            return Delivery::Unknown;
+        };
+        match seen {
+            ThreadSeen::Preempted => {
+                state.set_preempted(true);
+                self.policy.on_delivery(&self.ctx(), target);
+                Delivery::Preempted {
+                    boosted: self.booster.is_boosted(target),
+                }
+            }
+            ThreadSeen::Running => Delivery::Running,
+            ThreadSeen::Blocked => Delivery::Blocked,
+        }
+    }
+
+    /// Where vCPU `vcpu`'s registered thread is now; `None` if none is
+    /// registered, or it exited.
+    pub fn thread_seen(&self, vcpu: usize) -> Option<ThreadSeen> {
+        let probe = self.threads.get(vcpu)?.load_full()?;
+        probe.seen().ok()
     }
 
     /// The number of vCPUs.
@@ -259,5 +341,73 @@ mod tests {
         assert_eq!(sched.vcpus(), 2);
         let quiet = Scheduler::new(1, KvmReady, booster(Arc::default()), NoGuestView);
         assert!(format!("{quiet:?}").starts_with("Scheduler"));
+    }
+
+    #[test]
+    fn delivering_boosts_only_a_target_that_waits_for_a_cpu() {
+        use crate::thread::{available_cpus, current_tid, pin};
+        use std::sync::mpsc;
+        let stats = Arc::new(SchedStats::default());
+        let sched = Scheduler::new(3, FifoOnDelivery, booster(stats.clone()), NoGuestView);
+        assert_eq!(
+            sched.delivering(0),
+            Delivery::Unknown,
+            "no thread registered"
+        );
+        assert_eq!(sched.delivering(9), Delivery::Unknown, "no such vCPU");
+        sched.register_thread(9, current_tid()).unwrap(); // ignored
+        // vCPU 0 is this thread: it runs.
+        sched.register_thread(0, current_tid()).unwrap();
+        assert_eq!(sched.delivering(0), Delivery::Running);
+        // vCPU 1 sleeps (a vCPU halted in KVM).
+        let (wake, asleep) = mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            tid_tx.send(current_tid()).unwrap();
+            asleep.recv().unwrap();
+        });
+        sched.register_thread(1, tid_rx.recv().unwrap()).unwrap();
+        let blocked = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            sched.delivering(1) == Delivery::Blocked
+        });
+        assert!(
+            blocked && !sched.booster().is_boosted(1),
+            "a halted vCPU is left alone"
+        );
+        wake.send(()).unwrap();
+        sleeper.join().unwrap();
+        assert_eq!(sched.delivering(1), Delivery::Unknown, "its thread exited");
+        // vCPU 2 spins on a CPU it shares with two other spinners.
+        let cpu = available_cpus().unwrap()[0];
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let spinners: Vec<_> = (0..3)
+            .map(|_| {
+                let (stop, tid_tx) = (stop.clone(), tid_tx.clone());
+                std::thread::spawn(move || {
+                    pin(0, &[cpu]).unwrap();
+                    tid_tx.send(current_tid()).unwrap();
+                    while !stop.load(SeqCst) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        sched.register_thread(2, tid_rx.recv().unwrap()).unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 2000 && !matches!(seen.last(), Some(Delivery::Preempted { .. })) {
+            seen.push(sched.delivering(2));
+        }
+        stop.store(true, SeqCst);
+        spinners.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(
+            seen.last(),
+            Some(&Delivery::Preempted { boosted: true }),
+            "a spinner waiting for its CPU is boosted, after {} looks",
+            seen.len()
+        );
+        assert!(sched.state(2).is_ready() && sched.state(2).is_preempted());
+        assert_eq!(stats.boosts.load(SeqCst), 1, "only vCPU 2 was boosted");
     }
 }
