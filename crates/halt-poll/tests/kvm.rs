@@ -5,9 +5,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use halt_poll::kvm::{BinaryStats, KvmHaltStats, StatKind, WindowTuner, set_vm_halt_poll};
+use halt_poll::kvm::{
+    BinaryStats, HALT_POLL_NS_GROW_START, KvmHaltStats, StatKind, TunerConfig, WindowTuner,
+    set_vm_halt_poll,
+};
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
 use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
@@ -110,6 +113,16 @@ fn halt_and_kick(
     kicks: u32,
     interval: Duration,
 ) -> (kvm_ioctls::VcpuFd, KvmHaltStats) {
+    halt_and_kick_with(vcpu, kicks, interval, || {})
+}
+
+/// [`halt_and_kick`], calling `after_kick` after each kick.
+fn halt_and_kick_with(
+    vcpu: kvm_ioctls::VcpuFd,
+    kicks: u32,
+    interval: Duration,
+    mut after_kick: impl FnMut(),
+) -> (kvm_ioctls::VcpuFd, KvmHaltStats) {
     register_signal_handler(SIGRTMIN(), on_kick).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let runner = {
@@ -132,6 +145,7 @@ fn halt_and_kick(
     for _ in 0..kicks {
         thread::sleep(interval);
         runner.kill(SIGRTMIN()).unwrap();
+        after_kick();
     }
     stop.store(true, SeqCst);
     // Keep kicking until the thread notices: a kick just before KVM_RUN is lost.
@@ -248,4 +262,60 @@ fn the_tuner_reads_long_halts_and_switches_kvm_polling_off() {
     );
     let blocks = |s: &KvmHaltStats| s.halt_wait_hist.iter().sum::<u64>();
     assert!(blocks(&after) > blocks(&before), "it halted: {after:?}");
+}
+
+#[test]
+fn a_budget_keeps_kvms_polling_within_it() {
+    let Some(kvm) = kvm() else { return };
+    let (vm, vcpu, _mem) = halting_vm(&kvm);
+    let stats = [BinaryStats::for_vcpu(&vcpu).unwrap()];
+    let polled = |s: &KvmHaltStats| s.halt_poll_success_ns + s.halt_poll_fail_ns;
+    let budget = 0.2;
+    let mut config = TunerConfig::default();
+    config.budget = Some(budget);
+    let mut tuner = WindowTuner::starting_from(config, &stats).unwrap();
+    // The workload of the tests above: halts of 50 µs and more, so many
+    // that KVM's own window (200 µs) polls most of the vCPU's time. The
+    // tuner runs every 10 ms between kicks; the measured share counts from
+    // its first window on, which is when the budget can first hold.
+    let mut last_tune = Instant::now();
+    let mut windows = Vec::new();
+    let mut since: Option<(Instant, KvmHaltStats)> = None;
+    let mut untuned = None;
+    let (_, end) = halt_and_kick_with(vcpu, 10_000, Duration::from_micros(50), || {
+        if last_tune.elapsed() >= Duration::from_millis(10) {
+            last_tune = Instant::now();
+            if let Some(w) = tuner.tune(&vm, &stats).unwrap() {
+                untuned.get_or_insert(tuner.polling_share().unwrap_or_default());
+                windows.push(w);
+                since.get_or_insert_with(|| {
+                    (Instant::now(), KvmHaltStats::read(&stats[0]).unwrap())
+                });
+            }
+        }
+    });
+    let (start, first) = since.expect("the tuner set a window");
+    let share = (polled(&end) - polled(&first)) as f64 / start.elapsed().as_nanos() as f64;
+    eprintln!(
+        "KVM's own window polled {untuned:?} of the vCPU; then windows {:?}..{:?}, \
+         {} changes, polling {:.1} % of the vCPU, {} of {} polls caught",
+        windows.first(),
+        windows.last(),
+        tuner.changes(),
+        100.0 * share,
+        end.halt_successful_poll - first.halt_successful_poll,
+        end.halt_attempted_poll - first.halt_attempted_poll,
+    );
+    assert!(
+        windows
+            .iter()
+            .all(|w| w.is_zero() || *w >= HALT_POLL_NS_GROW_START),
+        "{windows:?}"
+    );
+    // The estimate is an upper bound of KVM's polling; the tolerance covers
+    // an interval that breaks the budget before the tuner shrinks.
+    assert!(
+        share <= budget * 1.25,
+        "polled {share:.3} of the vCPU: {windows:?}"
+    );
 }

@@ -18,7 +18,7 @@ use kvm_ioctls::{VcpuFd, VmFd};
 use vmm_sys_util::ioctl::ioctl;
 
 pub mod tuner;
-pub use tuner::{TunerConfig, WindowTuner};
+pub use tuner::{HALT_POLL_NS_GROW_START, TunerConfig, WindowTuner};
 
 /// The stats-fd ioctl, which kvm-ioctls does not wrap.
 mod ioctls {

@@ -6,7 +6,9 @@
 //! VMM sets it). Its rule sees only the last halt: it polls a little on every
 //! long halt before it shrinks, and grows back on the next short one. The
 //! tuner looks at the distribution of halts instead and picks the maximum
-//! that pays, under which KVM's rule keeps working.
+//! under which KVM's rule keeps working: the one that pays, or, with a
+//! [`budget`](TunerConfig::budget), the widest whose polling an operator
+//! can afford.
 //!
 //! # The rule
 //! Called every interval (10 ms is a good default: a few halts of a busy
@@ -23,28 +25,51 @@
 //!    ended, not a signal).
 //! 2. They join a histogram of KVM's log2 buckets whose counts keep
 //!    [`keep`](TunerConfig::keep) of their weight per interval, so it follows
-//!    the workload.
-//! 3. For the window `0` and every power of two up to
-//!    [`max_window`](TunerConfig::max_window), the expected cost of a halt:
-//!    a halt shorter than the window costs its length in polling, a longer
-//!    one the window in polling plus [`block_latency`](TunerConfig::block_latency)
-//!    (blocking at once costs only that); polling is weighed by
-//!    [`cpu_weight`](TunerConfig::cpu_weight) ns of latency per ns of CPU, as
-//!    in [`Predictive`](crate::Predictive). The cheapest window is set; ties go
-//!    to the shorter one.
-//! 4. With fewer than [`min_halts`](TunerConfig::min_halts) halts in the
+//!    the workload; the elapsed time fades alike, so histogram over time is
+//!    a rate of halts.
+//! 3. The window, among `0` and the powers of two up to
+//!    [`max_window`](TunerConfig::max_window):
+//!    - **Cost** (no budget): the expected cost of a halt: a halt shorter
+//!      than the window costs its length in polling, a longer one the window
+//!      in polling plus [`block_latency`](TunerConfig::block_latency)
+//!      (blocking at once costs only that); polling is weighed by
+//!      [`cpu_weight`](TunerConfig::cpu_weight) ns of latency per ns of CPU,
+//!      as in [`Predictive`](crate::Predictive). The cheapest window is
+//!      chosen; ties go to the shorter one.
+//!    - **Budget**: the widest window (it catches the most wake-ups) whose
+//!      expected polling fits `budget` × vCPUs × the elapsed time: a halt
+//!      shorter than the window polls its length, a longer one the whole
+//!      window. That is an upper bound: KVM polls at most the maximum, less
+//!      while its own window grows or another task wants the CPU.
+//! 4. A window below [`HALT_POLL_NS_GROW_START`] is set as `0`: KVM would
+//!    never grow into it.
+//! 5. With fewer than [`min_halts`](TunerConfig::min_halts) halts in the
 //!    histogram it changes nothing: too little to go on.
+//! 6. **Hysteresis**: after a change the window stays for
+//!    [`hold`](TunerConfig::hold) intervals, so a bimodal workload does not
+//!    flip it (and KVM's per-vCPU windows) every few milliseconds.
+//! 7. **A broken budget**: when the polling KVM reports for the last interval
+//!    (`halt_poll_success_ns` + `halt_poll_fail_ns`) exceeded the budget, the
+//!    window shrinks at once, whatever the hold: to the budget's window, and
+//!    at least one power of two below the current one, since the estimate
+//!    just proved too low.
 //!
 //! Both sides stay observed whatever the window: a halt polled through shows in
 //! the success histogram, one that blocked in the wait histogram. So the
 //! window can always move either way.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvm_ioctls::VmFd;
 
 use super::{BinaryStats, KvmError, KvmHaltStats, set_vm_halt_poll};
 use crate::stats::HIST_BUCKETS;
+
+/// KVM's `halt_poll_ns_grow_start` (10 µs on x86): a vCPU's window grows
+/// from 0 straight to it, and only while it stays under the VM's maximum, so
+/// a maximum below it never polls. The tuner sets such windows as 0, which
+/// says so.
+pub const HALT_POLL_NS_GROW_START: Duration = Duration::from_micros(10);
 
 /// Settings of a [`WindowTuner`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,6 +86,17 @@ pub struct TunerConfig {
     pub keep: f64,
     /// Halts (weighted) in the histogram before it sets a window.
     pub min_halts: f64,
+    /// `Some(share)`: polling may cost at most this share of each vCPU's time
+    /// (0.05: 5 %), and the tuner sets the widest window that stays within
+    /// it instead of the cheapest one: an operator's bound on what an idle
+    /// or bursty guest can burn on polling (a share is clamped to `0..=1`;
+    /// NaN is 0, no polling). `None`: the cost model alone.
+    pub budget: Option<f64>,
+    /// Intervals a window stays before it may change again (a broken budget
+    /// shrinks it at once): each change is a `KVM_ENABLE_CAP` and resets
+    /// KVM's per-vCPU windows to grow again, so flipping with every burst
+    /// costs more than it tracks.
+    pub hold: u32,
 }
 
 impl Default for TunerConfig {
@@ -71,6 +107,9 @@ impl Default for TunerConfig {
             cpu_weight: 0.1,
             keep: 0.75,
             min_halts: 16.0,
+            budget: None,
+            // 100 ms at a 10 ms interval.
+            hold: 10,
         }
     }
 }
@@ -79,17 +118,19 @@ impl Default for TunerConfig {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use halt_poll::kvm::{BinaryStats, KvmError, WindowTuner};
+/// use halt_poll::kvm::{BinaryStats, KvmError, TunerConfig, WindowTuner};
 /// use kvm_ioctls::{VcpuFd, VmFd};
 ///
 /// /// Tunes `vm` until `running` says stop (a VMM runs this on a thread of its own).
 /// fn tune(vm: &VmFd, vcpus: &[VcpuFd], running: impl Fn() -> bool) -> Result<(), KvmError> {
 ///     let stats: Vec<BinaryStats> = vcpus.iter().map(BinaryStats::for_vcpu).collect::<Result<_, _>>()?;
-///     let mut tuner = WindowTuner::default();
+///     let mut config = TunerConfig::default();
+///     config.budget = Some(0.05); // poll at most 5 % of each vCPU's time
+///     let mut tuner = WindowTuner::starting_from(config, &stats)?;
 ///     while running() {
 ///         std::thread::sleep(Duration::from_millis(10));
 ///         if let Some(window) = tuner.tune(vm, &stats)? {
-///             println!("halt polling up to {window:?}");
+///             println!("halt polling up to {window:?}, {} changes", tuner.changes());
 ///         }
 ///     }
 ///     Ok(())
@@ -99,18 +140,44 @@ impl Default for TunerConfig {
 pub struct WindowTuner {
     config: TunerConfig,
     last: Vec<KvmHaltStats>,
+    /// When `last` was read (by [`WindowTuner::tune`]).
+    read_at: Option<Instant>,
     halts: [f64; HIST_BUCKETS],
+    /// The time the histogram covers, ns, faded as its counts are.
+    time_ns: f64,
     window: Option<Duration>,
     applied: Option<Duration>,
+    /// Intervals since the window last changed.
+    held: u32,
+    changes: u64,
+    share: Option<f64>,
 }
 
 impl WindowTuner {
-    /// A tuner with `config`; it sets nothing until it has seen
-    /// `config.min_halts` halts.
+    /// A tuner with `config` that counts every halt since the vCPUs' stats
+    /// fds were opened; [`WindowTuner::starting_from`] counts from now.
     pub fn new(config: TunerConfig) -> Self {
         Self {
             config,
             ..Self::default()
+        }
+    }
+
+    /// A tuner whose first [`tune`](Self::tune) counts only the halts after
+    /// this call: it reads every vCPU's statistics now. A stats fd opened
+    /// long before holds halts that say nothing about the guest now.
+    pub fn starting_from(config: TunerConfig, vcpus: &[BinaryStats]) -> Result<Self, KvmError> {
+        let mut tuner = Self::from_baseline(config, &read_all(vcpus)?);
+        tuner.read_at = Some(Instant::now());
+        Ok(tuner)
+    }
+
+    /// A tuner whose first [`update`](Self::update) counts only what grew
+    /// since `baseline` (every vCPU's statistics, as `update` takes them).
+    pub fn from_baseline(config: TunerConfig, baseline: &[KvmHaltStats]) -> Self {
+        Self {
+            last: baseline.to_vec(),
+            ..Self::new(config)
         }
     }
 
@@ -119,14 +186,29 @@ impl WindowTuner {
         self.window
     }
 
+    /// How many times the window changed (each a `KVM_ENABLE_CAP` in
+    /// [`tune`](Self::tune)), the first choice included.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// The polling KVM reported for the last interval, as a share of one
+    /// vCPU's time (mean over the vCPUs); `None` before an interval with a
+    /// length.
+    pub fn polling_share(&self) -> Option<f64> {
+        self.share
+    }
+
     /// Reads every vCPU's statistics, updates the window and sets it on `vm`
     /// when it changed. Returns the window now chosen.
     pub fn tune(&mut self, vm: &VmFd, vcpus: &[BinaryStats]) -> Result<Option<Duration>, KvmError> {
-        let now = vcpus
-            .iter()
-            .map(KvmHaltStats::read)
-            .collect::<Result<Vec<_>, _>>()?;
-        let window = self.update(&now);
+        let now = read_all(vcpus)?;
+        let read_at = Instant::now();
+        let elapsed = self
+            .read_at
+            .map_or(Duration::ZERO, |last| read_at.duration_since(last));
+        self.read_at = Some(read_at);
+        let window = self.update(elapsed, &now);
         if let Some(w) = window.filter(|&w| Some(w) != self.applied) {
             set_vm_halt_poll(vm, w)?;
             self.applied = Some(w);
@@ -135,34 +217,91 @@ impl WindowTuner {
     }
 
     /// Feeds every vCPU's cumulative statistics as read now (one entry per
-    /// vCPU, in the same order each time) and returns the window chosen.
-    /// This is the rule without KVM: unit tests feed it recorded statistics.
-    pub fn update(&mut self, vcpus: &[KvmHaltStats]) -> Option<Duration> {
+    /// vCPU, in the same order each time), `elapsed` after the last ones,
+    /// and returns the window chosen. This is the rule without KVM: unit
+    /// tests feed it recorded statistics. A zero `elapsed` adds halts but no
+    /// time, so a budget cannot be checked against it.
+    pub fn update(&mut self, elapsed: Duration, vcpus: &[KvmHaltStats]) -> Option<Duration> {
         if self.last.len() != vcpus.len() {
             self.last = vec![KvmHaltStats::default(); vcpus.len()];
         }
-        self.halts.iter_mut().for_each(|h| *h *= self.config.keep);
+        let keep = self.config.keep;
+        self.halts.iter_mut().for_each(|h| *h *= keep);
+        self.time_ns = self.time_ns * keep + elapsed.as_nanos() as f64;
+        let mut polled_ns = 0;
         for (now, last) in vcpus.iter().zip(&mut self.last) {
             add_halts(&mut self.halts, now, last);
+            polled_ns += polled(now).saturating_sub(polled(last));
             *last = now.clone();
         }
-        if self.halts.iter().sum::<f64>() >= self.config.min_halts {
-            self.window = Some(self.cheapest_window());
+        let capacity_ns = elapsed.as_nanos() as f64 * vcpus.len() as f64;
+        self.share = (capacity_ns > 0.0).then(|| polled_ns as f64 / capacity_ns);
+        self.held = self.held.saturating_add(1);
+        let broken = match (self.budget(), self.share) {
+            (Some(budget), Some(share)) => share > budget,
+            _ => false,
+        };
+        let enough = self.halts.iter().sum::<f64>() >= self.config.min_halts;
+        let chosen = if broken {
+            Some(self.shrunk())
+        } else if enough && (self.window.is_none() || self.held >= self.config.hold) {
+            self.chosen()
+        } else {
+            None
+        };
+        let chosen = chosen.map(above_grow_start);
+        if chosen.is_some() && chosen != self.window {
+            self.window = chosen;
+            self.held = 0;
+            self.changes += 1;
         }
         self.window
+    }
+
+    /// The budget as a share of a vCPU, where there is one.
+    fn budget(&self) -> Option<f64> {
+        let share = |b: f64| if b.is_nan() { 0.0 } else { b.clamp(0.0, 1.0) };
+        self.config.budget.map(share)
+    }
+
+    /// The window the histogram calls for (`None`: a budget with no
+    /// elapsed time to spread it over yet), before the grow-start floor.
+    fn chosen(&self) -> Option<Duration> {
+        match self.budget() {
+            None => Some(self.cheapest_window()),
+            Some(budget) => self.widest_within(budget),
+        }
+    }
+
+    /// The window after the last interval broke the budget: the budget's,
+    /// at least one power of two below the current one.
+    fn shrunk(&self) -> Duration {
+        let fits = self.chosen().unwrap_or(Duration::ZERO);
+        match self.window {
+            Some(current) => fits.min(below(current)),
+            None => fits,
+        }
+    }
+
+    /// The windows considered, as `(k, window)`: 0 (`k` = 0), then `2^k` ns
+    /// up to the maximum.
+    fn candidates(&self) -> impl Iterator<Item = (usize, Duration)> {
+        let max = self.config.max_window;
+        std::iter::once((0, Duration::ZERO)).chain(
+            (1..HIST_BUCKETS)
+                .map(|k| (k, Duration::from_nanos(1 << k)))
+                .take_while(move |&(_, w)| w <= max),
+        )
     }
 
     /// The window with the least expected cost over the halt histogram.
     fn cheapest_window(&self) -> Duration {
         let c = &self.config;
         let block = c.block_latency.as_nanos() as f64;
-        let mut best = (self.cost(0, block), Duration::ZERO);
-        for k in 1..HIST_BUCKETS as u32 {
-            let window = Duration::from_nanos(1 << k);
-            if window > c.max_window {
-                break;
-            }
-            let cost = self.cost(k as usize, block);
+        let cost = |k| c.cpu_weight * self.polled_ns(k) + block * self.blocked(k);
+        let mut best = (f64::INFINITY, Duration::ZERO);
+        for (k, window) in self.candidates() {
+            let cost = cost(k);
             if cost < best.0 {
                 best = (cost, window);
             }
@@ -170,22 +309,65 @@ impl WindowTuner {
         best.1
     }
 
-    /// Expected cost of the window `2^k` ns (k = 0: no polling): buckets
-    /// `0..=k` hold the halts shorter than it.
-    fn cost(&self, k: usize, block: f64) -> f64 {
-        let window = if k == 0 { 0.0 } else { (1u64 << k) as f64 };
-        let w = self.config.cpu_weight;
-        self.halts
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                if k > 0 && i <= k {
-                    n * w * typical_ns(i)
-                } else {
-                    n * (block + w * window)
-                }
-            })
-            .sum()
+    /// The widest window whose expected polling fits `budget` of every
+    /// vCPU's time over the time the histogram covers.
+    fn widest_within(&self, budget: f64) -> Option<Duration> {
+        let vcpus = self.last.len() as f64;
+        let allowed = budget * vcpus * self.time_ns;
+        (self.time_ns > 0.0).then(|| {
+            self.candidates()
+                .filter(|&(k, _)| self.polled_ns(k) <= allowed)
+                .map(|(_, w)| w)
+                .last()
+                .unwrap_or(Duration::ZERO)
+        })
+    }
+
+    /// Expected polling over the histogram under the window `2^k` ns (k = 0:
+    /// none): buckets `0..=k` hold the halts shorter than it, which poll
+    /// their length; the longer ones poll the whole window.
+    fn polled_ns(&self, k: usize) -> f64 {
+        if k == 0 {
+            return 0.0;
+        }
+        let window = (1u64 << k) as f64;
+        let polled = |(i, &n): (usize, &f64)| n * if i <= k { typical_ns(i) } else { window };
+        self.halts.iter().enumerate().map(polled).sum()
+    }
+
+    /// Halts (weighted) longer than the window `2^k` ns (k = 0: all), which
+    /// block.
+    fn blocked(&self, k: usize) -> f64 {
+        let first = if k == 0 { 0 } else { k + 1 };
+        self.halts.iter().skip(first).sum()
+    }
+}
+
+/// Every vCPU's halt statistics, read now.
+fn read_all(vcpus: &[BinaryStats]) -> Result<Vec<KvmHaltStats>, KvmError> {
+    vcpus.iter().map(KvmHaltStats::read).collect()
+}
+
+/// All the polling KVM reports for a vCPU, ns.
+fn polled(s: &KvmHaltStats) -> u64 {
+    s.halt_poll_success_ns.saturating_add(s.halt_poll_fail_ns)
+}
+
+/// `window`, or 0 where KVM would never poll under it.
+fn above_grow_start(window: Duration) -> Duration {
+    if window < HALT_POLL_NS_GROW_START {
+        Duration::ZERO
+    } else {
+        window
+    }
+}
+
+/// The power of two below `window` (0 below 2 ns).
+fn below(window: Duration) -> Duration {
+    let ns = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+    match ns {
+        0..=1 => Duration::ZERO,
+        ns => Duration::from_nanos(1 << (63 - (ns - 1).leading_zeros())),
     }
 }
 
@@ -263,16 +445,26 @@ mod tests {
 
     const US: u64 = 1000;
 
+    /// The interval the tests feed.
+    const TICK: Duration = Duration::from_millis(10);
+
     /// Cumulative stats of a vCPU whose halts so far were `caught` (lengths,
     /// ns, that a poll caught) and `blocked` (block times, ns).
     fn stats(caught: &[u64], blocked: &[u64]) -> KvmHaltStats {
-        let mut s = KvmHaltStats {
+        let empty = KvmHaltStats {
             halt_poll_success_hist: vec![0; HIST_BUCKETS],
             halt_wait_hist: vec![0; HIST_BUCKETS],
             ..KvmHaltStats::default()
         };
+        more(&empty, caught, blocked)
+    }
+
+    /// `s` after more halts, `caught` and `blocked` as in [`stats`].
+    fn more(s: &KvmHaltStats, caught: &[u64], blocked: &[u64]) -> KvmHaltStats {
+        let mut s = s.clone();
         for &ns in caught {
             s.halt_successful_poll += 1;
+            s.halt_attempted_poll += 1;
             s.halt_poll_success_ns += ns;
             s.halt_poll_success_hist[bucket_of(ns)] += 1;
         }
@@ -284,11 +476,25 @@ mod tests {
         s
     }
 
+    /// A tuner with a budget of `share`.
+    fn budgeted(share: f64) -> WindowTuner {
+        WindowTuner::new(TunerConfig {
+            budget: Some(share),
+            ..TunerConfig::default()
+        })
+    }
+
+    /// A tuner with `config` that may change the window every interval,
+    /// for the tests of the rule itself.
+    fn every_interval(config: TunerConfig) -> WindowTuner {
+        WindowTuner::new(TunerConfig { hold: 1, ..config })
+    }
+
     #[test]
     fn short_halts_get_a_window_just_above_them() {
         let mut t = WindowTuner::default();
         // 40 µs halts, seen while KVM's window caught them.
-        let w = t.update(&[stats(&[40 * US; 32], &[])]);
+        let w = t.update(TICK, &[stats(&[40 * US; 32], &[])]);
         assert_eq!(w, Some(Duration::from_nanos(1 << 16)), "65.5 µs > 40 µs");
     }
 
@@ -296,42 +502,40 @@ mod tests {
     fn long_halts_get_no_window() {
         let mut t = WindowTuner::default();
         // A 1 ms periodic timer: every halt blocks for about 1 ms.
-        let w = t.update(&[stats(&[], &[1000 * US; 32])]);
+        let w = t.update(TICK, &[stats(&[], &[1000 * US; 32])]);
         assert_eq!(w, Some(Duration::ZERO));
     }
 
     #[test]
     fn short_halts_seen_as_blocks_open_the_window_again() {
-        let mut t = WindowTuner::default();
-        t.update(&[stats(&[], &[1000 * US; 32])]);
+        let mut t = every_interval(TunerConfig::default());
+        t.update(TICK, &[stats(&[], &[1000 * US; 32])]);
         // The workload turns to short halts; with no window they block briefly.
-        let w = t.update(&[stats(
-            &[],
-            &[[1000 * US; 32].as_slice(), &[20 * US; 200]].concat(),
-        )]);
+        let w = t.update(
+            TICK,
+            &[stats(
+                &[],
+                &[[1000 * US; 32].as_slice(), &[20 * US; 200]].concat(),
+            )],
+        );
         assert_eq!(w, Some(Duration::from_nanos(1 << 15)), "32.8 µs > 20 µs");
     }
 
     #[test]
     fn too_few_halts_change_nothing_and_the_histogram_fades() {
-        let mut t = WindowTuner::default();
-        assert_eq!(t.update(&[stats(&[40 * US; 4], &[])]), None);
+        let mut t = every_interval(TunerConfig::default());
+        assert_eq!(t.update(TICK, &[stats(&[40 * US; 4], &[])]), None);
         let first = stats(&[40 * US; 40], &[]);
         assert!(
-            t.update(std::slice::from_ref(&first))
+            t.update(TICK, std::slice::from_ref(&first))
                 .is_some_and(|w| w > Duration::ZERO)
         );
         // Later only long halts: the short ones fade (keep 0.75 per interval).
         let mut now = first;
         let mut windows = Vec::new();
         for _ in 0..8 {
-            let long = stats(&[], &[2000 * US; 8]);
-            now.halt_wakeup += long.halt_wakeup;
-            now.halt_wait_ns += long.halt_wait_ns;
-            for (a, b) in now.halt_wait_hist.iter_mut().zip(&long.halt_wait_hist) {
-                *a += b;
-            }
-            windows.push(t.update(&[now.clone()]));
+            now = more(&now, &[], &[2000 * US; 8]);
+            windows.push(t.update(TICK, &[now.clone()]));
         }
         assert!(
             windows[0].is_some_and(|w| w > Duration::ZERO),
@@ -345,11 +549,11 @@ mod tests {
         let mut t = WindowTuner::default();
         // Half 20 µs halts, half 1 ms: catching the short ones saves 30 µs
         // each, for 3.3 µs of polling on each long one.
-        let w = t.update(&[stats(&[20 * US; 20], &[1000 * US; 20])]);
+        let w = t.update(TICK, &[stats(&[20 * US; 20], &[1000 * US; 20])]);
         assert_eq!(w, Some(Duration::from_nanos(1 << 15)));
         // One short halt per 40 long ones: not worth polling every long one.
         let mut t = WindowTuner::default();
-        let w = t.update(&[stats(&[20 * US; 2], &[1000 * US; 200])]);
+        let w = t.update(TICK, &[stats(&[20 * US; 2], &[1000 * US; 200])]);
         assert_eq!(w, Some(Duration::ZERO));
     }
 
@@ -360,7 +564,7 @@ mod tests {
         let mut s = stats(&[], &[20 * US; 32]);
         s.halt_attempted_poll = 32;
         s.halt_poll_fail_ns = 32 * 200 * US;
-        let w = WindowTuner::default().update(&[s]);
+        let w = WindowTuner::default().update(TICK, &[s]);
         assert_eq!(w, Some(Duration::from_nanos(1 << 18)), "262 µs > 220 µs");
     }
 
@@ -372,7 +576,7 @@ mod tests {
         };
         let mut t = WindowTuner::new(config);
         // 100 µs halts would be worth a 131 µs window.
-        let w = t.update(&[stats(&[100 * US; 64], &[])]);
+        let w = t.update(TICK, &[stats(&[100 * US; 64], &[])]);
         assert!(w.is_some_and(|w| w <= config.max_window), "{w:?}");
     }
 
@@ -382,7 +586,7 @@ mod tests {
         let mut s = stats(&[40 * US; 32], &[]);
         s.halt_poll_success_hist.clear();
         s.halt_wait_hist.clear();
-        assert_eq!(t.update(&[s]), Some(Duration::from_nanos(1 << 16)));
+        assert_eq!(t.update(TICK, &[s]), Some(Duration::from_nanos(1 << 16)));
     }
 
     #[test]
@@ -391,12 +595,163 @@ mod tests {
         let a = stats(&[40 * US; 10], &[]);
         let b = stats(&[40 * US; 10], &[]);
         assert_eq!(
-            t.update(&[a.clone(), b.clone()]),
+            t.update(TICK, &[a.clone(), b.clone()]),
             Some(Duration::from_nanos(1 << 16))
         );
         // The same cumulative values again: nothing new, so the histogram only
         // fades (20 * 0.75 = 15 < 16 halts): the window stays as it was.
-        assert_eq!(t.update(&[a, b]), Some(Duration::from_nanos(1 << 16)));
+        assert_eq!(t.update(TICK, &[a, b]), Some(Duration::from_nanos(1 << 16)));
         assert!(t.halts.iter().sum::<f64>() < 16.0);
+    }
+
+    /// The windows a tuner chooses over 60 intervals of a bimodal load (a
+    /// VM's vCPUs together): two intervals of 40 µs halts that polls catch,
+    /// two of five times as many 1 ms halts, and so on.
+    fn bimodal(mut t: WindowTuner) -> (Vec<Option<Duration>>, u64) {
+        let mut now = stats(&[], &[]);
+        let windows = (0..60)
+            .map(|i| {
+                now = match (i / 2) % 2 {
+                    0 => more(&now, &[40 * US; 40], &[]),
+                    _ => more(&now, &[], &[1000 * US; 200]),
+                };
+                t.update(TICK, std::slice::from_ref(&now))
+            })
+            .collect();
+        (windows, t.changes())
+    }
+
+    #[test]
+    fn a_bimodal_load_does_not_flip_the_window_every_interval() {
+        // Without hysteresis the load flips the window with each phase.
+        let (windows, flips) = bimodal(every_interval(TunerConfig::default()));
+        assert!(flips >= 10, "{flips} changes: {windows:?}");
+        // With it, a window stays for `hold` intervals after each change.
+        let (windows, changes) = bimodal(WindowTuner::default());
+        assert!(
+            changes <= 6,
+            "{changes} changes in 60 intervals: {windows:?}"
+        );
+        let changed_at: Vec<usize> = (1..windows.len())
+            .filter(|&i| windows[i] != windows[i - 1])
+            .collect();
+        for pair in changed_at.windows(2) {
+            assert!(pair[1] - pair[0] >= 10, "{changed_at:?}: {windows:?}");
+        }
+    }
+
+    #[test]
+    fn a_broken_budget_shrinks_the_window_at_once_whatever_the_hold() {
+        let mut t = budgeted(0.05);
+        // Two 1 ms halts per 10 ms: a 131 µs window polls at most 2.6 %.
+        let mut now = stats(&[], &[1000 * US; 20]);
+        assert_eq!(
+            t.update(TICK * 10, std::slice::from_ref(&now)),
+            Some(Duration::from_nanos(1 << 17))
+        );
+        // KVM reports 3 ms of polling in the next 10 ms (30 %, say its
+        // vCPU windows meet halts the histogram has not seen yet): the
+        // window shrinks in this interval, not `hold` intervals later.
+        now = more(&now, &[], &[1000 * US; 2]);
+        now.halt_poll_fail_ns += 3000 * US;
+        let w = t.update(TICK, std::slice::from_ref(&now));
+        assert!(
+            w.is_some_and(|w| w < Duration::from_nanos(1 << 17)),
+            "{w:?}"
+        );
+        assert_eq!(t.polling_share(), Some(0.3));
+        assert_eq!(t.changes(), 2);
+        // Within the budget again, the hold applies: no change for a while.
+        let before = t.window();
+        for _ in 0..5 {
+            now = more(&now, &[], &[1000 * US; 2]);
+            assert_eq!(t.update(TICK, std::slice::from_ref(&now)), before);
+        }
+    }
+
+    #[test]
+    fn windows_below_kvms_grow_start_are_set_as_zero() {
+        // Halts a poll of a few ns catches (a wake-up already pending) beside
+        // long ones: the cost model calls for 2 ns, then for 256 ns.
+        for (short, chosen) in [(1, 2), (200, 256)] {
+            let mut t = WindowTuner::default();
+            let s = stats(&[short; 64], &[1000 * US; 64]);
+            assert_eq!(t.update(TICK, &[s]), Some(Duration::ZERO), "{short} ns");
+            assert_eq!(t.cheapest_window(), Duration::from_nanos(chosen));
+        }
+        // A budget that fits an 8 µs window but not 16 µs: 0.
+        let mut t = budgeted(0.1);
+        let w = t.update(TICK, &[stats(&[], &[100 * US; 100])]);
+        assert_eq!(t.widest_within(0.1), Some(Duration::from_nanos(1 << 13)));
+        assert_eq!(w, Some(Duration::ZERO));
+        // And a maximum below it.
+        let mut t = WindowTuner::new(TunerConfig {
+            max_window: Duration::from_micros(8),
+            ..TunerConfig::default()
+        });
+        assert_eq!(
+            t.update(TICK, &[stats(&[4 * US; 64], &[])]),
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn the_first_update_counts_only_halts_since_the_baseline() {
+        let baseline = stats(&[40 * US; 100], &[]);
+        let now = more(&baseline, &[40 * US; 5], &[]);
+        // Counted from the stats fd's opening, 105 halts look like plenty.
+        assert!(
+            WindowTuner::default()
+                .update(TICK, std::slice::from_ref(&now))
+                .is_some()
+        );
+        // From the baseline, 5 halts are fewer than min_halts: no window.
+        let mut t = WindowTuner::from_baseline(TunerConfig::default(), &[baseline]);
+        assert_eq!(t.update(TICK, &[now]), None);
+        assert_eq!(t.changes(), 0);
+    }
+
+    #[test]
+    fn the_budget_sets_the_widest_window_whose_polling_fits() {
+        // Forty 200 µs halts per 10 ms, all blocked: a window polls its
+        // whole length on each (40 × 32.8 µs = 13 % of the vCPU).
+        let busy = || stats(&[], &[200 * US; 40]);
+        let w = budgeted(0.2).update(TICK, &[busy()]);
+        assert_eq!(w, Some(Duration::from_nanos(1 << 15)), "65.5 µs polls 26 %");
+        // A budget that fits polling every halt through: the widest window.
+        let w = budgeted(1.0).update(TICK, &[busy()]);
+        assert_eq!(
+            w,
+            Some(Duration::from_nanos(1 << 18)),
+            "the last below 500 µs"
+        );
+        // A share beyond a whole vCPU is one; NaN is none.
+        assert_eq!(budgeted(7.0).update(TICK, &[busy()]), w);
+        assert_eq!(
+            budgeted(f64::NAN).update(TICK, &[busy()]),
+            Some(Duration::ZERO)
+        );
+        // Two vCPUs have twice the budget.
+        let w = budgeted(0.2).update(TICK, &[busy(), stats(&[], &[])]);
+        assert_eq!(w, Some(Duration::from_nanos(1 << 16)));
+    }
+
+    #[test]
+    fn a_workload_whose_polling_would_break_the_budget_gets_a_smaller_window() {
+        // 200 halts of 40 µs per 10 ms: the cost model polls them all (65.5
+        // µs, 80 % of the vCPU); half a vCPU fits 16.4 µs; 5 % fits nothing.
+        let short = || stats(&[40 * US; 200], &[]);
+        let cheapest = WindowTuner::default().update(TICK, &[short()]);
+        assert_eq!(cheapest, Some(Duration::from_nanos(1 << 16)));
+        assert_eq!(
+            budgeted(0.5).update(TICK, &[short()]),
+            Some(Duration::from_nanos(1 << 14))
+        );
+        assert_eq!(
+            budgeted(0.05).update(TICK, &[short()]),
+            Some(Duration::ZERO)
+        );
+        // No time to spread a budget over: nothing chosen yet.
+        assert_eq!(budgeted(0.5).update(Duration::ZERO, &[short()]), None);
     }
 }
