@@ -70,7 +70,9 @@ pub use fault::GuestFault;
 pub use guest_abi::MAX_LEAD;
 pub use kick::KickError;
 pub use memory::VmMemory;
-pub use policies::{FamilyPolicies, Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource};
+pub use policies::{
+    CpuShare, FamilyPolicies, Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource,
+};
 pub use report::{RunReport, VcpuSummary, VmStats};
 pub use stop::{DEFAULT_TIMEOUT, StopHandle, StopReason};
 pub use vm::{Boot, Controller, RunControl, Vm, VmConfig};

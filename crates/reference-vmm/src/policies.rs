@@ -128,6 +128,43 @@ pub enum KvmHaltPoll {
     /// The window halt-poll's `WindowTuner` sets from the vCPUs' binary
     /// statistics every 10 ms.
     Tuned,
+    /// The widest window whose polling stays within this share of each
+    /// vCPU's time, as halt-poll's `WindowTuner` with a budget sets it every
+    /// 10 ms: an operator's bound on the CPU an idle or bursty guest burns.
+    Budget(CpuShare),
+}
+
+/// A share of one vCPU's time in (0, 1], kept in parts per million so that
+/// the choices holding it stay `Eq` and round-trip through their names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuShare(u32);
+
+impl CpuShare {
+    /// `share` (0.05: 5 %); `None` unless it is in (0, 1] and at least one
+    /// part per million.
+    pub fn new(share: f64) -> Option<Self> {
+        let ppm = (share * 1e6).round();
+        (share <= 1.0 && ppm >= 1.0).then_some(Self(ppm as u32))
+    }
+
+    /// The share, as a fraction of the vCPU.
+    pub fn get(self) -> f64 {
+        f64::from(self.0) / 1e6
+    }
+}
+
+impl std::str::FromStr for CpuShare {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let share = s.parse::<f64>().map_err(|e| format!("{s:?}: {e}"))?;
+        Self::new(share).ok_or_else(|| format!("{s:?} is not a share in (0, 1]"))
+    }
+}
+
+impl std::fmt::Display for CpuShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.get())
+    }
 }
 
 /// Where a vCPU's host timer expires (this VMM's APIC).

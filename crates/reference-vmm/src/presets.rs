@@ -16,7 +16,7 @@ use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, Perc
 use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
 
 use crate::migration::DirtyLogBackend;
-use crate::policies::{Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource};
+use crate::policies::{CpuShare, Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource};
 use crate::vm::VmConfig;
 
 /// A name that names no choice.
@@ -31,17 +31,21 @@ pub struct ChoiceError {
     pub choices: String,
 }
 
-/// `FromStr`, `Display` and the list of names of a choice without data.
+/// `FromStr`, `Display` and the list of names of a choice, whose variants
+/// carry no data except an optional last one, named `NAME:VALUE`, whose
+/// value parses with its own `FromStr`.
 macro_rules! names {
-    ($t:ident, $what:literal, [$($variant:ident => $name:literal),+ $(,)?]) => {
+    ($t:ident, $what:literal, [$($variant:ident => $name:literal),+ $(,)?]
+     $(, $param:ident($pty:ty) => $pname:literal ($phelp:literal))?) => {
         impl $t {
-            /// Every choice, in order.
+            /// Every choice without a value, in order.
             pub const ALL: &'static [Self] = &[$(Self::$variant),+];
 
-            /// Its name.
+            /// Its name (without its value).
             pub fn name(self) -> &'static str {
                 match self {
-                    $(Self::$variant => $name),+
+                    $(Self::$variant => $name,)+
+                    $(Self::$param(_) => $pname,)?
                 }
             }
         }
@@ -49,17 +53,26 @@ macro_rules! names {
         impl FromStr for $t {
             type Err = ChoiceError;
             fn from_str(s: &str) -> Result<Self, ChoiceError> {
+                $(
+                    let value = s.strip_prefix(concat!($pname, ":")).map(str::parse::<$pty>);
+                    if let Some(Ok(value)) = value {
+                        return Ok(Self::$param(value));
+                    }
+                )?
                 Self::ALL.iter().copied().find(|c| c.name() == s).ok_or_else(|| ChoiceError {
                     what: $what,
                     given: s.to_owned(),
-                    choices: Self::ALL.iter().map(|c| c.name()).collect::<Vec<_>>().join(", "),
+                    choices: [$($name,)+ $(concat!($pname, ":", $phelp))?].join(", "),
                 })
             }
         }
 
         impl fmt::Display for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.name())
+                match self {
+                    $(Self::$param(value) => write!(f, "{}:{value}", $pname),)?
+                    _ => f.write_str(self.name()),
+                }
             }
         }
     };
@@ -68,7 +81,7 @@ macro_rules! names {
 names!(HaltPoll, "--halt-poll", [
     Kvm => "kvm", Haltpoll => "haltpoll", Aio => "aio", Predictive => "predictive",
     Off => "off", Always => "always", Tuned => "tuned",
-]);
+], Budget(CpuShare) => "budget" ("SHARE (of a vCPU, in (0, 1])"));
 names!(Boost, "--boost", [None => "none", Ready => "ready", DirectedYield => "directed-yield"]);
 names!(Irqchip, "--irqchip", [User => "user", Kernel => "kernel"]);
 names!(DirtyLogBackend, "--dirty-log", [Bitmap => "bitmap", Manual => "manual", Ring => "ring"]);
@@ -95,20 +108,24 @@ pub enum HaltPoll {
     /// KVM's halt polling under the window halt-poll's `WindowTuner` sets:
     /// the kernel irqchip only ([`KvmHaltPoll::Tuned`]).
     Tuned,
+    /// KVM's halt polling under the widest window whose polling fits this
+    /// share of each vCPU (`budget:0.05`): the kernel irqchip only
+    /// ([`KvmHaltPoll::Budget`]).
+    Budget(CpuShare),
 }
 
 /// How long `always` polls before it blocks.
 const ALWAYS_POLL: Duration = Duration::from_millis(10);
 
 impl HaltPoll {
-    /// The policy on this VMM's APIC (`tuned` is KVM's alone; here it
-    /// stands for `Predictive`, whose cost model the tuner follows).
+    /// The policy on this VMM's APIC (`tuned` and `budget` are KVM's alone;
+    /// here they stand for `Predictive`, whose cost model the tuner follows).
     pub fn policy(self) -> Box<dyn PollPolicy + Send> {
         match self {
             Self::Kvm => Box::new(KvmGrowShrink::new()),
             Self::Haltpoll => Box::new(GuestHaltpoll::new()),
             Self::Aio => Box::new(AioPoll::new()),
-            Self::Predictive | Self::Tuned => Box::new(Predictive::default()),
+            Self::Predictive | Self::Tuned | Self::Budget(_) => Box::new(Predictive::default()),
             Self::Off => Box::new(Never),
             Self::Always => Box::new(FixedPoll(ALWAYS_POLL)),
         }
@@ -122,7 +139,7 @@ impl HaltPoll {
     /// idle timer), the trade KVM's shrink rule refuses.
     pub fn timer_policy(self) -> Box<dyn PollPolicy + Send> {
         match self {
-            Self::Predictive | Self::Tuned => {
+            Self::Predictive | Self::Tuned | Self::Budget(_) => {
                 let mut config = PredictiveConfig::default();
                 config.hybrid = false;
                 Box::new(Predictive::new(config))
@@ -132,21 +149,33 @@ impl HaltPoll {
     }
 
     /// KVM's halt polling for this choice on the kernel irqchip: `off` stops
-    /// polling, `always` polls up to the same 10 ms, `tuned` is tuned, and
-    /// the policies KVM does not have leave its own grow/shrink.
+    /// polling, `always` polls up to the same 10 ms, `tuned` and `budget`
+    /// are tuned, and the policies KVM does not have leave its own
+    /// grow/shrink.
     pub fn kvm(self) -> KvmHaltPoll {
         match self {
             Self::Off => KvmHaltPoll::Window(Duration::ZERO),
             Self::Always => KvmHaltPoll::Window(ALWAYS_POLL),
             Self::Tuned => KvmHaltPoll::Tuned,
+            Self::Budget(share) => KvmHaltPoll::Budget(share),
             Self::Kvm | Self::Haltpoll | Self::Aio | Self::Predictive => KvmHaltPoll::Module,
         }
     }
 
     /// Whether KVM's in-kernel halt polling does this choice (`kvm`, `off`,
-    /// `always`, `tuned`); the others are policies of this VMM's APIC.
+    /// `always`, `tuned`, `budget`); the others are policies of this VMM's
+    /// APIC.
     pub fn in_kernel(self) -> bool {
-        matches!(self, Self::Kvm | Self::Off | Self::Always | Self::Tuned)
+        matches!(
+            self,
+            Self::Kvm | Self::Off | Self::Always | Self::Tuned | Self::Budget(_)
+        )
+    }
+
+    /// Whether only KVM's in-kernel irqchip has this choice: a window that
+    /// only KVM's halts poll under (`tuned`, `budget`).
+    pub fn kernel_only(self) -> bool {
+        matches!(self, Self::Tuned | Self::Budget(_))
     }
 }
 
@@ -475,6 +504,37 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_is_a_share_of_a_vcpu_in_its_name() {
+        let budget = "budget:0.05".parse::<HaltPoll>().unwrap();
+        let share = CpuShare::new(0.05).unwrap();
+        assert_eq!(budget, HaltPoll::Budget(share));
+        assert_eq!(budget.to_string(), "budget:0.05");
+        assert_eq!(budget.kvm(), KvmHaltPoll::Budget(share));
+        assert!(budget.in_kernel() && budget.kernel_only());
+        assert_eq!(
+            "budget:1".parse(),
+            Ok(HaltPoll::Budget(CpuShare::new(1.0).unwrap()))
+        );
+        for bad in [
+            "budget",
+            "budget:",
+            "budget:0",
+            "budget:-0.1",
+            "budget:1.5",
+            "budget:NaN",
+            "budget:inf",
+            "budget:0.0000001",
+            "budget:5%",
+        ] {
+            let err = bad.parse::<HaltPoll>().unwrap_err().to_string();
+            assert!(
+                err.contains("budget:SHARE (of a vCPU, in (0, 1])"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn choices_round_trip_and_bad_ones_list_the_good_ones() {
         for &h in HaltPoll::ALL {
             assert_eq!(h.to_string().parse::<HaltPoll>(), Ok(h));
@@ -521,7 +581,7 @@ mod tests {
         assert!(err.contains("vcpu-cpu, anywhere"), "{err}");
         let err = "fast".parse::<HaltPoll>().unwrap_err().to_string();
         assert!(
-            err.contains("kvm, haltpoll, aio, predictive, off, always, tuned"),
+            err.contains("kvm, haltpoll, aio, predictive, off, always, tuned, budget:SHARE"),
             "{err}"
         );
         assert!("own".parse::<Boost>().is_err());

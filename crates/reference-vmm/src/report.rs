@@ -81,9 +81,13 @@ pub struct VmStats {
     /// started after their targets (the advance's own miss), as the upper
     /// edge of its power-of-two bucket, ns (`None`: none delivered).
     pub timer_start_p99_ns: Option<u64>,
-    /// KVM's halt-polling window, ns, as `--halt-poll tuned` set it last
-    /// (`None`: not tuned, or too few halts to set one).
+    /// KVM's halt-polling window, ns, as `--halt-poll tuned` or
+    /// `budget:SHARE` set it last (`None`: not tuned, or too few halts to
+    /// set one).
     pub tuned_window_ns: Option<u64>,
+    /// How many times the tuner changed KVM's window (each a
+    /// `KVM_ENABLE_CAP` that restarts the vCPUs' own windows).
+    pub tuned_window_changes: u64,
 }
 
 /// The bucket of `hist` that holds its `num / den` quantile (`None` for an
@@ -149,8 +153,9 @@ impl fmt::Display for RunReport {
         if let Some(ns) = st.tuned_window_ns {
             write!(
                 f,
-                "\n  KVM's halt-polling window, as last tuned: {:.1} µs",
-                ns as f64 / 1e3
+                "\n  KVM's halt-polling window, as last tuned: {:.1} µs ({} changes)",
+                ns as f64 / 1e3,
+                st.tuned_window_changes
             )?;
         }
         if st.output_lost > 0 {

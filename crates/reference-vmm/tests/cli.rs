@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 23] = [
+    let cases: [(&[&str], &str); 25] = [
         (&["run"], "--guest or --image is needed"),
         (
             &["run", "--guest", "nope"],
@@ -45,6 +45,23 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
         (
             &["run", "--guest", "hello", "--halt-poll", "tuned"],
             "--halt-poll tuned sets KVM's in-kernel halt-polling window: it needs --irqchip kernel",
+        ),
+        (
+            &["run", "--guest", "hello", "--halt-poll", "budget:0.05"],
+            "--halt-poll budget sets KVM's in-kernel halt-polling window: it needs --irqchip kernel",
+        ),
+        (
+            &[
+                "run",
+                "--guest",
+                "hello",
+                "--irqchip",
+                "kernel",
+                "--halt-poll",
+                "budget:2",
+            ],
+            "--halt-poll \"budget:2\" is not one of: kvm, haltpoll, aio, predictive, off, always, \
+             tuned, budget:SHARE (of a vCPU, in (0, 1])",
         ),
         (
             &["run", "--guest", "hello", "--timer-advance", "fixed:x"],

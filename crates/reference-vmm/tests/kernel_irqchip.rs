@@ -92,6 +92,28 @@ fn the_tuned_window_switches_kvm_polling_off_for_an_idle_timer() {
 }
 
 #[test]
+fn a_budget_keeps_kvms_polling_within_it_for_an_idle_timer() {
+    if !kvm_available("a_budget_keeps_kvms_polling_within_it_for_an_idle_timer") {
+        return;
+    }
+    let _turn = one_at_a_time();
+    // Halts of about 1 ms: KVM's own window polls up to 200 µs of each, 20 %
+    // of the vCPU; a 5 % budget allows a 32 µs window at most.
+    let period = lapic_timer::TscClock::shared().tsc_khz();
+    let budget = "budget:0.05".parse().unwrap();
+    let (report, _) = program::run("cyclictest", 1, kernel(budget), &[300, period]).unwrap();
+    assert_eq!(report.value(0, "samples"), Some(300));
+    let st = &report.stats;
+    let window = st.tuned_window_ns.expect("a window was set");
+    assert!(window == 0 || window >= 10_000, "{st:?}");
+    assert!(st.tuned_window_changes >= 1, "{st:?}");
+    // The first 10 ms run under KVM's own window, before the tuner's first
+    // look: the tolerance covers them.
+    let share = st.polled_ns as f64 / report.elapsed.as_nanos() as f64;
+    assert!(share <= 0.05 * 1.5, "polled {share:.3} of the vCPU: {st:?}");
+}
+
+#[test]
 fn a_tuned_window_on_this_vmms_apic_is_a_configuration_error() {
     let config = reference_vmm::VmConfig {
         kvm_halt_poll: reference_vmm::KvmHaltPoll::Tuned,

@@ -11,7 +11,9 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use halt_poll::kvm::{BinaryStats, KvmError, KvmHaltStats, WindowTuner, set_vm_halt_poll};
+use halt_poll::kvm::{
+    BinaryStats, KvmError, KvmHaltStats, TunerConfig, WindowTuner, set_vm_halt_poll,
+};
 use kvm_ioctls::{VcpuFd, VmFd};
 
 use super::IrqChip;
@@ -26,7 +28,7 @@ use crate::shared::VmShared;
 pub fn set_window(vm: &VmFd, polling: KvmHaltPoll) -> Result<(), Error> {
     match polling {
         KvmHaltPoll::Window(window) => Ok(set_vm_halt_poll(vm, window)?),
-        KvmHaltPoll::Module | KvmHaltPoll::Tuned => Ok(()),
+        KvmHaltPoll::Module | KvmHaltPoll::Tuned | KvmHaltPoll::Budget(_) => Ok(()),
     }
 }
 
@@ -98,33 +100,38 @@ impl IrqChip for KernelIrqChip {
     }
 }
 
-/// How often `--halt-poll tuned` reads the vCPUs' statistics.
+/// How often `--halt-poll tuned` and `budget:SHARE` read the vCPUs'
+/// statistics.
 pub const TUNE_INTERVAL: Duration = Duration::from_millis(10);
 
-/// `--halt-poll tuned`: a thread that runs halt-poll's [`WindowTuner`] on
-/// the VM every [`TUNE_INTERVAL`] until it is finished.
+/// `--halt-poll tuned` or `budget:SHARE`: a thread that runs halt-poll's
+/// [`WindowTuner`] on the VM every [`TUNE_INTERVAL`] until it is finished.
 #[derive(Debug)]
 pub struct TunerThread {
     stop: mpsc::Sender<()>,
-    thread: JoinHandle<Result<Option<Duration>, KvmError>>,
+    thread: JoinHandle<Result<WindowTuner, KvmError>>,
 }
 
 impl TunerThread {
-    /// Starts tuning `vm`, whose vCPUs are `vcpus`.
-    pub fn spawn(vm: Arc<VmFd>, vcpus: &[VcpuFd]) -> Result<Self, Error> {
+    /// Starts tuning `vm`, whose vCPUs are `vcpus`, with `budget` (a share
+    /// of each vCPU's time) or, without one, by the cost model. It counts
+    /// only the halts from now on.
+    pub fn spawn(vm: Arc<VmFd>, vcpus: &[VcpuFd], budget: Option<f64>) -> Result<Self, Error> {
         let stats = vcpus
             .iter()
             .map(BinaryStats::for_vcpu)
             .collect::<Result<Vec<_>, _>>()?;
+        let mut config = TunerConfig::default();
+        config.budget = budget;
+        let mut tuner = WindowTuner::starting_from(config, &stats)?;
         let (stop, stopped) = mpsc::channel();
         let thread = thread::Builder::new()
             .name("halt-poll-tuner".into())
             .spawn(move || {
-                let mut tuner = WindowTuner::default();
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(TUNE_INTERVAL) {
                     tuner.tune(&vm, &stats)?;
                 }
-                Ok(tuner.window())
+                Ok(tuner)
             })
             .map_err(|source| Error::SpawnHelper {
                 thread: "halt-poll tuner",
@@ -133,12 +140,13 @@ impl TunerThread {
         Ok(Self { stop, thread })
     }
 
-    /// Stops it. Returns the window it set last (`None`: it saw too few
-    /// halts to set one).
-    pub fn finish(self) -> Result<Option<Duration>, Error> {
+    /// Stops it. Returns the tuner, which has the window it set last
+    /// ([`WindowTuner::window`]; `None`: it saw too few halts to set one)
+    /// and how many times it changed it ([`WindowTuner::changes`]).
+    pub fn finish(self) -> Result<WindowTuner, Error> {
         drop(self.stop);
         match self.thread.join() {
-            Ok(window) => Ok(window?),
+            Ok(tuner) => Ok(tuner?),
             Err(_) => Err(Error::ThreadPanicked("halt-poll tuner")),
         }
     }

@@ -100,9 +100,10 @@ impl VmConfig {
     /// irqchip's.
     pub fn check(&self) -> Result<(), ConfigError> {
         match (self.irqchip, self.kvm_halt_poll) {
-            (Irqchip::User, KvmHaltPoll::Window(_) | KvmHaltPoll::Tuned) => {
-                Err(ConfigError::KvmHaltPollNeedsKernelIrqchip)
-            }
+            (
+                Irqchip::User,
+                KvmHaltPoll::Window(_) | KvmHaltPoll::Tuned | KvmHaltPoll::Budget(_),
+            ) => Err(ConfigError::KvmHaltPollNeedsKernelIrqchip),
             _ => Ok(()),
         }
     }
@@ -138,7 +139,8 @@ mod tests {
             ..VmConfig::default()
         };
         let window = KvmHaltPoll::Window(Duration::ZERO);
-        for polling in [window, KvmHaltPoll::Tuned] {
+        let budget = KvmHaltPoll::Budget(crate::CpuShare::new(0.05).unwrap());
+        for polling in [window, KvmHaltPoll::Tuned, budget] {
             assert_eq!(
                 on(Irqchip::User, polling).check(),
                 Err(ConfigError::KvmHaltPollNeedsKernelIrqchip),

@@ -68,8 +68,13 @@ impl Vm {
         let shared = Arc::new(self.share(bus));
         let tuner = match (self.config.irqchip, self.config.kvm_halt_poll) {
             (Irqchip::Kernel, KvmHaltPoll::Tuned) => {
-                Some(TunerThread::spawn(self.vm.clone(), &self.vcpus)?)
+                Some(TunerThread::spawn(self.vm.clone(), &self.vcpus, None)?)
             }
+            (Irqchip::Kernel, KvmHaltPoll::Budget(share)) => Some(TunerThread::spawn(
+                self.vm.clone(),
+                &self.vcpus,
+                Some(share.get()),
+            )?),
             _ => None,
         };
         let start = Instant::now();
@@ -92,7 +97,7 @@ impl Vm {
         if let Some(c) = controller {
             c.join().map_err(|_| Error::ThreadPanicked("migration"))?;
         }
-        let tuned_window = tuner.map(TunerThread::finish).transpose();
+        let tuner = tuner.map(TunerThread::finish).transpose();
         let unresponsive = join_or_leave(threads, &answered)?;
         // The guest's last output is written (or given up on) whatever the end.
         let unwritten = drain.finish(OUTPUT_GRACE);
@@ -101,7 +106,10 @@ impl Vm {
         }
         vcpus.sort_by_key(|s| s.index);
         let mut stats = stats(&shared, drain.dropped() + unwritten);
-        stats.tuned_window_ns = tuned_window?.flatten().map(|w| w.as_nanos() as u64);
+        if let Some(tuner) = tuner? {
+            stats.tuned_window_ns = tuner.window().map(|w| w.as_nanos() as u64);
+            stats.tuned_window_changes = tuner.changes();
+        }
         let report = RunReport {
             guest: program.name,
             vcpus,
@@ -264,6 +272,7 @@ fn stats(shared: &VmShared, output_lost: u64) -> VmStats {
         timer_delivery_p50_us: shared.stats.delivery.median_us(),
         timer_start_p99_ns: p99_bucket_edge(&t.lateness_hist),
         tuned_window_ns: None,
+        tuned_window_changes: 0,
     }
 }
 

@@ -241,9 +241,11 @@ struct ImageArgs {
 #[derive(Debug, clap::Args)]
 struct MechanismArgs {
     /// How a halted vCPU waits: kvm, haltpoll, aio, predictive, off, always,
-    /// tuned [default: predictive; with --irqchip kernel, KVM's own polling,
-    /// and only kvm, off (window 0), always (window 10 ms) or tuned (the
-    /// window halt-poll's WindowTuner sets) may be given; tuned needs it].
+    /// tuned, budget:SHARE [default: predictive; with --irqchip kernel, KVM's
+    /// own polling, and only kvm, off (window 0), always (window 10 ms), tuned
+    /// (the window halt-poll's WindowTuner sets) or budget:SHARE (the widest
+    /// window whose polling stays within SHARE of each vCPU, e.g. 0.05) may
+    /// be given; tuned and budget need it].
     #[arg(long, value_parser = <HaltPoll as FromStr>::from_str)]
     halt_poll: Option<HaltPoll>,
     /// How early a guest timer's host timer fires: none, fixed:NS, kvm,
@@ -282,12 +284,12 @@ impl MechanismArgs {
     fn choices(&self) -> Result<Choices, String> {
         match self.irqchip {
             Irqchip::Kernel => self.check_kernel()?,
-            Irqchip::User if self.halt_poll == Some(HaltPoll::Tuned) => {
-                return Err(
-                    "--halt-poll tuned sets KVM's in-kernel halt-polling window: it needs \
+            Irqchip::User if self.halt_poll.is_some_and(HaltPoll::kernel_only) => {
+                let name = self.halt_poll.map(HaltPoll::name).unwrap_or_default();
+                return Err(format!(
+                    "--halt-poll {name} sets KVM's in-kernel halt-polling window: it needs \
                      --irqchip kernel"
-                        .into(),
-                );
+                ));
             }
             Irqchip::User => {}
         }
@@ -322,7 +324,7 @@ impl MechanismArgs {
             Some((switch, _)) => Err(format!(
                 "{switch} has nothing to act on with --irqchip kernel: KVM's LAPIC handles the \
                  timer, interrupt delivery and halts (its halt polling takes --halt-poll kvm, \
-                 off, always or tuned)"
+                 off, always, tuned or budget:SHARE)"
             )),
             None => Ok(()),
         }
