@@ -8,7 +8,13 @@
 //! a second revoker on the sampler's CPU, away from the targets
 //! (`FifoBoost::with_revoker_cpus`).
 //!
-//! `cargo run --release -p vcpu-sched --example boost_bound [-- --json] [--seconds N] [--runs N] [--hogs N]`
+//! With `--requests held` or `--requests flipped` the boosts are the ones
+//! a hostile guest asks for (`GuestBoosts`): each target's request word says
+//! it is in a critical section, for ever (one request), or it flips the mark
+//! and the request's sequence as fast as it can, and the main loop grants
+//! what the words ask through the targets' real thread probes.
+//!
+//! `cargo run --release -p vcpu-sched --example boost_bound [-- --json] [--seconds N] [--runs N] [--hogs N] [--requests held|flipped]`
 //!
 //! Prints, per run and revoker placement (with `--json`, one object per run:
 //! two revokers, and `one_revoker` inside), `boosts`, `revoked_by_deadline`, `budget_us` (`max_boost`),
@@ -18,9 +24,16 @@
 //! certainly was: from the first real-time sample to the last, over every
 //! stretch, watched or not), `max_boost_cpu_us` (the
 //! most CPU time a target ran in one such stretch, from its `schedstat`),
-//! and `unrecorded_fifo_samples` (samples of a real-time target while the
-//! booster had no record of boosting it). Goal: `max_boost_us` and
-//! `max_boost_certain_us` at most `budget_us` + 1000, and no unrecorded sample. The CPU time tells why a
+//! `unrecorded_fifo_samples` (samples of a real-time target while the
+//! booster had no record of boosting it), and `max_period_boost_us` (the
+//! most time one target may have been real-time within one budget period,
+//! counting each real-time sample as real-time since the pass before).
+//! Goal: `max_boost_us` and `max_boost_certain_us` at most `budget_us` +
+//! 1000, `max_period_boost_us` at most twice the budget per period plus
+//! `budget_us`, + 1000 µs (`period_bound_us`: the booster counts its periods
+//! from a vCPU's first boost in each, so a sampler's period can hold the end
+//! of one and the start of the next, each up to the budget plus the boost
+//! begun just under it), and no unrecorded sample. The CPU time tells why a
 //! stretch was long: much less CPU than wall time means the target's CPU ran
 //! nothing of ours (the host took it, which delays the revoker's timer on
 //! that CPU too); as much CPU means the target really kept it. A stretch
@@ -48,7 +61,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use vcpu_sched::thread::{available_cpus, current_tid, get_attr, pin, set_attr};
-use vcpu_sched::{BoostBudget, Booster, FifoBoost, SchedAttr, SchedEvents, SchedStats, Tid};
+use vcpu_sched::{
+    BoostBudget, BoostRequest, Booster, FifoBoost, GuestBoosts, NoBoost, NoGuestView,
+    RequestLimits, SchedAttr, SchedEvents, SchedStats, Scheduler, Tid,
+};
 
 const TARGETS: usize = 3;
 const SAMPLE_EVERY: Duration = Duration::from_micros(20);
@@ -90,6 +106,25 @@ struct Args {
     seconds: u64,
     runs: u64,
     hogs: u64,
+    requests: Option<Requests>,
+}
+
+/// What a hostile guest's request words say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Requests {
+    /// In one critical section for ever.
+    Held,
+    /// Entering and leaving critical sections as fast as it can.
+    Flipped,
+}
+
+impl Requests {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Held => "held",
+            Self::Flipped => "flipped",
+        }
+    }
 }
 
 fn args() -> Result<Args, String> {
@@ -98,11 +133,19 @@ fn args() -> Result<Args, String> {
         seconds: 6,
         runs: 1,
         hogs: 0,
+        requests: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--json" => args.json = true,
+            "--requests" => {
+                args.requests = Some(match it.next().as_deref() {
+                    Some("held") => Requests::Held,
+                    Some("flipped") => Requests::Flipped,
+                    other => return Err(format!("--requests {other:?}: held or flipped")),
+                });
+            }
             "--seconds" | "--runs" | "--hogs" => {
                 let n = it.next().ok_or(format!("{arg} needs a number"))?;
                 let least = u64::from(arg != "--hogs");
@@ -119,7 +162,7 @@ fn args() -> Result<Args, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}; use [--json] [--seconds N] [--runs N] [--hogs N]"
+                    "unknown argument {other:?}; use [--json] [--seconds N] [--runs N] [--hogs N] [--requests held|flipped]"
                 ));
             }
         }
@@ -146,6 +189,9 @@ struct Seen {
     unwatched: u64,
     /// The sampler's longest gap between two passes.
     max_gap: Duration,
+    /// The most real-time time of one target in one budget period, each
+    /// real-time sample counting since the pass before.
+    max_period_fifo: Duration,
     /// The time the host ran nothing of this machine on the shared CPU
     /// (its steal time) during the run.
     stolen: Duration,
@@ -206,6 +252,8 @@ struct Watch {
     stalled: bool,
     /// The real-time stretch it is in, if any.
     stretch: Option<Stretch>,
+    /// The budget period it is in, and its real-time time in it so far.
+    period: (u128, Duration),
 }
 
 /// A run of real-time samples of one target within one boost.
@@ -231,7 +279,7 @@ struct Stretch {
 fn sample(
     tids: &[Tid],
     booster: &Booster<FifoBoost, Arc<Events>>,
-    events: &Events,
+    (events, period): (&Events, Duration),
     stop: &AtomicBool,
 ) -> Seen {
     let mut seen = Seen::default();
@@ -242,6 +290,7 @@ fn sample(
             last_other: start,
             stalled: false,
             stretch: None,
+            period: (0, Duration::ZERO),
         })
         .collect();
     let mut last_pass = start;
@@ -262,6 +311,14 @@ fn sample(
             let same_boost = |s: &Stretch| events.unboosts[v].load(SeqCst) == s.unboosts;
             let now = Instant::now();
             seen.samples += 1;
+            let this_period = (now - start).as_nanos() / period.as_nanos().max(1);
+            if w.period.0 != this_period {
+                w.period = (this_period, Duration::ZERO);
+            }
+            if fifo {
+                w.period.1 += gap.min(UNWATCHED);
+                seen.max_period_fifo = seen.max_period_fifo.max(w.period.1);
+            }
             if !fifo {
                 if let Some(s) = w.stretch.take() {
                     seen.end(&s, tid, now, w);
@@ -322,12 +379,22 @@ fn main() {
     let budget = BoostBudget::default();
     let mut table = format!(
         "{} CPU hogs throughout; {} s per run, {TARGETS} targets busy-looping on the booster's CPU, max_boost {} µs; \
-         goal: real-time at most max_boost + 1000 µs by both bounds, and no real-time sample without a record\n\n\
-         | run | revokers | boosts | revoked by deadline | longest real-time µs, at most | longest real-time µs, at least | most CPU in one boost µs | host took the shared CPU, ms | unrecorded samples | unwatched stretches | goal |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+         boosts {}; goal: real-time at most max_boost + 1000 µs by both bounds, at most twice the {} µs per {} ms period plus max_boost, + 1000 µs, \
+         in any period of the sampler's (two of the booster's may meet in it), and no real-time sample without a record\n\n\
+         | run | revokers | boosts | revoked by deadline | longest real-time µs, at most | longest real-time µs, at least | most CPU in one boost µs | most real-time in one period µs, at most | host took the shared CPU, ms | unrecorded samples | unwatched stretches | goal |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
         args.hogs,
         args.seconds,
-        budget.max_boost.as_micros()
+        budget.max_boost.as_micros(),
+        match args.requests {
+            None => "asked for by the main loop, for every target, as fast as it can".to_string(),
+            Some(r) => format!(
+                "asked for by a hostile guest's request words ({}), granted by GuestBoosts (3 ms per request)",
+                r.name()
+            ),
+        },
+        budget.per_period.as_micros(),
+        budget.period.as_millis(),
     );
     for run in 1..=args.runs {
         let mut json = Vec::new();
@@ -351,11 +418,13 @@ fn main() {
     }
     let command = results::command("cargo run --release -p vcpu-sched --example boost_bound");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
-    let section = match args.hogs {
-        0 => "boost bound",
-        _ => "boost bound beside hogs",
+    let section = match (args.requests, args.hogs) {
+        (None, 0) => "boost bound".to_string(),
+        (None, _) => "boost bound beside hogs".to_string(),
+        (Some(r), 0) => format!("boost bound, guest requests {}", r.name()),
+        (Some(r), _) => format!("boost bound, guest requests {} beside hogs", r.name()),
     };
-    results::write_section(&path, "vcpu-sched", section, &command, &table);
+    results::write_section(&path, "vcpu-sched", &section, &command, &table);
 }
 
 /// One run: boosts the targets for `args.seconds` while the sampler watches.
@@ -367,25 +436,28 @@ fn run_once(
     sampler_cpu: usize,
 ) -> (Arc<Events>, Seen) {
     let stop = Arc::new(AtomicBool::new(false));
+    let words: Arc<[AtomicU64]> = (0..TARGETS).map(|_| AtomicU64::new(0)).collect();
     let (tx, rx) = std::sync::mpsc::channel();
     let targets: Vec<_> = (0..TARGETS)
-        .map(|_| {
-            let (stop, tx) = (stop.clone(), tx.clone());
+        .map(|v| {
+            let (stop, tx, words, requests) =
+                (stop.clone(), tx.clone(), words.clone(), args.requests);
             thread::spawn(move || {
                 pin(0, &[shared_cpu]).expect("pin a target");
                 tx.send(current_tid()).expect("main waits");
-                while !stop.load(SeqCst) {
-                    std::hint::spin_loop(); // a guest spinning in guest mode
-                }
+                spin_as_guest(&words[v], requests, &stop);
             })
         })
         .collect();
     let tids: Vec<Tid> = (0..TARGETS).map(|_| rx.recv().expect("a target")).collect();
     let events = Arc::new(Events::default());
     let booster = Booster::with_events(TARGETS, fifo, events.clone()).with_budget(budget);
+    let sched = Scheduler::new(TARGETS, NoBoost, booster, NoGuestView);
     for (v, &tid) in tids.iter().enumerate() {
-        booster.register(v, tid);
+        sched.register_thread(v, tid).expect("a target's stat file");
     }
+    let limits = RequestLimits::new(Duration::from_millis(3), budget.max_boost);
+    let requests = GuestBoosts::new(TARGETS, words, limits);
     let (watching, sampling) = (AtomicBool::new(false), AtomicBool::new(false));
     let seen = thread::scope(|s| {
         let sampler = s.spawn(|| {
@@ -397,7 +469,7 @@ fn run_once(
             };
             set_attr(0, &top).expect("the sampler above everything");
             watching.store(true, SeqCst);
-            sample(&tids, &booster, &events, &sampling)
+            sample(&tids, sched.booster(), (&events, budget.period), &sampling)
         });
         // The first boost is watched like any other.
         while !watching.load(SeqCst) {
@@ -409,7 +481,10 @@ fn run_once(
             for v in 0..TARGETS {
                 // Boosting a target on this CPU stops this loop until the
                 // revoker takes the boost back.
-                let _ = booster.boost(v);
+                match args.requests {
+                    None => drop(sched.booster().boost(v)),
+                    Some(_) => drop(requests.check(&sched, v)),
+                }
             }
             thread::yield_now();
         }
@@ -420,12 +495,36 @@ fn run_once(
             ..sampler.join().expect("the sampler")
         }
     });
-    drop(booster);
+    drop(sched);
     stop.store(true, SeqCst);
     for t in targets {
         t.join().expect("a target");
     }
     (events, seen)
+}
+
+/// A target's loop: a guest spinning in guest mode, whose request word says
+/// what `requests` has it say.
+fn spin_as_guest(word: &AtomicU64, requests: Option<Requests>, stop: &AtomicBool) {
+    if requests == Some(Requests::Held) {
+        let held = BoostRequest {
+            sequence: 1,
+            active: true,
+        };
+        word.store(held.encode(), SeqCst);
+    }
+    let mut sequence = 0u32;
+    while !stop.load(SeqCst) {
+        if requests == Some(Requests::Flipped) {
+            sequence = sequence.wrapping_add(1);
+            let flip = BoostRequest {
+                sequence,
+                active: sequence % 2 == 1,
+            };
+            word.store(flip.encode(), SeqCst);
+        }
+        std::hint::spin_loop();
+    }
 }
 
 /// Where the revokers run.
@@ -463,10 +562,12 @@ fn report(
     let certain_us = seen.max_fifo_certain.as_micros();
     let max_cpu_us = seen.max_fifo_cpu.as_micros();
     let bound = budget_us + 1000;
-    let met = max_us.max(certain_us) <= bound && seen.unrecorded == 0;
+    let period_us = seen.max_period_fifo.as_micros();
+    let period_bound = 2 * (budget.per_period + budget.max_boost).as_micros() + 1000;
+    let met = max_us.max(certain_us) <= bound && period_us <= period_bound && seen.unrecorded == 0;
     // The CPU a target got while real-time: what a boost takes from the
     // machine's other threads, whatever the host does.
-    let cpu_met = max_cpu_us <= bound && seen.unrecorded == 0;
+    let cpu_met = max_cpu_us <= bound && period_us <= period_bound && seen.unrecorded == 0;
     let stolen_ms = seen.stolen.as_millis();
     let verdict = match (met, cpu_met) {
         (true, _) => "met".to_string(),
@@ -476,7 +577,7 @@ fn report(
         (false, false) => "not met".to_string(),
     };
     let json = format!(
-        "\"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"max_boost_certain_us\": {certain_us}, \"max_boost_cpu_us\": {max_cpu_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"shared_cpu_steal_ms\": {stolen_ms}, \"goal_met\": {met}, \"cpu_goal_met\": {cpu_met}",
+        "\"seconds\": {}, \"boosts\": {}, \"revoked_by_deadline\": {}, \"budget_us\": {budget_us}, \"max_boost_us\": {max_us}, \"max_boost_certain_us\": {certain_us}, \"max_boost_cpu_us\": {max_cpu_us}, \"unrecorded_fifo_samples\": {}, \"samples\": {}, \"unwatched_stretches\": {}, \"max_sampler_gap_us\": {}, \"restore_errors\": {}, \"revoker_errors\": {}, \"shared_cpu_steal_ms\": {stolen_ms}, \"max_period_boost_us\": {period_us}, \"period_bound_us\": {period_bound}, \"requests\": \"{}\", \"goal_met\": {met}, \"cpu_goal_met\": {cpu_met}",
         args.seconds,
         get(&stats.boosts),
         get(&stats.boosts_revoked),
@@ -486,26 +587,29 @@ fn report(
         seen.max_gap.as_micros(),
         get(&stats.restore_errors),
         get(&stats.revoker_errors),
+        args.requests.map_or("none", Requests::name),
     );
     if !args.json {
         println!(
             "revokers: {}: {} boosts in {} s, {} revoked by their deadline; the most CPU a target ran \
              real-time in one boost: {max_cpu_us} µs, the longest it was real-time: \
              at most {max_us} µs, at least {certain_us} µs (max_boost {budget_us} µs; {} stretches not watched throughout, \
-             the sampler's longest gap {} µs); {} of {} samples saw a real-time target with \
-             no record; goal (at most {bound} µs, no such sample): {verdict}",
+             the sampler's longest gap {} µs); real-time in one {} ms period: at most {period_us} µs; \
+             {} of {} samples saw a real-time target with \
+             no record; goal (at most {bound} µs per boost, {period_bound} µs per period, no such sample): {verdict}",
             placement.name(),
             get(&stats.boosts),
             args.seconds,
             get(&stats.boosts_revoked),
             seen.unwatched,
             seen.max_gap.as_micros(),
+            budget.period.as_millis(),
             seen.unrecorded,
             seen.samples,
         );
     }
     let row = format!(
-        "| {run} | {} | {} | {} | {max_us} | {certain_us} | {max_cpu_us} | {stolen_ms} | {} | {} | {verdict} |\n",
+        "| {run} | {} | {} | {} | {max_us} | {certain_us} | {max_cpu_us} | {period_us} | {stolen_ms} | {} | {} | {verdict} |\n",
         placement.name(),
         get(&stats.boosts),
         get(&stats.boosts_revoked),

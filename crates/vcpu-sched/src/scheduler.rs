@@ -108,6 +108,10 @@ impl<P: BoostPolicy, B: Boost, G: GuestView> Scheduler<P, B, G> {
     /// [`on_delivery`](BoostPolicy::on_delivery), which may boost it within
     /// the booster's budget; one running, or still asleep, is left alone.
     ///
+    /// KVM injects an MSI route's interrupt within the write, but a PIC or
+    /// IOAPIC pin's from a work item, so a halted target may still be
+    /// asleep when the write returns: then it is left to the host's wake-up.
+    ///
     /// The boost ends when the vCPU next leaves the guest
     /// ([`left_guest`](Self::left_guest)) or, since such a vCPU may stay in
     /// KVM for long, at the booster's `max_boost`: a short one (a few hundred
