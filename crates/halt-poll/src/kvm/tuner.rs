@@ -47,7 +47,8 @@
 //!    histogram it changes nothing: too little to go on.
 //! 6. **Hysteresis**: after a change the window stays for
 //!    [`hold`](TunerConfig::hold) intervals, so a bimodal workload does not
-//!    flip it (and KVM's per-vCPU windows) every few milliseconds.
+//!    flip it (and KVM's per-vCPU windows) every few milliseconds; with a
+//!    budget, it grows only to a window that fits three quarters of it.
 //! 7. **A broken budget**: when the polling KVM reports for the last interval
 //!    (`halt_poll_success_ns` + `halt_poll_fail_ns`) exceeded the budget, the
 //!    window shrinks at once, whatever the hold: to the budget's window, and
@@ -70,6 +71,12 @@ use crate::stats::HIST_BUCKETS;
 /// a maximum below it never polls. The tuner sets such windows as 0, which
 /// says so.
 pub const HALT_POLL_NS_GROW_START: Duration = Duration::from_micros(10);
+
+/// The share of the budget a wider window must fit before the tuner grows
+/// to it (a narrower one shrinks as soon as the current one no longer fits
+/// the whole budget): a dead band, so a load whose polling sits at the
+/// budget's edge does not flip between two windows at every hold's end.
+const GROW_MARGIN: f64 = 0.75;
 
 /// Settings of a [`WindowTuner`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -310,16 +317,20 @@ impl WindowTuner {
     }
 
     /// The widest window whose expected polling fits `budget` of every
-    /// vCPU's time over the time the histogram covers.
+    /// vCPU's time over the time the histogram covers; wider than the
+    /// current one only where it fits [`GROW_MARGIN`] of it.
     fn widest_within(&self, budget: f64) -> Option<Duration> {
-        let vcpus = self.last.len() as f64;
-        let allowed = budget * vcpus * self.time_ns;
-        (self.time_ns > 0.0).then(|| {
+        let capacity = self.last.len() as f64 * self.time_ns;
+        let widest = |share: f64| {
             self.candidates()
-                .filter(|&(k, _)| self.polled_ns(k) <= allowed)
+                .filter(|&(k, _)| self.polled_ns(k) <= share * capacity)
                 .map(|(_, w)| w)
                 .last()
                 .unwrap_or(Duration::ZERO)
+        };
+        (capacity > 0.0).then(|| match (widest(budget), self.window) {
+            (fits, Some(current)) if fits > current => widest(budget * GROW_MARGIN).max(current),
+            (fits, _) => fits,
         })
     }
 
@@ -682,8 +693,9 @@ mod tests {
         // A budget that fits an 8 µs window but not 16 µs: 0.
         let mut t = budgeted(0.1);
         let w = t.update(TICK, &[stats(&[], &[100 * US; 100])]);
-        assert_eq!(t.widest_within(0.1), Some(Duration::from_nanos(1 << 13)));
         assert_eq!(w, Some(Duration::ZERO));
+        t.window = None; // what it chose before the floor
+        assert_eq!(t.widest_within(0.1), Some(Duration::from_nanos(1 << 13)));
         // And a maximum below it.
         let mut t = WindowTuner::new(TunerConfig {
             max_window: Duration::from_micros(8),
@@ -734,6 +746,25 @@ mod tests {
         // Two vCPUs have twice the budget.
         let w = budgeted(0.2).update(TICK, &[busy(), stats(&[], &[])]);
         assert_eq!(w, Some(Duration::from_nanos(1 << 16)));
+    }
+
+    #[test]
+    fn a_budget_at_the_edge_of_a_window_does_not_flip_it() {
+        // 200 µs halts, 40 per 10 ms, then 36, then 40 again, and so on: a
+        // 32.8 µs window polls 13.1 % and 11.8 % of the vCPU, so it fits a
+        // 12 % budget every other phase (alone, the 36 phase gets it).
+        let phase = |i: usize| vec![200 * US; if (i / 12) % 2 == 0 { 40 } else { 36 }];
+        let w = budgeted(0.12).update(TICK, &[stats(&[], &phase(12))]);
+        assert_eq!(w, Some(Duration::from_nanos(1 << 15)));
+        // Growing needs a fit within 3/4 of the budget: 16.4 µs throughout.
+        let mut t = budgeted(0.12);
+        let mut now = stats(&[], &[]);
+        for i in 0..96 {
+            now = more(&now, &[], &phase(i));
+            let w = t.update(TICK, std::slice::from_ref(&now));
+            assert_eq!(w, Some(Duration::from_nanos(1 << 14)), "interval {i}");
+        }
+        assert_eq!(t.changes(), 1);
     }
 
     #[test]
