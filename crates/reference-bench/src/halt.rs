@@ -4,7 +4,8 @@
 //! at random from a short and a long mode, and the ping-pong beside a CPU
 //! hog. On this VMM's APIC each policy waits for the halted vCPUs; on KVM's
 //! LAPIC (`--irqchip kernel`) KVM polls, under its default window, none, or
-//! the window halt-poll's `WindowTuner` sets (`--halt-poll tuned`). The
+//! the window halt-poll's `WindowTuner` sets (`--halt-poll tuned`, or
+//! `budget:0.05` and `budget:0.2`: the widest within a share of each vCPU). The
 //! ping-pong also runs through the xAPIC page beside QEMU, the peer VMM,
 //! booting the same guest from an image file with its own local APIC and
 //! with KVM's.
@@ -18,8 +19,8 @@ use halt_poll::kvm::TunerConfig;
 use crate::Error;
 use crate::qemu::{Qemu, QemuApic};
 use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
-use reference_vmm::Irqchip;
 use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
+use reference_vmm::{CpuShare, Irqchip, RunReport};
 use test_guests::layout::PARAMS;
 
 /// Round trips per ping-pong run, without `--quick`.
@@ -70,6 +71,26 @@ struct Sample {
     failed_us: f64,
     /// Process CPU, µs.
     cpu_us: f64,
+    /// The run's polling as a share of each vCPU's time (NaN: not known).
+    polling_share: f64,
+    /// KVM windows the tuner set per second (NaN: not tuned).
+    changes_per_s: f64,
+}
+
+impl Sample {
+    /// The polling share and window changes of a run of this VMM.
+    fn of_vmm(report: &RunReport) -> (f64, f64) {
+        let secs = report.elapsed.as_secs_f64();
+        let vcpus = report.vcpus.len() as f64;
+        let changes = match report.stats.tuned_window_ns {
+            Some(_) => report.stats.tuned_window_changes as f64 / secs,
+            None => f64::NAN,
+        };
+        (
+            report.stats.polled_ns as f64 / 1e9 / (secs * vcpus),
+            changes,
+        )
+    }
 }
 
 impl Workload {
@@ -110,6 +131,7 @@ impl Workload {
         let run = measure("pingpong", 2, m, &params, |_| {})?;
         drop(hog);
         let per_round = |v: f64| v / rounds as f64;
+        let (polling_share, changes_per_s) = Sample::of_vmm(&run.report);
         Ok(Sample {
             latency_us: per_round(
                 run.report.value(0, "ticks").unwrap_or(0) as f64 / ticks_per_us(),
@@ -117,6 +139,8 @@ impl Workload {
             polling_us: per_round(run.report.stats.polled_ns as f64 / 1e3),
             failed_us: per_round(run.report.stats.failed_poll_ns as f64 / 1e3),
             cpu_us: per_round(run.cpu.as_secs_f64() * 1e6),
+            polling_share,
+            changes_per_s,
         })
     }
 }
@@ -159,6 +183,8 @@ fn qemu_pingpong(
         polling_us: f64::NAN,
         failed_us: f64::NAN,
         cpu_us: per_round(cpu.as_secs_f64() * 1e6),
+        polling_share: f64::NAN,
+        changes_per_s: f64::NAN,
     })
 }
 
@@ -170,11 +196,14 @@ fn idle_timer(m: Choices, timers: u64) -> Result<Sample, Error> {
     let period = (TIMER_PERIOD_US as f64 * ticks_per_us()) as u64;
     let (run, lateness) = cyclictest(m, timers, period)?;
     let per_timer = |v: f64| v / timers as f64;
+    let (polling_share, changes_per_s) = Sample::of_vmm(&run.report);
     Ok(Sample {
         latency_us: Runs(lateness).median(),
         polling_us: per_timer(run.report.stats.polled_ns as f64 / 1e3),
         failed_us: per_timer(run.report.stats.failed_poll_ns as f64 / 1e3),
         cpu_us: per_timer(run.cpu.as_secs_f64() * 1e6),
+        polling_share,
+        changes_per_s,
     })
 }
 
@@ -215,8 +244,20 @@ enum Variant {
     Qemu(QemuApic),
 }
 
-/// Every workload's variants, in table order.
-const VARIANTS: [Variant; 12] = [
+/// The polling budgets on KVM's LAPIC, as shares of a vCPU: 5 % and 20 %.
+const BUDGETS: [HaltPoll; 2] = [budget(50_000), budget(200_000)];
+
+/// `--halt-poll budget:` `ppm` parts per million.
+const fn budget(ppm: u32) -> HaltPoll {
+    match CpuShare::from_ppm(ppm) {
+        Some(share) => HaltPoll::Budget(share),
+        None => panic!("a budget is 1 to 1 000 000 ppm"),
+    }
+}
+
+/// Every workload's variants, in table order (the budgets run on every
+/// workload).
+const VARIANTS: [Variant; 14] = [
     Variant::Vmm(HaltPoll::Off),
     Variant::Vmm(HaltPoll::Always),
     Variant::Vmm(HaltPoll::Kvm),
@@ -227,6 +268,8 @@ const VARIANTS: [Variant; 12] = [
     Variant::Kernel(HaltPoll::Kvm),
     Variant::Kernel(HaltPoll::Off),
     Variant::Kernel(HaltPoll::Tuned),
+    Variant::Kernel(BUDGETS[0]),
+    Variant::Kernel(BUDGETS[1]),
     Variant::Qemu(QemuApic::User),
     Variant::Qemu(QemuApic::Kernel),
 ];
@@ -266,6 +309,9 @@ impl Variant {
     /// Whether `workload` runs it (guest-side polling is the ping-pong's;
     /// the xAPIC ping-pong has its own few).
     fn runs_on(self, workload: Workload) -> bool {
+        if let Self::Kernel(HaltPoll::Budget(_)) = self {
+            return true;
+        }
         match workload {
             Workload::XapicPingPong => XAPIC_VARIANTS.contains(&self),
             Workload::XapicSpinning => SPINNING_VARIANTS.contains(&self),
@@ -304,6 +350,8 @@ struct Cells {
     polling: Vec<Runs>,
     failed: Vec<Runs>,
     cpu: Vec<Runs>,
+    share: Vec<Runs>,
+    changes: Vec<Runs>,
 }
 
 impl Cells {
@@ -313,7 +361,9 @@ impl Cells {
             latency: runs.clone(),
             polling: runs.clone(),
             failed: runs.clone(),
-            cpu: runs,
+            cpu: runs.clone(),
+            share: runs.clone(),
+            changes: runs,
         }
     }
 
@@ -322,6 +372,8 @@ impl Cells {
         self.polling[i].push(s.polling_us);
         self.failed[i].push(s.failed_us);
         self.cpu[i].push(s.cpu_us);
+        self.share[i].push(s.polling_share);
+        self.changes[i].push(s.changes_per_s);
     }
 
     fn of(&self, v: Variant) -> (&Runs, &Runs) {
@@ -383,6 +435,8 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             "polling vs baseline",
             "of it failed (µs)",
             "process CPU per wake-up (µs)",
+            "polling (% of a vCPU)",
+            "window changes per s",
         ],
     );
     for (workload, c) in WORKLOADS.into_iter().zip(&cells) {
@@ -438,6 +492,8 @@ fn rows(t: &mut Table, workload: Workload, c: &Cells) {
             known(&c.polling[i], polling_ratio(&c.polling[i], polling_base)),
             known(&c.failed[i], Cell::num(c.failed[i].median(), 2)),
             Cell::num(c.cpu[i].median(), 1),
+            known(&c.share[i], Cell::num(100.0 * c.share[i].median(), 2)),
+            known(&c.changes[i], Cell::num(c.changes[i].median(), 1)),
         ]);
     }
 }
@@ -478,6 +534,7 @@ fn notes<'a>(
     t.note(user_goal(cells));
     t.note(kernel_goal(cells));
     t.note(kernel_cost_goal(cells));
+    t.note(budget_goal(cells));
     for workload in [Workload::XapicPingPong, Workload::XapicSpinning] {
         t.note(peer_goal(
             peer(workload),
@@ -665,6 +722,47 @@ fn kernel_cost_goal(cells: &[Cells]) -> String {
     )
 }
 
+/// Each budget against KVM's default window on every workload: its polling
+/// share within the budget in every run, and its latency within 1.1x of the
+/// default's wherever the default's own polling fit the budget.
+fn budget_goal(cells: &[Cells]) -> String {
+    let (mut measured, mut met) = (Vec::new(), true);
+    for budget in BUDGETS {
+        let HaltPoll::Budget(share) = budget else {
+            continue;
+        };
+        let i = index(Variant::Kernel(budget));
+        let default = index(Variant::Kernel(HaltPoll::Kvm));
+        for (workload, c) in WORKLOADS.into_iter().zip(cells) {
+            let (polling, latency) = (&c.share[i], &c.latency[i]);
+            if latency.0.is_empty() || c.latency[default].0.is_empty() {
+                continue;
+            }
+            let within = polling.each(|p| p <= share.get());
+            let (_, most) = polling.range();
+            let mut ok = within.iter().all(|&w| w);
+            let mut text = format!(
+                "{budget}, {}: polling at most {:.2} %",
+                workload.name(),
+                100.0 * most
+            );
+            if c.share[default].median() <= share.get() {
+                let ratio = latency.ratio_to(&c.latency[default]);
+                ok &= ratio.median() <= 1.1;
+                text += &format!(", latency {} the default's", ratio.ratio_text());
+            }
+            met &= ok;
+            measured.push(text);
+        }
+    }
+    goal(
+        "on KVM's LAPIC, each budget's polling share within the budget on every workload in every run, and its latency within 1.1x of KVM's default window's wherever the default's own polling fits the budget",
+        &measured.join("; "),
+        met,
+        &[],
+    )
+}
+
 fn runs_ratio(v: f64) -> String {
     format!("{}x", crate::runs::ratio(v))
 }
@@ -712,6 +810,43 @@ mod tests {
         let i = index(Variant::Kernel(HaltPoll::Tuned));
         cells[index_of(Workload::Bursty)].polling[i] = Runs(vec![6.0]);
         assert!(kernel_goal(&cells).ends_with(": not met."));
+    }
+
+    #[test]
+    fn the_budget_goal_asks_every_run_within_the_budget() {
+        let mut cells = vec![Cells::new(); WORKLOADS.len()];
+        let default = index(Variant::Kernel(HaltPoll::Kvm));
+        for c in &mut cells {
+            // The default polls 10 % of a vCPU: within 20 %, not 5 %.
+            c.latency[default] = Runs(vec![100.0, 100.0]);
+            c.share[default] = Runs(vec![0.1, 0.1]);
+            for (budget, share, latency) in [(0, 0.04, 150.0), (1, 0.15, 105.0)] {
+                let i = index(Variant::Kernel(BUDGETS[budget]));
+                c.latency[i] = Runs(vec![latency, latency]);
+                c.share[i] = Runs(vec![share, share]);
+            }
+        }
+        let line = budget_goal(&cells);
+        assert!(
+            line.contains("budget:0.05, ping-pong: polling at most 4.00 %;"),
+            "{line}"
+        );
+        assert!(
+            line.contains("budget:0.2, ping-pong: polling at most 15.00 %, latency 1.05x"),
+            "{line}"
+        );
+        assert!(line.ends_with(": met."), "{line}");
+        // One run over the budget, anywhere: not met.
+        cells[index_of(Workload::Bursty)].share[index(Variant::Kernel(BUDGETS[0]))] =
+            Runs(vec![0.04, 0.06]);
+        assert!(budget_goal(&cells).ends_with(": not met."));
+        // Where the default fits, the latency counts.
+        let i = index(Variant::Kernel(BUDGETS[1]));
+        cells[0].share[i] = Runs(vec![0.1, 0.1]);
+        for c in &mut cells {
+            c.latency[i] = Runs(vec![120.0, 120.0]);
+        }
+        assert!(budget_goal(&cells).contains("latency 1.20x the default's"));
     }
 
     #[test]

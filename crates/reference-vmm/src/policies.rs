@@ -147,6 +147,15 @@ impl CpuShare {
         (share <= 1.0 && ppm >= 1.0).then_some(Self(ppm as u32))
     }
 
+    /// `ppm` parts per million of a vCPU (50 000: 5 %); `None` unless in
+    /// 1..=1 000 000. A `const fn`, for shares named in constants.
+    pub const fn from_ppm(ppm: u32) -> Option<Self> {
+        match ppm {
+            1..=1_000_000 => Some(Self(ppm)),
+            _ => None,
+        }
+    }
+
     /// The share, as a fraction of the vCPU.
     pub fn get(self) -> f64 {
         f64::from(self.0) / 1e6

@@ -508,6 +508,11 @@ mod tests {
         let budget = "budget:0.05".parse::<HaltPoll>().unwrap();
         let share = CpuShare::new(0.05).unwrap();
         assert_eq!(budget, HaltPoll::Budget(share));
+        assert_eq!(CpuShare::from_ppm(50_000), Some(share));
+        assert_eq!(
+            CpuShare::from_ppm(0).or(CpuShare::from_ppm(1_000_001)),
+            None
+        );
         assert_eq!(budget.to_string(), "budget:0.05");
         assert_eq!(budget.kvm(), KvmHaltPoll::Budget(share));
         assert!(budget.in_kernel() && budget.kernel_only());

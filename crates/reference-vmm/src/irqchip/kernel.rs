@@ -114,8 +114,8 @@ pub struct TunerThread {
 
 impl TunerThread {
     /// Starts tuning `vm`, whose vCPUs are `vcpus`, with `budget` (a share
-    /// of each vCPU's time) or, without one, by the cost model. It counts
-    /// only the halts from now on.
+    /// of each vCPU's time; KVM polls not at all until the first look) or,
+    /// without one, by the cost model. It counts only the halts from now on.
     pub fn spawn(vm: Arc<VmFd>, vcpus: &[VcpuFd], budget: Option<f64>) -> Result<Self, Error> {
         let stats = vcpus
             .iter()
@@ -123,6 +123,11 @@ impl TunerThread {
             .collect::<Result<Vec<_>, _>>()?;
         let mut config = TunerConfig::default();
         config.budget = budget;
+        if budget.is_some() {
+            // Until the tuner's first look, no polling: the module's window
+            // (200 µs) would break a budget in that first interval.
+            set_vm_halt_poll(&vm, Duration::ZERO)?;
+        }
         let mut tuner = WindowTuner::starting_from(config, &stats)?;
         let (stop, stopped) = mpsc::channel();
         let thread = thread::Builder::new()
