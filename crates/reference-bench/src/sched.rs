@@ -2,6 +2,8 @@
 //! IPI to all others and spins (with pause-loop exits) until all have
 //! acknowledged, repeatedly; each boost policy in turn, then the same
 //! through the xAPIC page beside QEMU, the peer VMM, booting the same guest.
+//! Then, on KVM's in-kernel irqchip, lock holders and waiters contending a
+//! guest spinlock without exits, with and without guest-requested boosts.
 
 use test_support::Hogs;
 
@@ -9,12 +11,18 @@ use crate::Error;
 use crate::peer::{PeerSeen, goal_against_qemu, run_image};
 use crate::qemu::{Qemu, QemuApic};
 use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
+use reference_vmm::Irqchip;
 use reference_vmm::presets::{Boost, Choices};
 
 /// Rounds per run, without `--quick`.
 const ROUNDS: u64 = 2000;
 /// Pause iterations between two pause-loop exits of the spinning sender.
 const PAUSES_PER_EXIT: u64 = 200;
+/// Lock acquisitions per vCPU per run of `lock-holders`, without `--quick`.
+const ACQUISITIONS: u64 = 10_000;
+/// Pause instructions a holder holds the guest's lock, and works outside it.
+const HOLD_PAUSES: u64 = 1000;
+const OUTSIDE_PAUSES: u64 = 200;
 
 /// Who runs the guest, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,17 +33,32 @@ enum Variant {
     VmmXapic(Boost),
     /// QEMU with this APIC, through the xAPIC page.
     Qemu(QemuApic),
+    /// `lock-holders` on KVM's irqchip, granting guest-requested boosts or not.
+    KernelLocks {
+        /// Whether the VMM grants the boosts the guest asks for.
+        guest_boost: bool,
+    },
 }
 
-/// The variants, the baseline (no boost) first.
-const VARIANTS: [Variant; 6] = [
+/// The variants, each group's baseline (no boost) first.
+const VARIANTS: [Variant; 8] = [
     Variant::Vmm(Boost::None),
     Variant::Vmm(Boost::Ready),
     Variant::Vmm(Boost::DirectedYield),
     Variant::VmmXapic(Boost::DirectedYield),
     Variant::Qemu(QemuApic::User),
     Variant::Qemu(QemuApic::Kernel),
+    Variant::KernelLocks { guest_boost: false },
+    Variant::KernelLocks { guest_boost: true },
 ];
+
+/// Where the baseline of `variant`'s group is in [`VARIANTS`].
+fn baseline_of(variant: Variant) -> usize {
+    match variant {
+        Variant::KernelLocks { .. } => 6,
+        _ => 0,
+    }
+}
 
 impl Variant {
     fn name(self) -> String {
@@ -44,6 +67,10 @@ impl Variant {
             Self::VmmXapic(b) => format!("{b}, xAPIC page"),
             Self::Qemu(QemuApic::User) => "qemu, its own APIC (kernel-irqchip=off)".into(),
             Self::Qemu(QemuApic::Kernel) => "qemu, KVM's LAPIC (kernel-irqchip=on)".into(),
+            Self::KernelLocks { guest_boost: false } => "--irqchip kernel, lock holders".into(),
+            Self::KernelLocks { guest_boost: true } => {
+                "--irqchip kernel --guest-boost, lock holders".into()
+            }
         }
     }
 }
@@ -80,6 +107,7 @@ fn run_once(
         })
     };
     match variant {
+        Variant::KernelLocks { guest_boost } => Some(lock_holders(guest_boost, vcpus, rounds)),
         Variant::Vmm(boost) => Some(on_this_vmm(boost, 0)),
         Variant::VmmXapic(boost) => Some(on_this_vmm(boost, 1)),
         Variant::Qemu(apic) => qemu.map(|q| {
@@ -98,6 +126,31 @@ fn run_once(
             })
         }),
     }
+}
+
+/// One run of `lock-holders` on KVM's irqchip: lock acquisitions per second,
+/// all vCPUs together, over the slowest vCPU's time.
+fn lock_holders(guest_boost: bool, vcpus: u32, rounds: u64) -> Result<Sample, Error> {
+    let mut m = Choices::on(Irqchip::Kernel);
+    if guest_boost {
+        m = m.with_guest_boosts();
+    }
+    let run = measure(
+        "lock-holders",
+        vcpus,
+        m,
+        &[rounds, HOLD_PAUSES, OUTSIDE_PAUSES, 1],
+        |_| {},
+    )?;
+    let slowest = (0..vcpus)
+        .filter_map(|v| run.report.value(v, "ticks"))
+        .max()
+        .unwrap_or(0);
+    Ok(Sample {
+        rate: (rounds * u64::from(vcpus)) as f64 / (slowest as f64 / ticks_per_us() / 1e6),
+        wall_secs: run.wall.as_secs_f64(),
+        longest_boost_us: run.report.stats.longest_boost_ns as f64 / 1e3,
+    })
 }
 
 /// Runs the scenario.
@@ -123,6 +176,10 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 opts.reps()
             ));
             let before = hogs.iterations();
+            let rounds = match variant {
+                Variant::KernelLocks { .. } => opts.rounds(ACQUISITIONS),
+                _ => rounds,
+            };
             let sample = match run_once(variant, vcpus, rounds, qemu.as_ref(), opts) {
                 Some(Ok(sample)) => sample,
                 // The peer's failure is a finding, not the bench's.
@@ -157,13 +214,14 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         if rate[i].0.is_empty() {
             continue;
         }
-        let boosts = matches!(variant, Variant::Vmm(_) | Variant::VmmXapic(_));
+        let boosts = !matches!(variant, Variant::Qemu(_));
+        let base = baseline_of(*variant);
         t.row(vec![
             Cell::text(variant.name()),
             Cell::num(rate[i].median(), 0),
-            Cell::ratio(&rate[i].ratio_to(&rate[0])),
+            Cell::ratio(&rate[i].ratio_to(&rate[base])),
             Cell::num(hog_rate[i].median(), 0),
-            Cell::ratio(&hog_rate[i].ratio_to(&hog_rate[0])),
+            Cell::ratio(&hog_rate[i].ratio_to(&hog_rate[base])),
             match boosts {
                 true => Cell::num(longest_boost_us[i].range().1, 0),
                 false => Cell::text("-"),
@@ -182,6 +240,26 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         &directed_yield.ratio_text(),
         directed_yield.median() >= 1.5,
         &directed_yield.each(|r| r >= 1.5),
+    ));
+    let (locks, boosted) = (
+        index(Variant::KernelLocks { guest_boost: false }),
+        index(Variant::KernelLocks { guest_boost: true }),
+    );
+    let guest_boost = rate[boosted].ratio_to(&rate[locks]);
+    let hog_kept = hog_rate[boosted].ratio_to(&hog_rate[locks]);
+    t.note(format!(
+        "Lock holders: {vcpus} vCPUs on KVM's irqchip each take a spinlock in guest memory {} times, holding it {HOLD_PAUSES} pause instructions and working {OUTSIDE_PAUSES} outside it, all at CPL3 with no exits (a round is one acquisition, over the slowest vCPU's time), beside the same hog; each marks its boost-request word while it holds the lock, and with --guest-boost the VMM's watcher (every 500 µs) boosts a holder whose thread waits for a CPU, at most 3 ms per critical section.",
+        opts.rounds(ACQUISITIONS)
+    ));
+    t.note(goal(
+        "guest-requested boosts at least 1.5x no boost's lock acquisitions per second, the hog keeping at least 90 % of its rate",
+        &format!(
+            "{}, the hog {}",
+            guest_boost.ratio_text(),
+            hog_kept.ratio_text()
+        ),
+        guest_boost.median() >= 1.5 && hog_kept.median() >= 0.9,
+        &guest_boost.each(|r| r >= 1.5),
     ));
     let ours = &rate[index(Variant::VmmXapic(Boost::DirectedYield))];
     let failure = failures

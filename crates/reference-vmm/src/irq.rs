@@ -41,12 +41,20 @@
 //! CPU hogs. KVM does the same with `vcpu->mode = IN_GUEST_MODE`, a full
 //! barrier, then its request check in `vcpu_enter_guest`.
 
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use halt_poll::FutexWake;
 use lapic_timer::{Expiry, TimerSink};
-use vcpu_sched::{BoostPolicy, Booster, FifoBoost, GuestView, RunState, SchedStats, Scheduler};
+use vcpu_sched::{
+    BoostPolicy, Booster, FifoBoost, GuestBoosts, GuestView, RequestLimits, RequestWatcher,
+    RequestWords, RunState, SchedStats, Scheduler,
+};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::memory::VmMemory;
 
 use crate::apic::Destination;
 use crate::kick::KickTarget;
@@ -141,7 +149,7 @@ fn boost_control() -> FifoBoost {
 pub struct Interrupts {
     links: Vec<Link>,
     pending: Arc<Pending>,
-    sched: VmScheduler,
+    sched: Arc<VmScheduler>,
     /// What delivery did.
     pub stats: IrqStats,
 }
@@ -159,7 +167,7 @@ impl Interrupts {
                     thread: KickTarget::default(),
                 })
                 .collect(),
-            sched: Scheduler::new(vcpus, policy, booster, pending.clone()),
+            sched: Arc::new(Scheduler::new(vcpus, policy, booster, pending.clone())),
             pending,
             stats: IrqStats::default(),
         }
@@ -176,12 +184,28 @@ impl Interrupts {
         self.links[vcpu].wake.clone()
     }
 
-    /// Registers the calling thread as vCPU `vcpu`'s, for kicks and boosts.
-    pub fn register_thread(&self, vcpu: usize) {
+    /// Registers the calling thread as vCPU `vcpu`'s, for kicks and boosts
+    /// (and the scheduler's probe of it, which guest-requested boosts read).
+    ///
+    /// # Errors
+    /// The thread's stat file cannot be opened.
+    pub fn register_thread(&self, vcpu: usize) -> io::Result<()> {
         self.links[vcpu].thread.register_current();
         self.sched
-            .booster()
-            .register(vcpu, vcpu_sched::thread::current_tid());
+            .register_thread(vcpu, vcpu_sched::thread::current_tid())
+    }
+
+    /// Starts granting the boosts the guest asks for in its boost-request
+    /// words in `memory`, within `limits`, every [`GUEST_BOOST_INTERVAL`],
+    /// until the watcher is dropped.
+    pub fn grant_guest_boosts(
+        &self,
+        memory: VmMemory,
+        limits: RequestLimits,
+    ) -> io::Result<RequestWatcher> {
+        let words = GuestRequestWords(memory);
+        let requests = GuestBoosts::new(self.links.len(), words, limits);
+        RequestWatcher::spawn(Arc::new(requests), self.sched.clone(), GUEST_BOOST_INTERVAL)
     }
 
     /// The calling thread stops running vCPU `vcpu`: no more kicks to it.
@@ -299,6 +323,23 @@ impl TimerSink for VcpuTimerSink {
     fn expired(&self, expiry: Expiry) {
         *self.irqs.pending.timer(self.vcpu) = Some(expiry);
         self.irqs.notify(self.vcpu, WAKE_TIMER);
+    }
+}
+
+/// How often guest-requested boosts are looked at: a preempted lock holder
+/// waits at most about this (plus the watcher's own wake-up) for its boost,
+/// against a host time slice of a few milliseconds.
+pub const GUEST_BOOST_INTERVAL: Duration = Duration::from_micros(500);
+
+/// Each vCPU's boost-request word, read from guest memory
+/// ([`test_guests::layout::boost_request`]) as the guest writes it.
+struct GuestRequestWords(VmMemory);
+
+impl RequestWords for GuestRequestWords {
+    fn read(&self, vcpu: usize) -> Option<u64> {
+        let vcpu = u32::try_from(vcpu).ok()?;
+        let at = GuestAddress(test_guests::layout::boost_request(vcpu));
+        self.0.load(at, std::sync::atomic::Ordering::Acquire).ok()
     }
 }
 

@@ -343,6 +343,9 @@ pub struct Choices {
     pub extended_qs: bool,
     /// Where the local APICs live.
     pub irqchip: Irqchip,
+    /// Grant the boosts the guest asks for in its boost-request words
+    /// (vcpu-sched's `GuestBoosts`, its default limits).
+    pub guest_boosts: bool,
 }
 
 impl Default for Choices {
@@ -366,7 +369,14 @@ impl Choices {
             timer_placement: TimerPlacement::default(),
             extended_qs: true,
             irqchip,
+            guest_boosts: false,
         }
+    }
+
+    /// Granting the boosts the guest asks for.
+    pub fn with_guest_boosts(mut self) -> Self {
+        self.guest_boosts = true;
+        self
     }
 
     /// With `halt_poll`.
@@ -405,6 +415,7 @@ impl Choices {
         config.policies = Arc::new(self.presets);
         config.timer_placement = self.timer_placement;
         config.extended_qs = self.extended_qs;
+        config.guest_boosts = self.guest_boosts.then(vcpu_sched::RequestLimits::default);
         config.kvm_halt_poll = match self.irqchip {
             Irqchip::User => KvmHaltPoll::Module,
             Irqchip::Kernel => self.presets.halt_poll.kvm(),

@@ -99,7 +99,13 @@ impl VcpuRunner {
         let _ = set_timer_slack(Duration::from_nanos(1));
         let shared = self.shared.clone();
         let vcpu = self.index as usize;
-        shared.irqs.register_thread(vcpu);
+        shared
+            .irqs
+            .register_thread(vcpu)
+            .map_err(|source| Error::SpawnThread {
+                vcpu: self.index,
+                source,
+            })?;
         let _registered = Registered(&shared, vcpu);
         let mut chip = C::start(&self.fd, self.index, &shared)?;
         if let Some(state) = self.incoming.take() {

@@ -126,3 +126,38 @@ fn a_tuned_window_on_this_vmms_apic_is_a_configuration_error() {
         ))
     ));
 }
+
+#[test]
+fn guest_requested_boosts_go_to_holders_that_ask_and_to_no_one_else() {
+    if !kvm_available("guest_requested_boosts_go_to_holders_that_ask_and_to_no_one_else") {
+        return;
+    }
+    let _turn = one_at_a_time();
+    // Four vCPUs contending a guest spinlock on this machine's two CPUs,
+    // with no exits: holders are preempted while they hold it.
+    const ROUNDS: u64 = 2000;
+    let run = |guest_boost: bool, ask: u64| {
+        let mut m = kernel(HaltPoll::Kvm);
+        if guest_boost {
+            m = m.with_guest_boosts();
+        }
+        let (report, _) = program::run("lock-holders", 4, m, &[ROUNDS, 1000, 200, ask]).unwrap();
+        assert!(
+            (0..4).all(|v| report.value(v, "ticks").is_some()),
+            "every vCPU finished its rounds: {report:?}"
+        );
+        report.stats
+    };
+    let granted = run(true, 1);
+    assert!(
+        granted.boosts > 0,
+        "holders asked while preempted: {granted:?}"
+    );
+    eprintln!(
+        "{} guest-requested boosts, the longest on the booster's record {} µs",
+        granted.boosts,
+        granted.longest_boost_ns / 1000
+    );
+    assert_eq!(run(true, 0).boosts, 0, "no vCPU asked");
+    assert_eq!(run(false, 1).boosts, 0, "asked, but the VMM does not grant");
+}

@@ -110,6 +110,14 @@ pub const DONE_COUNT_OFFSET: u64 = 0x300;
 /// source when the move failed), so that a guest can wait for the move
 /// instead of racing it (see [`crate::abi`]).
 pub const MIGRATIONS_OFFSET: u64 = 0x340;
+/// Offset of the spinlock the `lock-holders` program contends, on a cache
+/// line of its own.
+pub const GUEST_LOCK_OFFSET: u64 = 0x380;
+/// Offset of the per-vCPU boost-request words (8 bytes each, up to
+/// [`MAX_VCPUS`]; vcpu-sched's `BoostRequest` layout: bits 31:0 a sequence
+/// the guest bumps on each critical section, bit 32 set while in one), which
+/// a VMM that grants guest-requested boosts reads.
+pub const BOOST_REQUESTS_OFFSET: u64 = 0x400;
 /// Offset of the per-vCPU mailboxes (guest-side polling) in the shared area:
 /// `1 << MAILBOX_SHIFT` bytes each. +0: the poll window in TSC ticks (the
 /// VMM writes it); +8: 0 idle, 1 polling, 2 a message was posted; +16: the
@@ -120,6 +128,11 @@ pub const MAILBOX_OFFSET: u64 = 0x1000;
 pub const MAILBOX_SHIFT: u64 = 8;
 /// Outcomes a mailbox's ring holds.
 pub const MAILBOX_RING: u64 = 8;
+
+/// Guest physical address of vCPU `index`'s boost-request word.
+pub const fn boost_request(index: u32) -> u64 {
+    SHARED_DATA_ADDR + BOOST_REQUESTS_OFFSET + 8 * index as u64
+}
 
 /// Guest physical address of vCPU `index`'s mailbox.
 pub const fn mailbox(index: u32) -> u64 {

@@ -49,6 +49,11 @@ pub struct VmConfig {
     pub extended_qs: bool,
     /// KVM's own halt polling (the kernel irqchip).
     pub kvm_halt_poll: KvmHaltPoll,
+    /// Grant the boosts the guest asks for in its boost-request words
+    /// ([`test_guests::layout::boost_request`]), within these limits, from a
+    /// thread that looks every [`GUEST_BOOST_INTERVAL`](crate::irq::GUEST_BOOST_INTERVAL);
+    /// `None`: ignore them.
+    pub guest_boosts: Option<vcpu_sched::RequestLimits>,
 }
 
 /// How a VM's vCPUs start.
@@ -83,6 +88,7 @@ impl Default for VmConfig {
             timer_placement: TimerPlacement::default(),
             extended_qs: true,
             kvm_halt_poll: KvmHaltPoll::default(),
+            guest_boosts: None,
         }
     }
 }
@@ -123,6 +129,7 @@ impl fmt::Debug for VmConfig {
             .field("timer_placement", &self.timer_placement)
             .field("extended_qs", &self.extended_qs)
             .field("kvm_halt_poll", &self.kvm_halt_poll)
+            .field("guest_boosts", &self.guest_boosts)
             .finish_non_exhaustive()
     }
 }

@@ -77,6 +77,15 @@ impl Vm {
             )?),
             _ => None,
         };
+        let guest_boosts = self
+            .config
+            .guest_boosts
+            .map(|limits| shared.irqs.grant_guest_boosts(self.memory.clone(), limits))
+            .transpose()
+            .map_err(|source| Error::SpawnHelper {
+                thread: "guest-requested boosts",
+                source,
+            })?;
         let start = Instant::now();
         let (rx, threads) = self.start_vcpus(&shared, incoming)?;
         let controller = match self
@@ -98,6 +107,7 @@ impl Vm {
             c.join().map_err(|_| Error::ThreadPanicked("migration"))?;
         }
         let tuner = tuner.map(TunerThread::finish).transpose();
+        drop(guest_boosts);
         let unresponsive = join_or_leave(threads, &answered)?;
         // The guest's last output is written (or given up on) whatever the end.
         let unwritten = drain.finish(OUTPUT_GRACE);

@@ -19,12 +19,12 @@ use crate::abi::{
     DEBUG_EXIT_PORT, GATE_PORT, PAUSE_PORT, POST_PORT, SERIAL_PORT, UCALL_PORT, YIELD_PORT,
 };
 use crate::layout::{
-    ACKS_OFFSET, APIC_READY_OFFSET, BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR, DONE_COUNT_OFFSET,
-    EXCEPTION_STACK_GAP, IDT_OFFSET, IMAGE_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET,
-    MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT, MIGRATIONS_OFFSET, PAGE_SIZE, PARAMS_OFFSET,
-    PML4_ADDR, SAMPLES_ADDR, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, TRAMPOLINE_ADDR,
-    UCALL_TRANSPORT_OFFSET, USER_STACK_TOP_OFFSET, VCPU_AREA_BASE, VCPU_AREA_SIZE,
-    VCPU_DATA_OFFSET,
+    ACKS_OFFSET, APIC_READY_OFFSET, BOOST_REQUESTS_OFFSET, BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR,
+    DONE_COUNT_OFFSET, EXCEPTION_STACK_GAP, GUEST_LOCK_OFFSET, IDT_OFFSET, IMAGE_ADDR,
+    IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT,
+    MIGRATIONS_OFFSET, PAGE_SIZE, PARAMS_OFFSET, PML4_ADDR, SAMPLES_ADDR, SERIAL_LOCK_OFFSET,
+    SHARED_DATA_ADDR, TRAMPOLINE_ADDR, UCALL_TRANSPORT_OFFSET, USER_STACK_TOP_OFFSET,
+    VCPU_AREA_BASE, VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
 };
 use crate::ucall;
 use crate::x86::idt::IDT_SIZE;
@@ -53,6 +53,7 @@ core::arch::global_asm!(
     include_str!("timer.s"),
     include_str!("bounds.s"),
     include_str!("migrate.s"),
+    include_str!("locks.s"),
     include_str!("pvh.s"),
     ".globl test_guests_image_end",
     "test_guests_image_end:",
@@ -96,6 +97,8 @@ core::arch::global_asm!(
     ucall_transport = const SHARED_DATA_ADDR + UCALL_TRANSPORT_OFFSET,
     done_count = const SHARED_DATA_ADDR + DONE_COUNT_OFFSET,
     migrations = const SHARED_DATA_ADDR + MIGRATIONS_OFFSET,
+    guest_lock = const SHARED_DATA_ADDR + GUEST_LOCK_OFFSET,
+    boost_requests = const SHARED_DATA_ADDR + BOOST_REQUESTS_OFFSET,
     boot_table = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET,
     boot_vcpus = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET + 16,
     debug_exit_port = const DEBUG_EXIT_PORT,
@@ -147,6 +150,7 @@ unsafe extern "C" {
     safe static test_guests_cyclictest: u8;
     safe static test_guests_timer_spin: u8;
     safe static test_guests_sched_ipi: u8;
+    safe static test_guests_lock_holders: u8;
     safe static test_guests_ipi_ring: u8;
     safe static test_guests_port_exits: u8;
     safe static test_guests_dirty_writer: u8;
@@ -584,6 +588,20 @@ pub static PROGRAMS: &[GuestProgram] = &[
         min_vcpus: 1,
         data: DataArea::None,
         entry: &test_guests_sched_ipi,
+    },
+    GuestProgram {
+        name: "lock-holders",
+        about: "every vCPU takes a shared spinlock params[0] times, holding it params[1] pauses and working params[2] outside it (params[3] = 1: marking its boost-request word while it holds it)",
+        params: &[
+            count("rounds"),
+            any("pauses holding the lock"),
+            any("pauses outside it"),
+            any("1: request a boost while holding it"),
+        ],
+        until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::None,
+        entry: &test_guests_lock_holders,
     },
     GuestProgram {
         name: "ipi-ring",

@@ -272,6 +272,11 @@ struct MechanismArgs {
     /// publishes) before it halts; the VMM then blocks at once.
     #[arg(long)]
     guest_poll: bool,
+    /// Boost a vCPU whose guest asks for it (its boost-request word says it
+    /// is in a critical section) while its thread waits for a CPU: at most
+    /// 3 ms per request and within the booster's budget (on either irqchip).
+    #[arg(long)]
+    guest_boost: bool,
     /// Where the local APICs live: user (this VMM's, with the crates on their
     /// paths) or kernel (KVM's in-kernel LAPIC, timer and halt polling: the
     /// baseline; --timer-advance, --boost and --guest-poll have nothing to act
@@ -304,6 +309,7 @@ impl MechanismArgs {
             timer_placement: self.timer_placement.unwrap_or_default(),
             extended_qs: !self.no_extended_qs,
             irqchip: self.irqchip,
+            guest_boosts: self.guest_boost,
         })
     }
 

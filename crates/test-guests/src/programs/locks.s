@@ -1,0 +1,63 @@
+// lock-holders: every vCPU takes a spinlock in shared memory params[0]
+// times, holds it for params[1] pause instructions, then works params[2]
+// pause instructions outside it: lock holders and waiters, as ebizzy's
+// threads are, all at CPL3 with no exits. With params[3] = 1 a vCPU marks
+// its boost-request word while it holds the lock (bit 32, and a new
+// sequence in bits 31:0 for each critical section), so that a host granting
+// guest-requested boosts can keep a preempted holder from stalling the
+// waiters. Each vCPU reports the TSC ticks of its rounds ("ticks").
+    .globl test_guests_lock_holders
+test_guests_lock_holders:
+    mov r13, {boost_requests}
+    lea r13, [r13 + rdi * 8]        // this vCPU's request word
+    mov r14, [{params}]             // rounds
+    xor r15, r15                    // rounds done
+    xor ebx, ebx                    // the request's sequence
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rbp, rax                    // the start TSC
+1:  cmp r15, r14
+    jae 8f
+    inc r15
+2:  mov eax, 1                      // test-and-set ...
+    xchg eax, dword ptr [{guest_lock}]
+    test eax, eax
+    jz 4f
+3:  pause                           // ... then test until it looks free
+    cmp dword ptr [{guest_lock}], 0
+    jne 3b
+    jmp 2b
+4:  cmp qword ptr [{params} + 24], 0
+    je 5f
+    inc ebx
+    mov rax, 0x100000000            // in a critical section: bit 32
+    or rax, rbx
+    mov [r13], rax
+5:  mov rcx, [{params} + 8]
+    call lh_pause                   // hold the lock
+    cmp qword ptr [{params} + 24], 0
+    je 6f
+    mov [r13], rbx                  // out of it: the same sequence, bit 32 clear
+6:  mov dword ptr [{guest_lock}], 0 // release
+    mov rcx, [{params} + 16]
+    call lh_pause                   // work outside the lock
+    jmp 1b
+8:  rdtsc
+    shl rdx, 32
+    or rax, rdx
+    sub rax, rbp
+    lea rdi, [rip + 10f]
+    mov rsi, rax
+    call rt_report
+    call rt_done
+10: .asciz "ticks"
+
+// lh_pause(rcx): rcx pause instructions.
+lh_pause:
+    test rcx, rcx
+    jz 2f
+1:  pause
+    dec rcx
+    jnz 1b
+2:  ret
