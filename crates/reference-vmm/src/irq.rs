@@ -179,6 +179,11 @@ impl Interrupts {
         &self.sched
     }
 
+    /// The same, shared, for a thread of its own (a device's).
+    pub fn scheduler_handle(&self) -> Arc<VmScheduler> {
+        self.sched.clone()
+    }
+
     /// vCPU `vcpu`'s halt-poll wake source.
     pub fn wake_source(&self, vcpu: usize) -> Arc<FutexWake> {
         self.links[vcpu].wake.clone()

@@ -13,7 +13,7 @@ use halt_poll::{
     PredictiveConfig,
 };
 use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, PercentileConfig};
-use vcpu_sched::{BoostPolicy, DirectedYield, KvmReady, NoBoost};
+use vcpu_sched::{BoostPolicy, DirectedYield, FifoOnDelivery, KvmReady, NoBoost};
 
 use crate::migration::DirtyLogBackend;
 use crate::policies::{CpuShare, Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource};
@@ -82,7 +82,9 @@ names!(HaltPoll, "--halt-poll", [
     Kvm => "kvm", Haltpoll => "haltpoll", Aio => "aio", Predictive => "predictive",
     Off => "off", Always => "always", Tuned => "tuned",
 ], Budget(CpuShare) => "budget" ("SHARE (of a vCPU, in (0, 1])"));
-names!(Boost, "--boost", [None => "none", Ready => "ready", DirectedYield => "directed-yield"]);
+names!(Boost, "--boost", [
+    None => "none", Ready => "ready", DirectedYield => "directed-yield", OnDelivery => "on-delivery",
+]);
 names!(Irqchip, "--irqchip", [User => "user", Kernel => "kernel"]);
 names!(DirtyLogBackend, "--dirty-log", [Bitmap => "bitmap", Manual => "manual", Ring => "ring"]);
 names!(TimerPlacement, "--timer-placement", [
@@ -265,6 +267,10 @@ pub enum Boost {
     /// the CPU.
     #[default]
     DirectedYield,
+    /// Boost every target as its interrupt is delivered (`FifoOnDelivery`):
+    /// on KVM's irqchip, the targets of the completion device's irqfds that
+    /// wait for a CPU.
+    OnDelivery,
 }
 
 impl Boost {
@@ -274,6 +280,7 @@ impl Boost {
             Self::None => Box::new(NoBoost),
             Self::Ready => Box::new(KvmReady),
             Self::DirectedYield => Box::new(DirectedYield::new()),
+            Self::OnDelivery => Box::new(FifoOnDelivery),
         }
     }
 }

@@ -88,6 +88,11 @@ pub struct VmStats {
     /// How many times the tuner changed KVM's window (each a
     /// `KVM_ENABLE_CAP` that restarts the vCPUs' own windows).
     pub tuned_window_changes: u64,
+    /// I/Os the completion device (KVM's irqchip) completed by irqfd.
+    pub completions: u64,
+    /// Of which to a vCPU whose thread waited for a CPU (handed to the
+    /// boost policy).
+    pub completions_to_preempted: u64,
 }
 
 /// The bucket of `hist` that holds its `num / den` quantile (`None` for an

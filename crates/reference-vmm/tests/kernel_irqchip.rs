@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use common::kvm_available;
 use reference_vmm::Irqchip;
-use reference_vmm::presets::{Choices, HaltPoll};
+use reference_vmm::presets::{Boost, Choices, HaltPoll};
 
 /// One test at a time: KVM polls only while nothing else waits for the CPU
 /// (`single_task_running`), so vCPUs of another test would stop its polling.
@@ -160,4 +160,30 @@ fn guest_requested_boosts_go_to_holders_that_ask_and_to_no_one_else() {
     );
     assert_eq!(run(true, 0).boosts, 0, "no vCPU asked");
     assert_eq!(run(false, 1).boosts, 0, "asked, but the VMM does not grant");
+}
+
+#[test]
+fn every_io_is_completed_by_irqfd_to_its_submitter_and_its_target_told() {
+    if !kvm_available("every_io_is_completed_by_irqfd_to_its_submitter_and_its_target_told") {
+        return;
+    }
+    let _turn = one_at_a_time();
+    const ROUNDS: u64 = 500;
+    for boost in [Boost::None, Boost::OnDelivery] {
+        let m = kernel(HaltPoll::Kvm).with_boost(boost);
+        let (report, _) = program::run("lock-holders", 4, m, &[ROUNDS, 10, 10, 0, 1]).unwrap();
+        // Each vCPU waits for its own completion: one interrupt per round.
+        program::assert_each(&report, 4, "irqs", ROUNDS, "lock-holders");
+        let st = &report.stats;
+        assert_eq!(st.completions, 4 * ROUNDS, "{st:?}");
+        assert_eq!(st.interrupts, 0, "none went through this VMM's APIC");
+        assert!(st.completions_to_preempted <= st.completions);
+        if boost == Boost::None {
+            assert_eq!(st.boosts, 0, "{st:?}");
+        }
+        eprintln!(
+            "--boost {boost}: {} of {} completions found their vCPU waiting for a CPU, {} boosts",
+            st.completions_to_preempted, st.completions, st.boosts
+        );
+    }
 }

@@ -35,6 +35,13 @@ pub const GATE_PORT: u16 = 0x1002;
 /// Port the guests write a vCPU index to, to yield to that vCPU, as Linux's
 /// `KVM_HC_SCHED_YIELD` hypercall does.
 pub const YIELD_PORT: u16 = 0x1003;
+/// Port a guest writes its vCPU index to (4 bytes) to submit an "I/O" to
+/// the VMM's completion device on KVM's irqchip: an ioeventfd per vCPU
+/// (matching the index) takes it without an exit, and the device completes
+/// it with an interrupt of vector [`COMPLETION_VECTOR`] to the submitter.
+pub const COMPLETION_PORT: u16 = 0x1004;
+/// The vector of the completion device's interrupts.
+pub const COMPLETION_VECTOR: u8 = 0x42;
 /// The port of QEMU's `isa-debug-exit` device (`-device
 /// isa-debug-exit,iobase=0xf4,iosize=4`): a write of `v` ends QEMU with
 /// status `2 * v + 1`.

@@ -12,7 +12,7 @@
 //!
 //! `cargo run --release -p vcpu-sched --example irqfd [-- --seconds N]`
 //!
-//! Prints, per policy: interrupts raised, handled by the guest (an edge the
+//! Prints a table, per policy: interrupts raised, handled by the guest (an edge the
 //! vCPU had not taken before the next merges with it in the PIC), what
 //! `delivering` found (waiting for a CPU, running, asleep), and the boosts;
 //! the table also goes to the crate's RESULTS.md, section "irqfd".
@@ -47,16 +47,14 @@ fn main() {
     );
     for boost in [false, true] {
         match x86::run(boost, std::time::Duration::from_secs(seconds)) {
-            Ok(row) => {
-                println!("{}", row.line());
-                table.push_str(&row.table_row());
-            }
+            Ok(row) => table.push_str(&row.table_row()),
             Err(e) => {
                 eprintln!("error: {e}");
                 std::process::exit(1);
             }
         }
     }
+    println!("{table}");
     let command = results::command("cargo run --release -p vcpu-sched --example irqfd");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
     results::write_section(&path, "vcpu-sched", "irqfd", &command, &table);
@@ -90,7 +88,8 @@ mod x86 {
     use std::time::{Duration, Instant};
 
     use kvm_bindings::{kvm_regs, kvm_userspace_memory_region};
-    use kvm_ioctls::{Kvm, VcpuExit};
+    use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
     use vmm_sys_util::eventfd::EventFd;
     use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
     use vmm_sys_util::timerfd::TimerFd;
@@ -106,9 +105,9 @@ mod x86 {
     /// (vector = GSI here, the PIC's base left at 0) and IOAPIC.
     const GSI: u32 = 5;
     /// Where the guest counts the interrupts it handled (a 16-bit word).
-    const COUNTER: usize = 0x500;
-    const CODE: usize = 0x1000;
-    const HANDLER: usize = 0x1100;
+    const COUNTER: u64 = 0x500;
+    const CODE: u64 = 0x1000;
+    const HANDLER: u64 = 0x1100;
 
     /// One policy's run.
     pub struct Row {
@@ -118,30 +117,10 @@ mod x86 {
         /// What `delivering` found: waiting for a CPU, running, asleep, unknown.
         seen: [u64; 4],
         boosts: u64,
-        revoked: u64,
         boosted: Duration,
     }
 
     impl Row {
-        /// The run in words.
-        pub fn line(&self) -> String {
-            format!(
-                "{}: {} interrupts raised through the irqfd, {} handled by the guest (a 16-bit count); \
-                 delivering found the vCPU waiting for a CPU {} times, running {}, asleep {}, unknown {}; \
-                 {} boosts ({} taken back at the 200 µs budget), {:?} boosted in all",
-                self.policy,
-                self.raised,
-                self.handled,
-                self.seen[0],
-                self.seen[1],
-                self.seen[2],
-                self.seen[3],
-                self.boosts,
-                self.revoked,
-                self.boosted,
-            )
-        }
-
         /// Its row of the RESULTS.md table.
         pub fn table_row(&self) -> String {
             format!(
@@ -229,7 +208,7 @@ mod x86 {
             thread::sleep(Duration::from_millis(1));
         }
         runner.join().map_err(|_| "the vCPU thread panicked")??;
-        let handled = mem.read_u16(COUNTER);
+        let handled: u16 = mem.read_obj(GuestAddress(COUNTER))?;
         drop(vm); // before the memory it maps
         drop(mem);
         let get = |a: &AtomicU64| a.load(SeqCst);
@@ -239,7 +218,6 @@ mod x86 {
             handled,
             seen,
             boosts: get(&stats.boosts),
-            revoked: get(&stats.boosts_revoked),
             boosted: Duration::from_nanos(get(&stats.boost_ns)),
         })
     }
@@ -269,91 +247,31 @@ mod x86 {
         )
     }
 
-    /// Guest memory: an anonymous mapping the VM's only slot covers.
-    struct GuestMemory(*mut u8);
-
-    // SAFETY: the mapping is plain memory; the guest and the VMM only read
-    // and write it with single, aligned accesses.
-    unsafe impl Send for GuestMemory {}
-
-    impl GuestMemory {
-        fn new() -> std::io::Result<Self> {
-            // SAFETY: a fresh anonymous mapping; no memory of ours is touched.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    MEM_SIZE,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(Self(p.cast()))
-        }
-
-        fn write(&mut self, at: usize, bytes: &[u8]) {
-            assert!(at + bytes.len() <= MEM_SIZE, "inside guest memory");
-            // SAFETY: in bounds of the mapping, which we own.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.0.add(at), bytes.len()) };
-        }
-
-        fn read_u16(&self, at: usize) -> u16 {
-            assert!(
-                at + 2 <= MEM_SIZE && at % 2 == 0,
-                "inside guest memory, aligned"
-            );
-            // SAFETY: in bounds and aligned; the guest may write it, hence volatile.
-            unsafe { std::ptr::read_volatile(self.0.add(at).cast::<u16>()) }
-        }
-    }
-
-    impl Drop for GuestMemory {
-        fn drop(&mut self) {
-            // SAFETY: unmaps exactly the mapping made in `new`.
-            unsafe { libc::munmap(self.0.cast(), MEM_SIZE) };
-        }
-    }
-
     /// A VM with KVM's irqchip and one real-mode vCPU at `sti; hlt` in a
     /// loop; every vector's handler counts at `COUNTER` and EOIs the PIC.
-    fn real_mode_vm()
-    -> Result<(kvm_ioctls::VmFd, kvm_ioctls::VcpuFd, GuestMemory), Box<dyn std::error::Error>> {
+    fn real_mode_vm() -> Result<(VmFd, VcpuFd, GuestMemoryMmap), Box<dyn std::error::Error>> {
         let kvm = Kvm::new()?;
         let vm = kvm.create_vm()?;
         vm.create_irq_chip()?;
-        let mut mem = GuestMemory::new()?;
-        for vector in 0..256 {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])?;
+        for vector in 0..256u64 {
             // The interrupt vector table: offset, then segment 0.
-            mem.write(vector * 4, &(HANDLER as u16).to_le_bytes());
+            mem.write_obj(HANDLER as u16, GuestAddress(vector * 4))?;
         }
-        mem.write(CODE, &[0xfb, 0xf4, 0xeb, 0xfc]); // sti; hlt; jmp -4
+        mem.write_slice(&[0xfb, 0xf4, 0xeb, 0xfc], GuestAddress(CODE))?; // sti; hlt; jmp -4
         // inc word [COUNTER]; mov al, 0x20; out 0x20, al; iret
-        mem.write(
-            HANDLER,
-            &[
-                0xff,
-                0x06,
-                COUNTER as u8,
-                (COUNTER >> 8) as u8,
-                0xb0,
-                0x20,
-                0xe6,
-                0x20,
-                0xcf,
-            ],
-        );
+        let [lo, hi] = (COUNTER as u16).to_le_bytes();
+        let handler = [0xff, 0x06, lo, hi, 0xb0, 0x20, 0xe6, 0x20, 0xcf];
+        mem.write_slice(&handler, GuestAddress(HANDLER))?;
         let region = kvm_userspace_memory_region {
             slot: 0,
             guest_phys_addr: 0,
             memory_size: MEM_SIZE as u64,
-            userspace_addr: mem.0 as u64,
+            userspace_addr: mem.get_host_address(GuestAddress(0))? as u64,
             flags: 0,
         };
-        // SAFETY: `mem` outlives the VM: returned with it, dropped after it.
+        // SAFETY: `mem` outlives the VM: returned with it, and the caller
+        // drops the VM first.
         unsafe { vm.set_user_memory_region(region) }?;
         let vcpu = vm.create_vcpu(0)?;
         let mut sregs = vcpu.get_sregs()?;
@@ -361,7 +279,7 @@ mod x86 {
         (sregs.ss.base, sregs.ss.selector) = (0, 0);
         vcpu.set_sregs(&sregs)?;
         vcpu.set_regs(&kvm_regs {
-            rip: CODE as u64,
+            rip: CODE,
             rsp: 0x8000,
             rflags: 2,
             ..Default::default()

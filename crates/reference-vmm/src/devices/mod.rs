@@ -3,6 +3,7 @@
 
 mod access;
 mod bus;
+pub mod completion;
 mod output;
 mod post;
 mod serial;

@@ -18,6 +18,7 @@ use test_guests::layout::{IMAGE_ADDR, user_stack_top, vcpu_data};
 use test_guests::x86::boot::{entry_regs, pvh_regs};
 
 use super::{Boot, Vm, kvm_err};
+use crate::devices::completion::CompletionDevice;
 use crate::devices::{
     BoundedOutput, IoBus, OUTPUT_BUFFER_BYTES, POST_PORT, PostCode, SerialConsole,
 };
@@ -86,6 +87,14 @@ impl Vm {
                 thread: "guest-requested boosts",
                 source,
             })?;
+        let completions = match self.config.irqchip {
+            Irqchip::Kernel => Some(CompletionDevice::start(
+                &self.vm,
+                self.config.vcpus,
+                shared.irqs.scheduler_handle(),
+            )?),
+            Irqchip::User => None,
+        };
         let start = Instant::now();
         let (rx, threads) = self.start_vcpus(&shared, incoming)?;
         let controller = match self
@@ -108,6 +117,7 @@ impl Vm {
         }
         let tuner = tuner.map(TunerThread::finish).transpose();
         drop(guest_boosts);
+        let completions = completions.map(CompletionDevice::finish).transpose()?;
         let unresponsive = join_or_leave(threads, &answered)?;
         // The guest's last output is written (or given up on) whatever the end.
         let unwritten = drain.finish(OUTPUT_GRACE);
@@ -116,6 +126,10 @@ impl Vm {
         }
         vcpus.sort_by_key(|s| s.index);
         let mut stats = stats(&shared, drain.dropped() + unwritten);
+        if let Some(c) = completions {
+            stats.completions = c.completions.load(Relaxed);
+            stats.completions_to_preempted = c.preempted.load(Relaxed);
+        }
         if let Some(tuner) = tuner? {
             stats.tuned_window_ns = tuner.window().map(|w| w.as_nanos() as u64);
             stats.tuned_window_changes = tuner.changes();
@@ -283,6 +297,8 @@ fn stats(shared: &VmShared, output_lost: u64) -> VmStats {
         timer_start_p99_ns: p99_bucket_edge(&t.lateness_hist),
         tuned_window_ns: None,
         tuned_window_changes: 0,
+        completions: 0,
+        completions_to_preempted: 0,
     }
 }
 

@@ -5,12 +5,19 @@
 // its boost-request word while it holds the lock (bit 32, and a new
 // sequence in bits 31:0 for each critical section), so that a host granting
 // guest-requested boosts can keep a preempted holder from stalling the
-// waiters. Each vCPU reports the TSC ticks of its rounds ("ticks").
+// waiters. With params[4] = 1 each round ends with an "I/O": the vCPU
+// writes its index to the completion port and halts until the VMM's
+// completion device (KVM's irqchip) interrupts it. Each vCPU reports the
+// TSC ticks of its rounds ("ticks") and the interrupts it took ("irqs").
     .globl test_guests_lock_holders
 test_guests_lock_holders:
-    mov r13, {boost_requests}
-    lea r13, [r13 + rdi * 8]        // this vCPU's request word
-    mov r14, [{params}]             // rounds
+    mov r12, rdi                    // vCPU index
+    lea r13, [rdx - {irq_record_below_data}]
+    cmp qword ptr [{params} + 32], 0
+    je 1f
+    mov rdi, rsi
+    call rt_apic_enable_all         // completions are interrupts
+1:  mov r14, [{params}]             // rounds
     xor r15, r15                    // rounds done
     xor ebx, ebx                    // the request's sequence
     rdtsc
@@ -28,20 +35,30 @@ test_guests_lock_holders:
     cmp dword ptr [{guest_lock}], 0
     jne 3b
     jmp 2b
-4:  cmp qword ptr [{params} + 24], 0
+4:  mov rdi, {boost_requests}
+    lea rdi, [rdi + r12 * 8]        // this vCPU's request word
+    cmp qword ptr [{params} + 24], 0
     je 5f
     inc ebx
     mov rax, 0x100000000            // in a critical section: bit 32
     or rax, rbx
-    mov [r13], rax
+    mov [rdi], rax
 5:  mov rcx, [{params} + 8]
     call lh_pause                   // hold the lock
     cmp qword ptr [{params} + 24], 0
     je 6f
-    mov [r13], rbx                  // out of it: the same sequence, bit 32 clear
+    mov [rdi], rbx                  // out of it: the same sequence, bit 32 clear
 6:  mov dword ptr [{guest_lock}], 0 // release
     mov rcx, [{params} + 16]
     call lh_pause                   // work outside the lock
+    cmp qword ptr [{params} + 32], 0
+    je 1b
+    mov dx, {completion_port}       // an I/O: submit, then wait for it
+    mov eax, r12d
+    out dx, eax
+    lea rdi, [r13 + 8]
+    mov rsi, r15
+    call rt_wait_count
     jmp 1b
 8:  rdtsc
     shl rdx, 32
@@ -50,10 +67,14 @@ test_guests_lock_holders:
     lea rdi, [rip + 10f]
     mov rsi, rax
     call rt_report
+    lea rdi, [rip + 11f]
+    mov rsi, [r13 + 8]
+    call rt_report
     call rt_done
 10: .asciz "ticks"
+11: .asciz "irqs"
 
-// lh_pause(rcx): rcx pause instructions.
+// lh_pause(rcx): rcx pause instructions (rdi kept).
 lh_pause:
     test rcx, rcx
     jz 2f

@@ -16,7 +16,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::abi::{
-    DEBUG_EXIT_PORT, GATE_PORT, PAUSE_PORT, POST_PORT, SERIAL_PORT, UCALL_PORT, YIELD_PORT,
+    COMPLETION_PORT, DEBUG_EXIT_PORT, GATE_PORT, PAUSE_PORT, POST_PORT, SERIAL_PORT, UCALL_PORT,
+    YIELD_PORT,
 };
 use crate::layout::{
     ACKS_OFFSET, APIC_READY_OFFSET, BOOST_REQUESTS_OFFSET, BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR,
@@ -98,6 +99,7 @@ core::arch::global_asm!(
     done_count = const SHARED_DATA_ADDR + DONE_COUNT_OFFSET,
     migrations = const SHARED_DATA_ADDR + MIGRATIONS_OFFSET,
     guest_lock = const SHARED_DATA_ADDR + GUEST_LOCK_OFFSET,
+    completion_port = const COMPLETION_PORT,
     boost_requests = const SHARED_DATA_ADDR + BOOST_REQUESTS_OFFSET,
     boot_table = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET,
     boot_vcpus = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET + 16,
@@ -591,12 +593,13 @@ pub static PROGRAMS: &[GuestProgram] = &[
     },
     GuestProgram {
         name: "lock-holders",
-        about: "every vCPU takes a shared spinlock params[0] times, holding it params[1] pauses and working params[2] outside it (params[3] = 1: marking its boost-request word while it holds it)",
+        about: "every vCPU takes a shared spinlock params[0] times, holding it params[1] pauses and working params[2] outside it (params[3] = 1: marking its boost-request word while it holds it; params[4] = 1: then an I/O to the completion device, KVM's irqchip only)",
         params: &[
             count("rounds"),
             any("pauses holding the lock"),
             any("pauses outside it"),
             any("1: request a boost while holding it"),
+            any("1: an I/O after each round"),
         ],
         until_stopped: false,
         min_vcpus: 1,

@@ -261,7 +261,9 @@ struct MechanismArgs {
     #[arg(long, value_parser = <TimerPlacement as FromStr>::from_str)]
     timer_placement: Option<TimerPlacement>,
     /// What interrupt delivery does for the target's thread: none, ready,
-    /// directed-yield [default: directed-yield].
+    /// directed-yield, on-delivery (boost every target waiting for a CPU; on
+    /// KVM's irqchip, the completion device's targets) [default:
+    /// directed-yield].
     #[arg(long, value_parser = <Boost as FromStr>::from_str)]
     boost: Option<Boost>,
     /// Keep vCPU threads RCU-online in the guest (they note a quiescent state
@@ -279,8 +281,8 @@ struct MechanismArgs {
     guest_boost: bool,
     /// Where the local APICs live: user (this VMM's, with the crates on their
     /// paths) or kernel (KVM's in-kernel LAPIC, timer and halt polling: the
-    /// baseline; --timer-advance, --boost and --guest-poll have nothing to act
-    /// on there).
+    /// baseline; --timer-advance and --guest-poll have nothing to act on
+    /// there, and --boost acts on the completion device's interrupts only).
     #[arg(long, default_value = "user", value_parser = <Irqchip as FromStr>::from_str)]
     irqchip: Irqchip,
 }
@@ -319,7 +321,6 @@ impl MechanismArgs {
         let unused = [
             ("--timer-advance", self.timer_advance.is_some()),
             ("--timer-placement", self.timer_placement.is_some()),
-            ("--boost", self.boost.is_some()),
             ("--guest-poll", self.guest_poll),
             (
                 "--halt-poll haltpoll|aio|predictive",
@@ -330,7 +331,8 @@ impl MechanismArgs {
             Some((switch, _)) => Err(format!(
                 "{switch} has nothing to act on with --irqchip kernel: KVM's LAPIC handles the \
                  timer, interrupt delivery and halts (its halt polling takes --halt-poll kvm, \
-                 off, always, tuned or budget:SHARE)"
+                 off, always, tuned or budget:SHARE; --boost acts on the completion device's \
+                 interrupts)"
             )),
             None => Ok(()),
         }
