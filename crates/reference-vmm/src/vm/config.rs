@@ -51,8 +51,7 @@ pub struct VmConfig {
     pub kvm_halt_poll: KvmHaltPoll,
     /// Grant the boosts the guest asks for in its boost-request words
     /// ([`test_guests::layout::boost_request`]), within these limits, from a
-    /// thread that looks every [`GUEST_BOOST_INTERVAL`](crate::irq::GUEST_BOOST_INTERVAL);
-    /// `None`: ignore them.
+    /// thread that looks every 500 µs; `None`: ignore them.
     pub guest_boosts: Option<vcpu_sched::RequestLimits>,
 }
 
