@@ -22,6 +22,27 @@
 //! | 31:0 | `sequence`: incremented on each entry into a critical section | guest |
 //! | 32 | `active`: in a critical section now | guest |
 //! | 63:33 | reserved, ignored | |
+//!
+//! ```
+//! # fn main() -> std::io::Result<()> {
+//! use std::sync::Arc;
+//! use std::sync::atomic::AtomicU64;
+//! use std::time::Duration;
+//! use vcpu_sched::thread::current_tid;
+//! use vcpu_sched::{Booster, FifoBoost, GuestBoosts, NoBoost, NoGuestView};
+//! use vcpu_sched::{RequestLimits, RequestWatcher, Scheduler};
+//!
+//! let booster = Booster::new(2, FifoBoost::default());
+//! let sched = Arc::new(Scheduler::new(2, NoBoost, booster, NoGuestView));
+//! sched.register_thread(0, current_tid())?; // each vCPU thread
+//! // Each vCPU's word: here the VMM's own; a VMM reads guest memory.
+//! let words: Arc<[AtomicU64]> = (0..2).map(|_| AtomicU64::new(0)).collect();
+//! let requests = Arc::new(GuestBoosts::new(2, words, RequestLimits::default()));
+//! let watcher = RequestWatcher::spawn(requests, sched.clone(), Duration::from_micros(500))?;
+//! drop(watcher); // stops it
+//! # Ok(())
+//! # }
+//! ```
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
