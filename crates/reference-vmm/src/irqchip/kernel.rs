@@ -114,8 +114,11 @@ pub struct TunerThread {
 
 impl TunerThread {
     /// Starts tuning `vm`, whose vCPUs are `vcpus`, with `budget` (a share
-    /// of each vCPU's time; KVM polls not at all until the first look) or,
-    /// without one, by the cost model. It counts only the halts from now on.
+    /// of each vCPU's time) or, without one, by the cost model. It counts
+    /// only the halts from now on. Until its first look KVM's module window
+    /// applies: the halts its polls catch show their true lengths, so the
+    /// first window fits, and a budget the first interval broke by twice
+    /// shrinks it at once.
     pub fn spawn(vm: Arc<VmFd>, vcpus: &[VcpuFd], budget: Option<f64>) -> Result<Self, Error> {
         let stats = vcpus
             .iter()
@@ -123,11 +126,6 @@ impl TunerThread {
             .collect::<Result<Vec<_>, _>>()?;
         let mut config = TunerConfig::default();
         config.budget = budget;
-        if budget.is_some() {
-            // Until the tuner's first look, no polling: the module's window
-            // (200 µs) would break a budget in that first interval.
-            set_vm_halt_poll(&vm, Duration::ZERO)?;
-        }
         let mut tuner = WindowTuner::starting_from(config, &stats)?;
         let (stop, stopped) = mpsc::channel();
         let thread = thread::Builder::new()
