@@ -1,11 +1,13 @@
 //! A VMM on KVM's in-kernel irqchip, as Firecracker and Cloud Hypervisor are:
 //! a device thread completes "I/O" every millisecond by writing an `EventFd`
-//! registered with `KVM_IRQFD` on GSI 5, and right after tells the scheduler
-//! whom it woke (`Scheduler::delivering`, the target from `IrqTargets`). KVM
-//! handles the vCPU's halts and the interrupt; the VMM never sees an exit.
-//! The vCPU shares its CPU with a CPU hog, so a woken vCPU often waits for
-//! it: the policy then boosts it (`FifoOnDelivery`, under a 200 µs boost
-//! budget: long enough to be scheduled in), or not (`NoBoost`).
+//! registered with `KVM_IRQFD` on GSI 5, through the scheduler
+//! (`Scheduler::deliver`, the target from `IrqTargets`), which looks at the
+//! target's thread just before the write. KVM handles the vCPU's halts and
+//! the interrupt; the VMM never sees an exit. The vCPU shares its CPU with a
+//! CPU hog: a vCPU caught waiting for it (preempted before it halted again)
+//! is boosted (`FifoOnDelivery`, under a 200 µs boost budget: long enough
+//! to be scheduled in), or not (`NoBoost`); one asleep in its halt is left
+//! to the host's wake-up, as KVM's `ready` rule leaves it.
 //!
 //! The guest, in real mode: `sti; hlt` in a loop, and a handler that counts
 //! the interrupt in guest memory and sends the PIC its EOI.
@@ -14,7 +16,7 @@
 //!
 //! Prints a table, per policy: interrupts raised, handled by the guest (an edge the
 //! vCPU had not taken before the next merges with it in the PIC), what
-//! `delivering` found (waiting for a CPU, running, asleep), and the boosts;
+//! `deliver` found (waiting for a CPU, running, asleep), and the boosts;
 //! the table also goes to the crate's RESULTS.md, section "irqfd".
 //!
 //! The device thread's system calls, for a seccomp allowlist: `read`
@@ -114,7 +116,7 @@ mod x86 {
         policy: &'static str,
         raised: u64,
         handled: u16,
-        /// What `delivering` found: waiting for a CPU, running, asleep, unknown.
+        /// What `deliver` found: waiting for a CPU, running, asleep, unknown.
         seen: [u64; 4],
         boosts: u64,
         boosted: Duration,
@@ -191,10 +193,11 @@ mod x86 {
         let end = Instant::now() + length;
         while Instant::now() < end {
             timer.wait()?;
-            irqfd.write(1)?;
-            raised += 1;
             let target = targets.gsi(GSI)?;
-            seen[match sched.delivering(target) {
+            let (written, delivery) = sched.deliver(target, || irqfd.write(1));
+            written?;
+            raised += 1;
+            seen[match delivery {
                 Delivery::Preempted { .. } => 0,
                 Delivery::Running => 1,
                 Delivery::Blocked => 2,

@@ -26,7 +26,8 @@ use crate::thread::{FifoBoost, ThreadControl, Tid};
 /// | it waits on other vCPUs (a pause-loop exit) | [`waiting`](Self::waiting) | [`BoostPolicy::on_wait`] |
 /// | it polls with nothing to wait for | [`idle`](Self::idle) | [`BoostPolicy::on_idle`] |
 /// | it halted, or was woken | [`halted`](Self::halted), [`woken`](Self::woken) | (its run state) |
-/// | KVM delivers an interrupt a device thread raised (irqfd, `KVM_SIGNAL_MSI`) | [`delivering`](Self::delivering) | [`BoostPolicy::on_delivery`], if the vCPU waits for a CPU |
+/// | a device thread raises an interrupt KVM delivers (irqfd, `KVM_SIGNAL_MSI`) | [`deliver`](Self::deliver) (or [`delivering`](Self::delivering) after it) | [`BoostPolicy::on_delivery`], if the vCPU waits for a CPU |
+/// | the VMM sees it run from outside (its next request to a device) | [`ran`](Self::ran) | [`BoostPolicy::on_run`] |
 ///
 /// Indices at or past [`vcpus`](Self::vcpus) are ignored by the event
 /// methods (a guest can name a vCPU that does not exist), and
@@ -101,7 +102,8 @@ impl<P: BoostPolicy, B: Boost, G: GuestView> Scheduler<P, B, G> {
     /// A device thread raised an interrupt that KVM's in-kernel irqchip
     /// delivers to `target` (through an irqfd or `KVM_SIGNAL_MSI`; which
     /// vCPU, [`crate::IrqTargets`] tells): call it right after the write or
-    /// the ioctl. KVM has woken a halted target by then, and the VMM never
+    /// the ioctl, where [`deliver`](Self::deliver), which looks before it,
+    /// cannot wrap them. KVM has woken a halted target by then, and the VMM never
     /// sees the vCPU leave `KVM_RUN`, so this looks at the thread itself, with
     /// KVM's `ready` rule: a thread waiting for a CPU (preempted, or just woken
     /// and not yet run) is marked ready and handed to the policy's
@@ -113,11 +115,35 @@ impl<P: BoostPolicy, B: Boost, G: GuestView> Scheduler<P, B, G> {
     /// asleep when the write returns: then it is left to the host's wake-up.
     ///
     /// The boost ends when the vCPU next leaves the guest
-    /// ([`left_guest`](Self::left_guest)) or, since such a vCPU may stay in
-    /// KVM for long, at the booster's `max_boost`: a short one (a few hundred
-    /// microseconds, the time to be scheduled in) suits these boosts.
+    /// ([`left_guest`](Self::left_guest)), when the VMM sees it run
+    /// ([`ran`](Self::ran): its next request to the device, say) or, since
+    /// such a vCPU may stay in KVM for long, at the booster's `max_boost`: a
+    /// short one (100 µs, the time to be scheduled in and take the
+    /// interrupt) suits these boosts. A vCPU still boosted as it goes on to
+    /// spin on a guest lock keeps the holder it preempted off the CPU.
     pub fn delivering(&self, target: usize) -> Delivery {
-        let (Some(state), Some(seen)) = (self.states.get(target), self.thread_seen(target)) else {
+        self.act_on_delivery(target, self.thread_seen(target))
+    }
+
+    /// Raises an interrupt KVM's in-kernel irqchip delivers to `target` by
+    /// calling `raise` (the irqfd write, or the `KVM_SIGNAL_MSI` ioctl), and
+    /// applies KVM's `ready` rule to what `target`'s thread was doing just
+    /// before: exactly KVM's rule, which [`delivering`](Self::delivering),
+    /// looking after the write, can only approach. A target that was asleep
+    /// (halted) is left to the host's wake-up even though the write has
+    /// just made it runnable: boosting every vCPU its completion wakes
+    /// preempts whatever runs, a guest's lock holder too. Returns what
+    /// `raise` returned, and what the target was doing.
+    pub fn deliver<T>(&self, target: usize, raise: impl FnOnce() -> T) -> (T, Delivery) {
+        let seen = self.thread_seen(target);
+        let raised = raise();
+        (raised, self.act_on_delivery(target, seen))
+    }
+
+    /// KVM's `ready` rule for an interrupt delivered to `target`, whose
+    /// thread was `seen` so.
+    fn act_on_delivery(&self, target: usize, seen: Option<ThreadSeen>) -> Delivery {
+        let (Some(state), Some(seen)) = (self.states.get(target), seen) else {
             return Delivery::Unknown;
         };
         match seen {
@@ -183,6 +209,18 @@ impl<P: BoostPolicy, B: Boost, G: GuestView> Scheduler<P, B, G> {
     pub fn left_guest(&self, vcpu: usize) {
         if let Some(state) = self.states.get(vcpu) {
             state.left_guest();
+            self.policy.on_run(&self.ctx(), vcpu);
+        }
+    }
+
+    /// vCPU `vcpu` was seen running guest code from outside its thread (a
+    /// device thread took its next request, say): it is not waiting for a
+    /// CPU, and the policy undoes what it did for it (a delivery boost ends
+    /// here, as at [`left_guest`](Self::left_guest), for a vCPU that on
+    /// KVM's irqchip may not leave `KVM_RUN` for long).
+    pub fn ran(&self, vcpu: usize) {
+        if let Some(state) = self.states.get(vcpu) {
+            state.set_preempted(false);
             self.policy.on_run(&self.ctx(), vcpu);
         }
     }
@@ -418,5 +456,38 @@ mod tests {
         );
         assert!(sched.state(2).is_ready() && sched.state(2).is_preempted());
         assert_eq!(stats.boosts.load(SeqCst), 1, "only vCPU 2 was boosted");
+        // The VMM sees it run: its boost, if the revoker left it, ends.
+        sched.ran(2);
+        assert!(!sched.state(2).is_preempted() && !sched.booster().is_boosted(2));
+    }
+
+    #[test]
+    fn deliver_judges_the_target_as_it_was_before_the_interrupt() {
+        use crate::thread::current_tid;
+        use std::sync::mpsc;
+        let stats = Arc::new(SchedStats::default());
+        let sched = Scheduler::new(1, FifoOnDelivery, booster(stats.clone()), NoGuestView);
+        // vCPU 0 sleeps until the interrupt wakes it (a halted vCPU).
+        let (wake, asleep) = mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            tid_tx.send(current_tid()).unwrap();
+            asleep.recv().unwrap();
+        });
+        sched.register_thread(0, tid_rx.recv().unwrap()).unwrap();
+        while sched.thread_seen(0) != Some(ThreadSeen::Blocked) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let (sent, delivery) = sched.deliver(0, || wake.send(()));
+        sent.unwrap();
+        assert_eq!(delivery, Delivery::Blocked, "asleep when it was raised");
+        assert_eq!(stats.boosts.load(SeqCst), 0, "the host's wake-up, no boost");
+        sleeper.join().unwrap();
+        // No thread any more: nothing to judge, the raise still happens.
+        let gone = (0..1000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            sched.deliver(0, || 7) == (7, Delivery::Unknown)
+        });
+        assert!(gone);
     }
 }
