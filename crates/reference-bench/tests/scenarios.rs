@@ -65,7 +65,7 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     let timer = bench::timer::run(QUICK, &mut quiet).unwrap();
     all_measured(&timer, 20 + qemu_rows(&timer, 1));
     let sched = bench::sched::run(QUICK, &mut quiet).unwrap();
-    all_measured(&sched, 10 + qemu_rows(&sched, 0));
+    all_measured(&sched, 12 + qemu_rows(&sched, 0));
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 8);
     all_measured(&bench::migrate::run(QUICK, &mut quiet).unwrap(), 6);
     let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();

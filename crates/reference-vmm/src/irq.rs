@@ -49,8 +49,8 @@ use std::time::Duration;
 use halt_poll::FutexWake;
 use lapic_timer::{Expiry, TimerSink};
 use vcpu_sched::{
-    BoostPolicy, Booster, FifoBoost, GuestBoosts, GuestView, RequestLimits, RequestWatcher,
-    RequestWords, RunState, SchedStats, Scheduler,
+    BoostBudget, BoostPolicy, Booster, FifoBoost, GuestBoosts, GuestView, RequestLimits,
+    RequestWatcher, RequestWords, RunState, SchedStats, Scheduler,
 };
 use vm_memory::{Bytes, GuestAddress};
 
@@ -155,11 +155,11 @@ pub struct Interrupts {
 }
 
 impl Interrupts {
-    /// Delivery for `vcpus` vCPUs, boosting with `policy`.
-    pub fn new(vcpus: usize, policy: Box<dyn BoostPolicy>) -> Self {
+    /// Delivery for `vcpus` vCPUs, boosting with `policy` within `budget`.
+    pub fn new(vcpus: usize, policy: Box<dyn BoostPolicy>, budget: BoostBudget) -> Self {
         let pending = Arc::new(Pending::new(vcpus));
         let stats = Arc::new(SchedStats::default());
-        let booster = Booster::with_events(vcpus, boost_control(), stats);
+        let booster = Booster::with_events(vcpus, boost_control(), stats).with_budget(budget);
         Self {
             links: (0..vcpus)
                 .map(|_| Link {
@@ -355,7 +355,7 @@ mod tests {
 
     #[test]
     fn ipis_reach_their_destinations_and_unknown_ones_are_dropped() {
-        let irqs = Interrupts::new(3, Box::new(NoBoost));
+        let irqs = Interrupts::new(3, Box::new(NoBoost), BoostBudget::default());
         assert_eq!(irqs.ipi(0, 0x40, Destination::Physical(2)), 1);
         assert_eq!(irqs.pending(2), [0, 1, 0, 0], "vector 0x40: word 1, bit 0");
         assert_eq!(irqs.ipi(0, 0x41, Destination::AllExcludingSelf), 2);
@@ -371,7 +371,7 @@ mod tests {
 
     #[test]
     fn a_halted_vcpu_with_an_interrupt_pending_is_a_directed_yield_candidate() {
-        let irqs = Interrupts::new(3, Box::new(vcpu_sched::KvmReady));
+        let irqs = Interrupts::new(3, Box::new(vcpu_sched::KvmReady), BoostBudget::default());
         let sched = irqs.scheduler();
         for v in 1..3 {
             sched.halted(v);
@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn a_halted_vcpu_is_woken_and_one_in_the_vmm_is_left_alone() {
         use halt_poll::WakeSource;
-        let irqs = Interrupts::new(2, Box::new(NoBoost));
+        let irqs = Interrupts::new(2, Box::new(NoBoost), BoostBudget::default());
         irqs.scheduler().halted(1);
         irqs.post(1, 0x50);
         assert_ne!(irqs.wake_source(1).take(), 0, "woken");

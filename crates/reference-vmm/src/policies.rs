@@ -18,7 +18,7 @@ use std::time::Duration;
 use halt_poll::{Never, PollPolicy, Predictive};
 use lapic_timer::{AdvancePolicy, Percentile};
 use rcu_qs::Domain;
-use vcpu_sched::{BoostPolicy, DirectedYield};
+use vcpu_sched::{BoostBudget, BoostPolicy, DirectedYield};
 
 use crate::devices::{BusRead, IoBus, RcuBus};
 
@@ -87,6 +87,13 @@ pub trait Policies: Send + Sync {
     /// the VM. The default is `DirectedYield`.
     fn boost(&self) -> Box<dyn BoostPolicy> {
         Box::new(DirectedYield::new())
+    }
+
+    /// How long a boost may last, and how much boosting each vCPU may have
+    /// per period. The default is vcpu-sched's: 1 ms per boost, 2 ms per
+    /// 10 ms.
+    fn boost_budget(&self) -> BoostBudget {
+        BoostBudget::default()
     }
 
     /// How vCPU threads read `bus` on an exit; `domain` is the RCU domain

@@ -155,12 +155,26 @@ impl fmt::Display for RunReport {
             st.wakes,
             st.boosts,
         )?;
+        if st.boosts > 0 {
+            write!(
+                f,
+                " (the longest {:.0} µs)",
+                st.longest_boost_ns as f64 / 1e3
+            )?;
+        }
         if let Some(ns) = st.tuned_window_ns {
             write!(
                 f,
                 "\n  KVM's halt-polling window, as last tuned: {:.1} µs ({} changes)",
                 ns as f64 / 1e3,
                 st.tuned_window_changes
+            )?;
+        }
+        if st.completions > 0 {
+            write!(
+                f,
+                "\n  completion device: {} I/Os completed, {} to a vCPU waiting for a CPU",
+                st.completions, st.completions_to_preempted
             )?;
         }
         if st.output_lost > 0 {

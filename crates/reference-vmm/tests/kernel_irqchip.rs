@@ -169,9 +169,14 @@ fn every_io_is_completed_by_irqfd_to_its_submitter_and_its_target_told() {
     }
     let _turn = one_at_a_time();
     const ROUNDS: u64 = 500;
-    for boost in [Boost::None, Boost::OnDelivery] {
+    // The I/O after each round (halting for it), and during it (spinning).
+    let io_modes = [[ROUNDS, 10, 10, 0, 1], [ROUNDS, 0, 10, 0, 2]];
+    for (params, boost) in io_modes
+        .iter()
+        .flat_map(|p| [(p, Boost::None), (p, Boost::OnDelivery)])
+    {
         let m = kernel(HaltPoll::Kvm).with_boost(boost);
-        let (report, _) = program::run("lock-holders", 4, m, &[ROUNDS, 10, 10, 0, 1]).unwrap();
+        let (report, _) = program::run("lock-holders", 4, m, params).unwrap();
         // Each vCPU waits for its own completion: one interrupt per round.
         program::assert_each(&report, 4, "irqs", ROUNDS, "lock-holders");
         let st = &report.stats;
@@ -182,8 +187,8 @@ fn every_io_is_completed_by_irqfd_to_its_submitter_and_its_target_told() {
             assert_eq!(st.boosts, 0, "{st:?}");
         }
         eprintln!(
-            "--boost {boost}: {} of {} completions found their vCPU waiting for a CPU, {} boosts",
-            st.completions_to_preempted, st.completions, st.boosts
+            "I/O mode {}, --boost {boost}: {} of {} completions found their vCPU waiting for a CPU, {} boosts",
+            params[4], st.completions_to_preempted, st.completions, st.boosts
         );
     }
 }

@@ -4,11 +4,14 @@
 //! the write in KVM, with no exit. The device thread waits on them all
 //! (epoll) and completes each by writing the submitter's irqfd, routed
 //! (`KVM_SET_GSI_ROUTING`) as an MSI of [`COMPLETION_VECTOR`] to its APIC,
-//! then tells vcpu-sched whom it woke ([`Scheduler::delivering`], the target
-//! from [`IrqTargets`]), so that the boost policy can act on the woken
-//! vCPU's thread.
+//! through vcpu-sched ([`Scheduler::deliver`], the target from
+//! [`IrqTargets`]), so that the boost policy can act on a target its
+//! interrupt finds waiting for a CPU. A vCPU's next submission tells
+//! vcpu-sched it ran ([`Scheduler::ran`]): a boost its last completion gave
+//! it ends there.
 //!
-//! [`Scheduler::delivering`]: vcpu_sched::Scheduler::delivering
+//! [`Scheduler::deliver`]: vcpu_sched::Scheduler::deliver
+//! [`Scheduler::ran`]: vcpu_sched::Scheduler::ran
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -31,7 +34,7 @@ use crate::irq::VmScheduler;
 /// past the 24 that KVM's PIC and IOAPIC pins take.
 pub const COMPLETION_GSI_BASE: u32 = 24;
 
-/// What the device did, and what `delivering` found its targets doing.
+/// What the device did, and what `deliver` found its targets doing.
 #[derive(Debug, Default)]
 pub struct CompletionStats {
     /// I/Os completed (interrupts raised through an irqfd).
@@ -142,27 +145,32 @@ impl Device {
                 let Some((submitted, irqfd)) = self.lines.get(event.data() as usize) else {
                     return Ok(()); // the stop event
                 };
+                let v = event.data() as u32;
+                // The submitter ran: a boost its last completion gave it ends.
+                self.sched.ran(v as usize);
                 for _ in 0..submitted.read()? {
-                    irqfd.write(1)?;
-                    self.delivered(event.data() as u32);
+                    self.complete(v, irqfd)?;
                 }
             }
         }
     }
 
-    /// Tells the scheduler about the interrupt just raised on vCPU `v`'s GSI.
-    fn delivered(&self, v: u32) {
+    /// Raises the completion on vCPU `v`'s GSI through `irqfd`, through the
+    /// scheduler, which acts on what its target was doing.
+    fn complete(&self, v: u32, irqfd: &EventFd) -> Result<(), std::io::Error> {
         let s = &self.stats;
         s.completions.fetch_add(1, Relaxed);
         let Ok(target) = self.targets.gsi(COMPLETION_GSI_BASE + v) else {
-            return;
+            return irqfd.write(1);
         };
-        match self.sched.delivering(target) {
+        let (raised, delivery) = self.sched.deliver(target, || irqfd.write(1));
+        match delivery {
             Delivery::Preempted { .. } => &s.preempted,
             Delivery::Running => &s.running,
             _ => &s.asleep,
         }
         .fetch_add(1, Relaxed);
+        raised
     }
 }
 

@@ -220,7 +220,11 @@ impl Vm {
             domain: self.domain.clone(),
             extended_qs: c.extended_qs,
         };
-        let irqs = Arc::new(Interrupts::new(self.vcpus.len(), c.policies.boost()));
+        let irqs = Arc::new(Interrupts::new(
+            self.vcpus.len(),
+            c.policies.boost(),
+            c.policies.boost_budget(),
+        ));
         let apic = ApicSetup {
             policies: c.policies.clone(),
             timer_placement: c.timer_placement,

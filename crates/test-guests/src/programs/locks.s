@@ -7,7 +7,11 @@
 // guest-requested boosts can keep a preempted holder from stalling the
 // waiters. With params[4] = 1 each round ends with an "I/O": the vCPU
 // writes its index to the completion port and halts until the VMM's
-// completion device (KVM's irqchip) interrupts it. Each vCPU reports the
+// completion device (KVM's irqchip) interrupts it. With params[4] = 2 the
+// I/O is submitted as the round starts, in flight while the vCPU works, and
+// the vCPU spins after the round until it has completed: a vCPU with work
+// to do, which never halts, so a completion finds it running or waiting
+// for a CPU, never asleep. Each vCPU reports the
 // TSC ticks of its rounds ("ticks") and the interrupts it took ("irqs").
     .globl test_guests_lock_holders
 test_guests_lock_holders:
@@ -27,6 +31,9 @@ test_guests_lock_holders:
 1:  cmp r15, r14
     jae 8f
     inc r15
+    cmp qword ptr [{params} + 32], 2
+    jne 2f
+    call lh_submit                  // mode 2: the I/O is in flight during the round
 2:  mov eax, 1                      // test-and-set ...
     xchg eax, dword ptr [{guest_lock}]
     test eax, eax
@@ -51,15 +58,20 @@ test_guests_lock_holders:
 6:  mov dword ptr [{guest_lock}], 0 // release
     mov rcx, [{params} + 16]
     call lh_pause                   // work outside the lock
-    cmp qword ptr [{params} + 32], 0
+    mov rax, [{params} + 32]
+    test rax, rax
     je 1b
-    mov dx, {completion_port}       // an I/O: submit, then wait for it
-    mov eax, r12d
-    out dx, eax
+    cmp rax, 2
+    je 7f
+    call lh_submit                  // mode 1: submit, then halt until it completes
     lea rdi, [r13 + 8]
     mov rsi, r15
     call rt_wait_count
     jmp 1b
+7:  cmp [r13 + 8], r15              // mode 2: spin until it has completed
+    jae 1b
+    pause
+    jmp 7b
 8:  rdtsc
     shl rdx, 32
     or rax, rdx
@@ -73,6 +85,13 @@ test_guests_lock_holders:
     call rt_done
 10: .asciz "ticks"
 11: .asciz "irqs"
+
+// lh_submit: submits an I/O, this vCPU's index to the completion port.
+lh_submit:
+    mov dx, {completion_port}
+    mov eax, r12d
+    out dx, eax
+    ret
 
 // lh_pause(rcx): rcx pause instructions (rdi kept).
 lh_pause:

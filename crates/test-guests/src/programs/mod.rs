@@ -593,13 +593,13 @@ pub static PROGRAMS: &[GuestProgram] = &[
     },
     GuestProgram {
         name: "lock-holders",
-        about: "every vCPU takes a shared spinlock params[0] times, holding it params[1] pauses and working params[2] outside it (params[3] = 1: marking its boost-request word while it holds it; params[4] = 1: then an I/O to the completion device, KVM's irqchip only)",
+        about: "every vCPU takes a shared spinlock params[0] times, holding it params[1] pauses and working params[2] outside it (params[3] = 1: marking its boost-request word while it holds it; params[4] = 1: then an I/O to the completion device, halting until it completes; 2: an I/O in flight during each round, spinning after it until it completes; KVM's irqchip only)",
         params: &[
             count("rounds"),
             any("pauses holding the lock"),
             any("pauses outside it"),
             any("1: request a boost while holding it"),
-            any("1: an I/O after each round"),
+            any("1: an I/O after each round, 2: one during it"),
         ],
         until_stopped: false,
         min_vcpus: 1,
