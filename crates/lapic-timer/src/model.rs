@@ -220,9 +220,11 @@ impl LapicTimer {
             // Spend what expired while masked: it was never delivered.
             let _ = self.expire(now_ns);
         }
-        let old = self.mode();
+        let was_deadline = self.mode() == TimerMode::TscDeadline;
         self.lvt = value & LVT_WRITABLE;
-        if self.mode() != old {
+        // Into or out of TSC-deadline mode the timer stops (KVM's
+        // `apic_update_lvtt`); between one-shot and periodic it counts on.
+        if (self.mode() == TimerMode::TscDeadline) != was_deadline {
             self.initial_count = 0;
             self.next_ns = None;
             self.tsc_deadline = 0;
@@ -574,11 +576,18 @@ mod tests {
     }
 
     #[test]
-    fn switching_mode_disarms() {
+    fn switching_into_or_out_of_tsc_deadline_mode_disarms() {
         let mut t = timer(ONE_SHOT);
         t.write(InitialCount, 1000, 0).unwrap();
         t.write(LvtTimer, PERIODIC, 10).unwrap();
-        assert_eq!((t.read(InitialCount, 10), t.next_expiry_ns()), (0, None));
+        assert_eq!(
+            t.read(InitialCount, 10),
+            1000,
+            "one-shot to periodic counts on"
+        );
+        assert!(t.next_expiry_ns().is_some());
+        t.write(LvtTimer, DEADLINE, 20).unwrap();
+        assert_eq!((t.read(InitialCount, 20), t.next_expiry_ns()), (0, None));
         let mut d = timer(DEADLINE);
         d.write_tsc_deadline(100);
         d.write(LvtTimer, DEADLINE | 0x1_0000, 0).unwrap();
