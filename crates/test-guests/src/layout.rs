@@ -145,6 +145,16 @@ pub const FREE_MEMORY_START: u64 = 0x110_0000;
 pub const SAMPLES_ADDR: u64 = FREE_MEMORY_START;
 /// Where `dirty-writer` writes: free memory from 32 MiB on.
 pub const DIRTY_AREA_ADDR: u64 = 32 << 20;
+/// Where the VMM writes `apic-script`'s operations, one area per vCPU of
+/// `1 << APIC_SCRIPT_SHIFT` bytes from here (free memory, as the samples).
+pub const APIC_SCRIPT_ADDR: u64 = FREE_MEMORY_START;
+/// log2 of a vCPU's `apic-script` area.
+pub const APIC_SCRIPT_SHIFT: u32 = 16;
+
+/// Guest physical address of vCPU `index`'s `apic-script` operations.
+pub const fn apic_script(index: u32) -> u64 {
+    APIC_SCRIPT_ADDR + ((index as u64) << APIC_SCRIPT_SHIFT)
+}
 
 /// Smallest guest memory the layout fits in, in MiB.
 pub const MIN_MEM_MIB: u64 = 32;
@@ -250,6 +260,7 @@ const _: () = assert!(vcpu_area(MAX_VCPUS) <= SHARED_DATA_ADDR);
 const _: () = assert!(SHARED_DATA_ADDR + PAGE_SIZE <= FREE_MEMORY_START);
 const _: () = assert!(FREE_MEMORY_START < MIN_MEM_MIB << 20);
 const _: () = assert!(SAMPLES_ADDR < DIRTY_AREA_ADDR);
+const _: () = assert!(apic_script(MAX_VCPUS) <= DIRTY_AREA_ADDR);
 const _: () = assert!(mailbox(MAX_VCPUS) <= FREE_MEMORY_START);
 const _: () = assert!(PARAMS_OFFSET + 8 * PARAMS as u64 <= ACKS_OFFSET);
 const _: () = assert!(APIC_READY_OFFSET + 64 <= BOOT_TABLE_OFFSET);

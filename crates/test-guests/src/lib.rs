@@ -37,6 +37,7 @@
 struct ReadmeDoctests;
 
 pub mod abi;
+pub mod apic_script;
 pub mod boot_memory;
 pub mod layout;
 pub mod programs;

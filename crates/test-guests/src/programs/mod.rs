@@ -20,12 +20,12 @@ use crate::abi::{
     YIELD_PORT,
 };
 use crate::layout::{
-    ACKS_OFFSET, APIC_READY_OFFSET, BOOST_REQUESTS_OFFSET, BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR,
-    DONE_COUNT_OFFSET, EXCEPTION_STACK_GAP, GUEST_LOCK_OFFSET, IDT_OFFSET, IMAGE_ADDR,
-    IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT,
-    MIGRATIONS_OFFSET, PAGE_SIZE, PARAMS_OFFSET, PML4_ADDR, SAMPLES_ADDR, SERIAL_LOCK_OFFSET,
-    SHARED_DATA_ADDR, TRAMPOLINE_ADDR, UCALL_TRANSPORT_OFFSET, USER_STACK_TOP_OFFSET,
-    VCPU_AREA_BASE, VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
+    ACKS_OFFSET, APIC_READY_OFFSET, APIC_SCRIPT_ADDR, APIC_SCRIPT_SHIFT, BOOST_REQUESTS_OFFSET,
+    BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR, DONE_COUNT_OFFSET, EXCEPTION_STACK_GAP, GUEST_LOCK_OFFSET,
+    IDT_OFFSET, IMAGE_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, MAILBOX_OFFSET, MAILBOX_RING,
+    MAILBOX_SHIFT, MIGRATIONS_OFFSET, PAGE_SIZE, PARAMS_OFFSET, PML4_ADDR, SAMPLES_ADDR,
+    SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, TRAMPOLINE_ADDR, UCALL_TRANSPORT_OFFSET,
+    USER_STACK_TOP_OFFSET, VCPU_AREA_BASE, VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
 };
 use crate::ucall;
 use crate::x86::idt::IDT_SIZE;
@@ -41,6 +41,8 @@ pub const SYS_HALT: u32 = 3;
 pub const SYS_WRMSR: u32 = 4;
 /// `ud2` service number: read MSR `edi` into `rax`.
 pub const SYS_RDMSR: u32 = 5;
+/// `ud2` service number: run `rsi` `apic-script` operations from `rdi`.
+pub const SYS_APIC_SCRIPT: u32 = 6;
 /// Number of exception vectors the runtime has a stub for.
 pub const EXCEPTION_VECTORS: u8 = 32;
 /// Distance between two exception stubs in the image.
@@ -55,6 +57,7 @@ core::arch::global_asm!(
     include_str!("bounds.s"),
     include_str!("migrate.s"),
     include_str!("locks.s"),
+    include_str!("apic.s"),
     include_str!("pvh.s"),
     ".globl test_guests_image_end",
     "test_guests_image_end:",
@@ -71,6 +74,18 @@ core::arch::global_asm!(
     sys_halt = const SYS_HALT,
     sys_wrmsr = const SYS_WRMSR,
     sys_rdmsr = const SYS_RDMSR,
+    sys_apic_script = const SYS_APIC_SCRIPT,
+    apic_script_addr = const APIC_SCRIPT_ADDR,
+    apic_script_shift = const APIC_SCRIPT_SHIFT,
+    apic_script_ops = const crate::apic_script::MAX_OPS,
+    op_rdmsr = const crate::apic_script::Kind::ReadMsr as u32,
+    op_wrmsr = const crate::apic_script::Kind::WriteMsr as u32,
+    op_msr_or = const crate::apic_script::Kind::OrMsr as u32,
+    op_mmio_read = const crate::apic_script::Kind::ReadPage as u32,
+    op_mmio_write = const crate::apic_script::Kind::WritePage as u32,
+    op_delay = const crate::apic_script::Kind::Delay as u32,
+    status_done = const crate::apic_script::STATUS_DONE,
+    status_faulted = const crate::apic_script::STATUS_FAULTED,
     msr_eoi = const apic::MSR_EOI,
     msr_svr = const apic::MSR_SVR,
     msr_apic_base = const apic::MSR_APIC_BASE,
@@ -153,6 +168,7 @@ unsafe extern "C" {
     safe static test_guests_timer_spin: u8;
     safe static test_guests_sched_ipi: u8;
     safe static test_guests_lock_holders: u8;
+    safe static test_guests_apic_script: u8;
     safe static test_guests_ipi_ring: u8;
     safe static test_guests_port_exits: u8;
     safe static test_guests_dirty_writer: u8;
@@ -300,6 +316,9 @@ pub enum DataArea {
     None,
     /// `params[0]` samples of 8 bytes at [`SAMPLES_ADDR`].
     Samples,
+    /// A `1 << APIC_SCRIPT_SHIFT`-byte area per vCPU from
+    /// [`APIC_SCRIPT_ADDR`].
+    ApicScripts,
     /// `params[0]` pages per vCPU from [`DIRTY_AREA_ADDR`], `bytes_each`
     /// bytes for each (the page, and whatever the program keeps per page).
     Pages {
@@ -316,6 +335,7 @@ impl DataArea {
         match self {
             Self::None => 0,
             Self::Samples => count.saturating_mul(8).saturating_add(SAMPLES_ADDR),
+            Self::ApicScripts => crate::layout::apic_script(vcpus),
             Self::Pages { bytes_each } => count
                 .saturating_mul(bytes_each)
                 .saturating_mul(u64::from(vcpus))
@@ -605,6 +625,15 @@ pub static PROGRAMS: &[GuestProgram] = &[
         min_vcpus: 1,
         data: DataArea::None,
         entry: &test_guests_lock_holders,
+    },
+    GuestProgram {
+        name: "apic-script",
+        about: "every vCPU runs the params[0] local-APIC operations the VMM wrote for it (test_guests::apic_script) at CPL0 with interrupts off, recording what each read back and whether it faulted",
+        params: &[count("operations per vCPU")],
+        until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::ApicScripts,
+        entry: &test_guests_apic_script,
     },
     GuestProgram {
         name: "ipi-ring",

@@ -67,7 +67,25 @@ test_guests_exception_stubs:
 
 // Reports an unexpected exception to the VMM, which ends the run.
 // Stack: vector, error code, then the CPU's frame (rip, cs, rflags, rsp, ss).
+// A #GP that apic-script's operations expect (programs/apic.s) resumes at
+// rt_script_faulted instead.
 rt_exception_common:
+    cmp qword ptr [rsp], 13
+    jne 2f
+    push rax
+    lea rax, [rip + rt_script_rdmsr]
+    cmp rax, [rsp + 24]
+    je 1f
+    lea rax, [rip + rt_script_wrmsr]
+    cmp rax, [rsp + 24]
+    jne 3f
+1:  lea rax, [rip + rt_script_faulted]
+    mov [rsp + 24], rax
+    pop rax
+    add rsp, 16                 // the vector and the error code
+    iretq
+3:  pop rax
+2:
     mov rax, cr2
     sub rsp, 40                 // ucall frame: cmd, vector, error code, rip, cr2
     mov qword ptr [rsp], {ucall_exception}
@@ -105,6 +123,8 @@ rt_ud_dispatch:
     je rt_sys_wrmsr
     cmp eax, {sys_rdmsr}
     je rt_sys_rdmsr
+    cmp eax, {sys_apic_script}
+    je rt_sys_apic_script
 1:  push 0
     push 6
     jmp rt_exception_common
