@@ -25,7 +25,7 @@
 //! x2APIC MSR) are errors the VMM turns into #GP; an IPI with an illegal
 //! vector (0-15) is not sent and sets the ESR, as hardware does.
 
-use lapic_timer::{GuestTime, LapicTimer, LapicTimerState};
+use lapic_timer::{GuestTime, LapicTimer, LapicTimerState, TimerRegister};
 
 /// IA32_APIC_BASE.
 pub const MSR_APIC_BASE: u32 = 0x1B;
@@ -66,6 +66,15 @@ const SVR_RESET: u32 = 0xFF;
 const APIC_BASE_EN: u64 = 1 << 11;
 /// IA32_APIC_BASE's x2APIC-mode bit.
 const APIC_BASE_EXTD: u64 = 1 << 10;
+/// IA32_APIC_BASE's bootstrap-processor bit: vCPU 0's, as KVM resets it.
+const APIC_BASE_BSP: u64 = 1 << 8;
+/// The SVR bits a write keeps: the spurious vector, software enable and
+/// focus checking (KVM's; no directed EOI, which the version does not offer).
+const SVR_WRITABLE: u32 = 0x3FF;
+/// The LVT bits a write keeps, as KVM keeps them (`apic_lvt_mask`): vector,
+/// delivery status and mask for all; delivery mode for Thermal and PMC;
+/// also polarity, remote IRR and trigger mode for LINT0 and LINT1.
+const LVT_WRITABLE: [u32; 5] = [0x117FF, 0x117FF, 0x1F7FF, 0x1F7FF, 0x110FF];
 /// xAPIC DFR: the flat model.
 const DFR_FLAT: u32 = 0xFFFF_FFFF;
 /// ESR bit: an IPI with an illegal vector was sent.
@@ -76,6 +85,9 @@ pub const ESR_RECEIVE_ILLEGAL_VECTOR: u32 = 1 << 6;
 pub const ESR_ILLEGAL_REGISTER: u32 = 1 << 7;
 /// LVT mask bit.
 const LVT_MASKED: u32 = 1 << 16;
+/// LINT0 of vCPU 0 at reset: ExtINT, unmasked, as KVM resets it
+/// (`KVM_X86_QUIRK_LINT0_REENABLED`; there is no PIC behind it here).
+const LINT0_BSP_RESET: u32 = 0x700;
 /// xAPIC registers with no x2APIC MSR of the same layout.
 const XAPIC_ID: u64 = 0x20;
 const XAPIC_LDR: u64 = 0xD0;
@@ -196,7 +208,13 @@ impl LocalApic {
             esr_pending: 0,
             icr: 0,
             icr_high: 0,
-            lvt: [LVT_MASKED; 5],
+            lvt: [
+                LVT_MASKED,
+                LVT_MASKED,
+                if id == 0 { LINT0_BSP_RESET } else { LVT_MASKED },
+                LVT_MASKED,
+                LVT_MASKED,
+            ],
             timer: LapicTimer::new(time),
         }
     }
@@ -280,7 +298,8 @@ impl LocalApic {
 
     fn apic_base(&self) -> u64 {
         let extd = if self.x2apic { APIC_BASE_EXTD } else { 0 };
-        XAPIC_BASE | APIC_BASE_EN | extd
+        let bsp = if self.id == 0 { APIC_BASE_BSP } else { 0 };
+        XAPIC_BASE | APIC_BASE_EN | extd | bsp
     }
 
     /// x2APIC MSRs exist only in x2APIC mode.
@@ -333,9 +352,15 @@ impl LocalApic {
         }
     }
 
-    /// Writes `value` to MSR `msr` at host time `now_ns`.
+    /// Writes `value` to MSR `msr` at host time `now_ns`. Bits 63:32 of an
+    /// x2APIC register other than the ICR are reserved (KVM's
+    /// `kvm_lapic_msr_write`).
     pub fn write(&mut self, msr: u32, value: u64, now_ns: u64) -> Result<Action, ApicFault> {
         self.check_msr_mode(msr)?;
+        let x2apic_register = (X2APIC_FIRST..=X2APIC_LAST).contains(&msr);
+        if x2apic_register && msr != ICR && value >> 32 != 0 {
+            return Err(ApicFault::Reserved { msr, value });
+        }
         self.write_register(msr, value, now_ns)
     }
 
@@ -360,14 +385,26 @@ impl LocalApic {
         match msr {
             MSR_APIC_BASE => return self.write_apic_base(value),
             TPR => self.tpr = low as u8,
-            SVR => self.svr = low & 0x11FF,
+            SVR => return Ok(self.write_svr(low, now_ns)),
+            ESR if self.x2apic && value != 0 => return Err(ApicFault::Reserved { msr, value }),
             ESR => self.esr = std::mem::take(&mut self.esr_pending),
             EOI if value != 0 => return Err(ApicFault::Reserved { msr, value }),
             EOI => return Ok(self.eoi()),
             ICR => return self.write_icr(value),
+            SELF_IPI if value > 0xFF => return Err(ApicFault::Reserved { msr, value }),
             SELF_IPI => return Ok(self.ipi(low as u8, Destination::SelfOnly)),
-            0x833..=LVT_LAST => self.lvt[(msr - 0x833) as usize] = low,
-            MSR_TSC_DEADLINE | LVT_FIRST | 0x838 | 0x83E => {
+            0x833..=LVT_LAST => {
+                let i = (msr - 0x833) as usize;
+                self.lvt[i] = (low | self.lvt_forced_mask()) & LVT_WRITABLE[i];
+            }
+            LVT_FIRST => {
+                let value = u64::from(low | self.lvt_forced_mask());
+                self.timer
+                    .write_msr(msr, value, now_ns)
+                    .map_err(|_| ApicFault::Reserved { msr, value })?;
+                return Ok(Action::TimerChanged);
+            }
+            MSR_TSC_DEADLINE | 0x838 | 0x83E => {
                 self.timer
                     .write_msr(msr, value, now_ns)
                     .map_err(|_| ApicFault::Reserved { msr, value })?;
@@ -377,6 +414,25 @@ impl LocalApic {
             other => return Err(ApicFault::NoSuchRegister(other)),
         }
         Ok(Action::None)
+    }
+
+    /// The mask bit an LVT write gets whatever it says: set while the APIC
+    /// is software-disabled (KVM's rule).
+    fn lvt_forced_mask(&self) -> u32 {
+        if self.enabled() { 0 } else { LVT_MASKED }
+    }
+
+    /// SVR: a software disable masks every LVT entry, the timer's too.
+    fn write_svr(&mut self, value: u32, now_ns: u64) -> Action {
+        self.svr = value & SVR_WRITABLE;
+        if self.enabled() {
+            return Action::None;
+        }
+        self.lvt.iter_mut().for_each(|lvt| *lvt |= LVT_MASKED);
+        let timer = u64::from(self.timer.read(TimerRegister::LvtTimer, now_ns) | LVT_MASKED);
+        // Only the mask bit changes: the timer keeps its mode and count.
+        let _ = self.timer.write_msr(LVT_FIRST, timer, now_ns);
+        Action::TimerChanged
     }
 
     /// Reads the xAPIC register at `offset` in the MMIO page (a 32-bit
@@ -425,7 +481,7 @@ impl LocalApic {
         let action = match offset {
             XAPIC_LDR | XAPIC_DFR => Ok(Action::None), // flat model, no logical IDs
             XAPIC_ICR_HIGH => {
-                self.icr_high = value;
+                self.icr_high = value & 0xFF00_0000; // the destination alone
                 Ok(Action::None)
             }
             XAPIC_ICR_LOW => {
@@ -524,6 +580,10 @@ impl LocalApic {
     }
 
     fn ipi(&mut self, vector: u8, to: Destination) -> Action {
+        let to_itself = to == Destination::SelfOnly || to == Destination::Physical(self.id);
+        if to_itself && !self.enabled() {
+            return Action::None; // a software-disabled APIC accepts none
+        }
         if vector < 16 {
             self.esr_pending |= if to == Destination::SelfOnly {
                 ESR_RECEIVE_ILLEGAL_VECTOR
@@ -554,14 +614,16 @@ fn word32(bits: &[u64; 4], index: u32) -> u64 {
 mod tests {
     use super::*;
 
+    /// A guest TSC of 1 GHz from host time 0.
+    const TIME: GuestTime = GuestTime {
+        tsc_khz: 1_000_000,
+        ns: 0,
+        tsc_at_ns: 0,
+    };
+
     /// vCPU 3's APIC at reset: xAPIC mode, software-disabled.
     fn xapic() -> LocalApic {
-        let time = GuestTime {
-            tsc_khz: 1_000_000,
-            ns: 0,
-            tsc_at_ns: 0,
-        };
-        LocalApic::new(3, time)
+        LocalApic::new(3, TIME)
     }
 
     /// vCPU 3's APIC switched to x2APIC mode and software-enabled.
@@ -850,5 +912,50 @@ mod tests {
             "ESR write latches"
         );
         assert_eq!(a.mmio_read(0x280, &none, 0), Ok(ESR_ILLEGAL_REGISTER));
+    }
+
+    #[test]
+    fn register_writes_keep_the_bits_kvm_keeps() {
+        let mut a = apic();
+        // SVR: vector, enable and focus; no directed EOI.
+        a.write(SVR, 0x1FFF, 0).unwrap();
+        assert_eq!(a.read(SVR, &[0; 4], 0), Ok(0x3FF));
+        // LINT0 keeps its trigger bits, the error LVT only vector, mask and
+        // bit 12.
+        a.write(0x835, 0xFFFF_FFFF, 0).unwrap();
+        assert_eq!(a.read(0x835, &[0; 4], 0), Ok(0x1F7FF));
+        a.write(0x837, 0xFFFF_FFFF, 0).unwrap();
+        assert_eq!(a.read(0x837, &[0; 4], 0), Ok(0x110FF));
+        // Bits 63:32 are reserved but in the ICR.
+        assert!(a.write(TPR, 1 << 32, 0).is_err());
+        // The ESR takes only 0 in x2APIC mode, SELF IPI only a vector.
+        assert!(a.write(ESR, 1, 0).is_err());
+        assert!(a.write(SELF_IPI, 0x140, 0).is_err());
+        // vCPU 0 is the bootstrap processor, and its LINT0 is ExtINT.
+        let bsp = LocalApic::new(0, TIME);
+        assert_eq!(
+            bsp.read_register(MSR_APIC_BASE, &[0; 4], 0),
+            Ok(0xFEE0_0900)
+        );
+        assert_eq!(bsp.lvt[2], LINT0_BSP_RESET);
+    }
+
+    #[test]
+    fn a_software_disable_masks_every_lvt_and_refuses_its_own_ipis() {
+        let mut a = apic();
+        a.write(0x833, 0x40, 0).unwrap();
+        a.write(LVT_FIRST, 0x41, 0).unwrap();
+        a.write(SVR, 0xFF, 0).unwrap();
+        assert_eq!(a.read(0x833, &[0; 4], 0), Ok(0x10040));
+        assert_eq!(a.read(LVT_FIRST, &[0; 4], 0), Ok(0x10041));
+        // While disabled, an LVT written unmasked stays masked.
+        a.write(0x834, 0x42, 0).unwrap();
+        assert_eq!(a.read(0x834, &[0; 4], 0), Ok(0x10042));
+        assert_eq!(a.write(SELF_IPI, 0x50, 0), Ok(Action::None), "not sent");
+        a.write(SVR, 0x1FF, 0).unwrap();
+        assert!(matches!(
+            a.write(SELF_IPI, 0x50, 0),
+            Ok(Action::Ipi { vector: 0x50, .. })
+        ));
     }
 }

@@ -45,6 +45,15 @@ pub enum Error {
         #[source]
         source: vm_memory::GuestMemoryError,
     },
+    /// Reading what the guest left in its memory after a run failed.
+    #[error("cannot read {what} from guest memory: {source}")]
+    ReadMemory {
+        /// What was being read.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
     /// The guest did something the VMM cannot handle; the run ends.
     #[error("vCPU {vcpu}: {fault}\n{registers}")]
     Guest {

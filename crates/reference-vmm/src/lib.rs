@@ -44,6 +44,7 @@
 #![allow(missing_debug_implementations)]
 
 mod apic;
+pub mod conformance;
 pub mod devices;
 mod error;
 mod exit;

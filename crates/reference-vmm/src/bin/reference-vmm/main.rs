@@ -9,6 +9,7 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use reference_vmm::conformance::{self, DEFAULT_OPS};
 use reference_vmm::migration::{
     self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, MigrationReport,
     StreamReader, Target,
@@ -17,6 +18,7 @@ use reference_vmm::presets::{Boost, Choices, HaltPoll, Presets, TimerAdvance};
 use reference_vmm::{Boot, Error, StopHandle, StopReason, Vm, VmConfig};
 use reference_vmm::{Irqchip, TimerPlacement};
 use test_guests::ProgramError;
+use test_guests::apic_script::{MAX_OPS, Mode};
 use test_guests::layout::{MAX_VCPUS, PARAMS};
 use test_guests::layout::{check_mem_mib, check_vcpus};
 use test_guests::programs::{self as guest, GuestProgram, PROGRAMS};
@@ -43,6 +45,9 @@ enum Command {
     Image(ImageArgs),
     /// List the built-in guest programs.
     Guests,
+    /// Run the conformance guest's local-APIC sequences on this VMM's APIC
+    /// and on KVM's, and print the first difference (exit 1) or none.
+    Conformance(ConformanceArgs),
     /// Print this message or the help of the given subcommand.
     Help(HelpArgs),
 }
@@ -50,8 +55,28 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct HelpArgs {
     /// The subcommand to explain.
-    #[arg(value_parser = ["run", "receive", "restore", "image", "guests"])]
+    #[arg(value_parser = ["run", "receive", "restore", "image", "guests", "conformance"])]
     command: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct ConformanceArgs {
+    /// How many seeds, each one sequence of operations
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: u64,
+    /// The first seed
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Random operations per sequence
+    #[arg(long, default_value_t = DEFAULT_OPS, value_parser = clap::value_parser!(u64).range(1..=MAX_OPS))]
+    ops: u64,
+    /// Through x2APIC MSRs, the xAPIC page, or both
+    #[arg(long, default_value = "both", value_parser = ["x2apic", "xapic", "both"])]
+    mode: String,
+    /// Run every seed and list each operation that differed first in some
+    /// seed, with how many and one example, instead of stopping at the first
+    #[arg(long)]
+    summary: bool,
 }
 
 /// Clap's own `help` subcommand takes no options (`help --help` is an
@@ -396,6 +421,7 @@ fn main() -> ExitCode {
         Command::Restore(args) => restore(args),
         Command::Image(args) => image(args),
         Command::Help(args) => help(args),
+        Command::Conformance(args) => conformance(args),
         Command::Guests => {
             let lines: String = PROGRAMS
                 .iter()
@@ -404,6 +430,37 @@ fn main() -> ExitCode {
             print_or_fail(&lines)
         }
     }
+}
+
+fn conformance(args: ConformanceArgs) -> ExitCode {
+    let modes: &[Mode] = match args.mode.as_str() {
+        "x2apic" => &[Mode::X2apic],
+        "xapic" => &[Mode::Xapic],
+        _ => &[Mode::X2apic, Mode::Xapic],
+    };
+    for &mode in modes {
+        if args.summary {
+            match conformance::differences(args.first_seed, args.seeds, mode, args.ops as usize) {
+                Ok(found) => print!("{}", conformance::summary(&found)),
+                Err(e) => return fail(&e.to_string()),
+            }
+            continue;
+        }
+        match conformance::compare(args.first_seed, args.seeds, mode, args.ops as usize) {
+            Ok(None) => println!(
+                "{mode:?}: seeds {}..{}, {} operations each: this VMM's APIC answered as KVM's",
+                args.first_seed,
+                args.first_seed.saturating_add(args.seeds),
+                args.ops
+            ),
+            Ok(Some(difference)) => {
+                println!("{difference}");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => return fail(&e.to_string()),
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn run(args: RunArgs) -> ExitCode {

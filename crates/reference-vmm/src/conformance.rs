@@ -1,0 +1,380 @@
+//! The differential runner: the guest kit's `apic-script` sequences
+//! ([`test_guests::apic_script`]) on this VMM's local APIC and on KVM's
+//! (`--irqchip kernel`, the implementation Linux guests run on), compared
+//! operation by operation. KVM is the oracle: every difference is a bug
+//! here, or one of [`DELIBERATE`]'s.
+
+use std::fmt;
+use std::time::Duration;
+
+use test_guests::apic_script::{self, Kind, Mode, Op, Outcome, Record};
+use test_guests::layout::apic_script as script_addr;
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::{Error, Irqchip, Vm, VmConfig};
+
+/// vCPUs per VM: one seed each, so a VM runs this many seeds at once.
+pub const SEEDS_PER_VM: u32 = 8;
+/// Random operations per sequence, unless told otherwise.
+pub const DEFAULT_OPS: u64 = 48;
+
+/// Where this VMM's APIC answers otherwise than KVM's on purpose: an
+/// operation of `kind` in `mode` on one of `registers` (MSRs, or xAPIC page
+/// offsets) is compared on the `compared` bits of what it read only (0:
+/// not at all, its fault included), for the reason given.
+#[derive(Clone, Copy, Debug)]
+pub struct Deliberate {
+    /// How the operation reaches the APIC.
+    pub mode: Mode,
+    /// What it does.
+    pub kind: Kind,
+    /// The MSRs or page offsets.
+    pub registers: &'static [u32],
+    /// The bits still compared (0: none).
+    pub compared: u64,
+    /// Why the answers differ.
+    pub why: &'static str,
+}
+
+/// The LVT registers' x2APIC MSRs (timer to error) and xAPIC offsets.
+const LVT_MSRS: &[u32] = &[0x832, 0x833, 0x834, 0x835, 0x836, 0x837];
+const LVT_OFFSETS: &[u32] = &[0x320, 0x330, 0x340, 0x350, 0x360, 0x370];
+/// The xAPIC page's offsets that hold no register KVM reads (reserved,
+/// EOI and the CMCI LVT, which this VMM's CPUID does not offer).
+const RESERVED_OFFSETS: &[u32] = &[
+    0x000, 0x010, 0x040, 0x050, 0x060, 0x070, 0x0B0, 0x0C0, 0x290, 0x2A0, 0x2B0, 0x2C0, 0x2D0,
+    0x2E0, 0x2F0, 0x3A0, 0x3B0, 0x3C0, 0x3D0, 0x3F0,
+];
+
+/// The deliberate differences (the README's table lists them too).
+pub const DELIBERATE: &[Deliberate] = &[
+    Deliberate {
+        mode: Mode::X2apic,
+        kind: Kind::ReadMsr,
+        registers: &[0x828],
+        compared: 0,
+        why: "ESR: KVM never records an APIC error; this VMM records illegal vectors and registers, as the SDM says",
+    },
+    Deliberate {
+        mode: Mode::Xapic,
+        kind: Kind::ReadPage,
+        registers: &[0x280],
+        compared: 0,
+        why: "ESR, as above",
+    },
+    Deliberate {
+        mode: Mode::X2apic,
+        kind: Kind::ReadMsr,
+        registers: &[0x820],
+        compared: 0xFFFF_0000,
+        why: "IRR vectors 0-15: KVM accepts an IPI of an illegal vector; the SDM, and this VMM, send none",
+    },
+    Deliberate {
+        mode: Mode::Xapic,
+        kind: Kind::ReadPage,
+        registers: &[0x200],
+        compared: 0xFFFF_0000,
+        why: "IRR vectors 0-15, as above",
+    },
+    Deliberate {
+        mode: Mode::X2apic,
+        kind: Kind::ReadMsr,
+        registers: LVT_MSRS,
+        compared: !0x1000,
+        why: "LVT bit 12: KVM keeps the delivery-status bit a guest writes; the SDM makes it read-only, and it reads 0 here",
+    },
+    Deliberate {
+        mode: Mode::Xapic,
+        kind: Kind::ReadPage,
+        registers: LVT_OFFSETS,
+        compared: !0x1000,
+        why: "LVT bit 12, as above",
+    },
+    Deliberate {
+        mode: Mode::X2apic,
+        kind: Kind::WriteMsr,
+        registers: &[0x80B],
+        compared: 0,
+        why: "EOI: a non-zero write is a #GP in the SDM and here; KVM takes it as an EOI",
+    },
+    Deliberate {
+        mode: Mode::Xapic,
+        kind: Kind::ReadPage,
+        registers: &[0x020, 0x0D0, 0x0E0],
+        compared: 0,
+        why: "ID, LDR, DFR: KVM's xAPIC lets a guest write them; here the ID is the vCPU's index and destinations are physical only (no logical mode)",
+    },
+    Deliberate {
+        mode: Mode::Xapic,
+        kind: Kind::ReadPage,
+        registers: RESERVED_OFFSETS,
+        compared: 0,
+        why: "reserved offsets: KVM leaves such a read's data as it found it; they read 0 here",
+    },
+];
+
+impl Deliberate {
+    /// Whether `ours` and `kvm`, the same operation in `mode`, differ
+    /// beyond what [`DELIBERATE`] allows.
+    fn differ(mode: Mode, ours: &Record, kvm: &Record) -> bool {
+        let op = ours.op;
+        let deliberate = DELIBERATE
+            .iter()
+            .find(|d| d.mode == mode && d.kind == op.kind && d.registers.contains(&op.register));
+        match (deliberate, ours.outcome, kvm.outcome) {
+            (Some(d), Outcome::Done(a), Outcome::Done(b)) => a & d.compared != b & d.compared,
+            (Some(d), ..) if d.compared == 0 => false,
+            _ => ours.differs(kvm),
+        }
+    }
+}
+
+/// The first operation whose record differs between the two APICs.
+#[derive(Clone, Debug)]
+pub struct Difference {
+    /// The sequence's seed.
+    pub seed: u64,
+    /// How it reached the APIC.
+    pub mode: Mode,
+    /// This VMM's records up to and including the one that differs.
+    pub ours: Vec<Record>,
+    /// What KVM's APIC did at that operation.
+    pub kvm: Record,
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some((last, before)) = self.ours.split_last() else {
+            return Ok(());
+        };
+        writeln!(
+            f,
+            "seed {} ({:?}): operation {} differs",
+            self.seed,
+            self.mode,
+            before.len()
+        )?;
+        for (i, r) in before.iter().enumerate() {
+            writeln!(f, "  {i:3}  {:<40} {}", r.op.to_string(), r.outcome)?;
+        }
+        write!(
+            f,
+            "  {:3}  {:<40} this VMM: {}, KVM: {}",
+            before.len(),
+            last.op.to_string(),
+            last.outcome,
+            self.kvm.outcome
+        )
+    }
+}
+
+/// Runs seeds `first..first + count` in `mode`, `ops` random operations
+/// each, on both APICs; returns the first difference, if any.
+///
+/// # Errors
+/// A VM could not be made or run (no `/dev/kvm`, a guest fault).
+pub fn compare(
+    first: u64,
+    count: u64,
+    mode: Mode,
+    ops: usize,
+) -> Result<Option<Difference>, Error> {
+    let mut found = None;
+    each_difference(first, count, mode, ops, |d| {
+        found = Some(d);
+        false
+    })?;
+    Ok(found)
+}
+
+/// Each seed's first difference, for all of `first..first + count`: what
+/// a summary of every kind of difference needs.
+///
+/// # Errors
+/// As [`compare`].
+pub fn differences(
+    first: u64,
+    count: u64,
+    mode: Mode,
+    ops: usize,
+) -> Result<Vec<Difference>, Error> {
+    let mut found = Vec::new();
+    each_difference(first, count, mode, ops, |d| {
+        found.push(d);
+        true
+    })?;
+    Ok(found)
+}
+
+/// Hands each seed's first difference to `found` while it returns true.
+fn each_difference(
+    first: u64,
+    count: u64,
+    mode: Mode,
+    ops: usize,
+    mut found: impl FnMut(Difference) -> bool,
+) -> Result<(), Error> {
+    let end = first.saturating_add(count);
+    let mut seed = first;
+    while seed < end {
+        let seeds: Vec<u64> = (seed..end).take(SEEDS_PER_VM as usize).collect();
+        let scripts: Vec<Vec<Op>> = (0..)
+            .zip(&seeds)
+            .map(|(v, &s)| apic_script::generate(s, mode, v, ops))
+            .collect();
+        let ours = records(Irqchip::User, &scripts)?;
+        let kvm = records(Irqchip::Kernel, &scripts)?;
+        for ((&seed, ours), kvm) in seeds.iter().zip(ours).zip(kvm) {
+            if let Some(d) = first_difference(seed, mode, ours, &kvm) {
+                if !found(d) {
+                    return Ok(());
+                }
+            }
+        }
+        seed += seeds.len() as u64;
+    }
+    Ok(())
+}
+
+/// The first of `ours` that differs from `kvm`'s, outside [`DELIBERATE`].
+fn first_difference(
+    seed: u64,
+    mode: Mode,
+    mut ours: Vec<Record>,
+    kvm: &[Record],
+) -> Option<Difference> {
+    let at = ours
+        .iter()
+        .zip(kvm)
+        .position(|(a, b)| Deliberate::differ(mode, a, b))?;
+    ours.truncate(at + 1);
+    Some(Difference {
+        seed,
+        mode,
+        ours,
+        kvm: kvm[at],
+    })
+}
+
+/// The differences grouped by the operation that differed (its kind and
+/// register), most frequent first, each with how many seeds and the
+/// shortest example.
+pub fn summary(found: &[Difference]) -> String {
+    let mut groups: Vec<(String, usize, &Difference)> = Vec::new();
+    for d in found {
+        let Some(last) = d.ours.last() else { continue };
+        let key = format!("{:?} {:?} {:#x}", d.mode, last.op.kind, last.op.register);
+        match groups.iter_mut().find(|(k, ..)| *k == key) {
+            Some((_, n, example)) => {
+                *n += 1;
+                if d.ours.len() < example.ours.len() {
+                    *example = d;
+                }
+            }
+            None => groups.push((key, 1, d)),
+        }
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(g.1));
+    groups
+        .iter()
+        .map(|(key, n, example)| format!("{key}: {n} seed(s), e.g.\n{example}\n"))
+        .collect()
+}
+
+/// Runs `scripts` (one per vCPU) on `irqchip`'s APIC and reads back what
+/// each vCPU recorded.
+///
+/// # Errors
+/// The VM could not be made, or the run failed.
+pub fn records(irqchip: Irqchip, scripts: &[Vec<Op>]) -> Result<Vec<Vec<Record>>, Error> {
+    let longest = scripts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut config = VmConfig {
+        vcpus: scripts.len() as u32,
+        irqchip,
+        timeout: Some(Duration::from_secs(60)),
+        ..VmConfig::default()
+    };
+    config.params[0] = longest as u64;
+    let vm = Vm::new(&config)?;
+    let memory = vm.memory();
+    for (v, script) in (0..).zip(scripts) {
+        // Shorter scripts end in no-op delays, so each vCPU runs `longest`.
+        let pad = Op {
+            kind: Kind::Delay,
+            register: 0,
+            value: 0,
+        };
+        let bytes: Vec<u8> = script
+            .iter()
+            .chain(std::iter::repeat_n(&pad, longest - script.len()))
+            .flat_map(|op| op.to_bytes())
+            .collect();
+        memory
+            .write_slice(&bytes, GuestAddress(script_addr(v)))
+            .map_err(|source| Error::WriteMemory {
+                what: "apic-script operations",
+                source,
+            })?;
+    }
+    let program = test_guests::find("apic-script").expect("a built-in program");
+    vm.run(program, Box::new(std::io::sink()))?;
+    (0..)
+        .zip(scripts)
+        .map(|(v, script)| {
+            let mut area = vec![0; script.len() * apic_script::OP_SIZE];
+            memory
+                .read_slice(&mut area, GuestAddress(script_addr(v)))
+                .map_err(|source| Error::ReadMemory {
+                    what: "apic-script records",
+                    source,
+                })?;
+            Ok(Record::read_all(script, &area))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(register: u32, outcome: Outcome) -> Record {
+        let op = Op {
+            kind: Kind::ReadMsr,
+            register,
+            value: 0,
+        };
+        Record { op, outcome }
+    }
+
+    #[test]
+    fn the_readme_lists_every_deliberate_difference() {
+        let readme = include_str!("../README.md");
+        for d in DELIBERATE {
+            assert!(readme.contains(d.why), "README lacks: {}", d.why);
+        }
+    }
+
+    #[test]
+    fn the_first_difference_comes_with_the_operations_before_it() {
+        let ours = vec![
+            record(0x802, Outcome::Done(0)),
+            record(0x803, Outcome::Done(0x50014)),
+            record(0x804, Outcome::Done(0)),
+        ];
+        let kvm = [
+            record(0x802, Outcome::Done(0)),
+            record(0x803, Outcome::Done(0x50014)),
+            record(0x804, Outcome::Faulted),
+        ];
+        assert!(first_difference(1, Mode::X2apic, ours.clone(), &ours).is_none());
+        let d = first_difference(1, Mode::X2apic, ours, &kvm).unwrap();
+        assert_eq!(d.ours.len(), 3);
+        let text = d.to_string();
+        assert!(
+            text.starts_with("seed 1 (X2apic): operation 2 differs"),
+            "{text}"
+        );
+        assert!(text.contains("rdmsr 0x803"), "{text}");
+        assert!(text.ends_with("this VMM: 0x0, KVM: #GP"), "{text}");
+    }
+}
