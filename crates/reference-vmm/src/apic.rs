@@ -27,6 +27,8 @@
 
 use lapic_timer::{GuestTime, LapicTimer, LapicTimerState, TimerRegister};
 
+use crate::seeded_bugs::{SeededBug, planted};
+
 /// IA32_APIC_BASE.
 pub const MSR_APIC_BASE: u32 = 0x1B;
 /// Guest physical address of the xAPIC register page.
@@ -272,7 +274,10 @@ impl LocalApic {
     pub fn ppr(&self) -> u8 {
         let isrv = highest(&self.isr).unwrap_or(0);
         if self.tpr >> 4 >= isrv >> 4 {
-            self.tpr
+            match planted(SeededBug::PprDropsTprSubclass) {
+                true => self.tpr & 0xF0,
+                false => self.tpr,
+            }
         } else {
             isrv & 0xF0
         }
@@ -419,12 +424,18 @@ impl LocalApic {
     /// The mask bit an LVT write gets whatever it says: set while the APIC
     /// is software-disabled (KVM's rule).
     fn lvt_forced_mask(&self) -> u32 {
-        if self.enabled() { 0 } else { LVT_MASKED }
+        match self.enabled() || planted(SeededBug::LvtUnmaskedWhileDisabled) {
+            true => 0,
+            false => LVT_MASKED,
+        }
     }
 
     /// SVR: a software disable masks every LVT entry, the timer's too.
     fn write_svr(&mut self, value: u32, now_ns: u64) -> Action {
-        self.svr = value & SVR_WRITABLE;
+        self.svr = match planted(SeededBug::SvrKeepsBroadcastSuppression) {
+            true => value & (SVR_WRITABLE | 1 << 12),
+            false => value & SVR_WRITABLE,
+        };
         if self.enabled() {
             return Action::None;
         }

@@ -60,6 +60,7 @@ pub mod migration;
 mod policies;
 pub mod presets;
 mod report;
+pub mod seeded_bugs;
 mod shared;
 mod stop;
 mod vcpu;

@@ -242,8 +242,15 @@ pub fn generate(seed: u64, mode: Mode, vcpu: u32, len: usize) -> Vec<Op> {
     let mut rng = Rng::new(seed);
     let access = Access { mode, vcpu };
     let mut ops = access.set_up();
-    let len = len.min(MAX_OPS as usize - ops.len() - 1);
-    ops.extend((0..len).map(|_| access.random(&mut rng)));
+    let end = ops.len() + len.min(MAX_OPS as usize - ops.len() - 1);
+    while ops.len() < end {
+        let op = access.random(&mut rng);
+        ops.push(op);
+        // Half the writes are read back at once: what a write kept.
+        if ops.len() < end && rng.one_in(2) {
+            ops.extend(access.read_back(op));
+        }
+    }
     // The highest task priority: nothing left pending is taken once
     // interrupts are on again (a software disable would not hold them).
     ops.push(access.write(TPR, 0xFF));
@@ -271,6 +278,20 @@ impl Access {
         }
         ops.extend([self.write(SVR, 0x1FF), self.read(SVR)]);
         ops
+    }
+
+    /// A read of the register `op` wrote, if it wrote one.
+    fn read_back(&self, op: Op) -> Option<Op> {
+        let kind = match op.kind {
+            Kind::WriteMsr | Kind::OrMsr => Kind::ReadMsr,
+            Kind::WritePage => Kind::ReadPage,
+            _ => return None,
+        };
+        Some(Op {
+            kind,
+            register: op.register,
+            value: 0,
+        })
     }
 
     fn read(&self, offset: u32) -> Op {
@@ -405,7 +426,9 @@ impl Access {
     fn write_svr_or_logical(&self, rng: &mut Rng) -> Op {
         match rng.below(3) {
             0 => {
-                let svr = 0x100 | rng.below(0x1000);
+                // Bit 12 too: EOI-broadcast suppression, which KVM's
+                // version register may or may not offer.
+                let svr = 0x100 | rng.below(0x2000);
                 self.write(SVR, rng.with_reserved(svr))
             }
             1 => self.write(LDR, rng.next() & 0xFF00_0000),
