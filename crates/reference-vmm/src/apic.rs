@@ -372,6 +372,13 @@ impl LocalApic {
     /// IA32_APIC_BASE: the base stays 0xFEE00000 (relocation is ignored);
     /// xAPIC may switch to x2APIC; any other change of EN or EXTD #GPs.
     fn write_apic_base(&mut self, value: u64) -> Result<Action, ApicFault> {
+        const RESERVED: u64 = 0x2FF; // bits 7:0 and 9 (KVM's check)
+        if value & RESERVED != 0 {
+            return Err(ApicFault::Reserved {
+                msr: MSR_APIC_BASE,
+                value,
+            });
+        }
         match (value & APIC_BASE_EN != 0, value & APIC_BASE_EXTD != 0) {
             (true, extd) if extd == self.x2apic => Ok(Action::None),
             (true, true) => {
@@ -496,7 +503,11 @@ impl LocalApic {
                 Ok(Action::None)
             }
             XAPIC_ICR_LOW => {
-                self.write_icr(u64::from(self.icr_high >> 24) << 32 | u64::from(value))
+                let sent = self.write_icr(u64::from(self.icr_high >> 24) << 32 | u64::from(value));
+                // The register keeps the low half: the destination is the
+                // high half's (what x2APIC mode reads later, as KVM's).
+                self.icr &= 0xFFFF_FFFF;
+                sent
             }
             _ if msr == EOI => Ok(self.eoi()), // xAPIC ignores the value written
             _ if msr == SELF_IPI => Err(ApicFault::NoSuchRegister(msr)),

@@ -19,13 +19,12 @@ pub const SEEDS_PER_VM: u32 = 8;
 pub const DEFAULT_OPS: u64 = 48;
 
 /// Where this VMM's APIC answers otherwise than KVM's on purpose: an
-/// operation of `kind` in `mode` on one of `registers` (MSRs, or xAPIC page
-/// offsets) is compared on the `compared` bits of what it read only (0:
-/// not at all, its fault included), for the reason given.
+/// operation of `kind` on one of `registers` (MSRs, or xAPIC page offsets),
+/// whichever mode its sequence started in, is compared on the `compared`
+/// bits of what it read only (0: not at all, its fault included), for the
+/// reason given.
 #[derive(Clone, Copy, Debug)]
 pub struct Deliberate {
-    /// How the operation reaches the APIC.
-    pub mode: Mode,
     /// What it does.
     pub kind: Kind,
     /// The MSRs or page offsets.
@@ -49,63 +48,54 @@ const RESERVED_OFFSETS: &[u32] = &[
 /// The deliberate differences (the README's table lists them too).
 pub const DELIBERATE: &[Deliberate] = &[
     Deliberate {
-        mode: Mode::X2apic,
         kind: Kind::ReadMsr,
         registers: &[0x828],
         compared: 0,
         why: "ESR: KVM never records an APIC error; this VMM records illegal vectors and registers, as the SDM says",
     },
     Deliberate {
-        mode: Mode::Xapic,
         kind: Kind::ReadPage,
         registers: &[0x280],
         compared: 0,
         why: "ESR, as above",
     },
     Deliberate {
-        mode: Mode::X2apic,
         kind: Kind::ReadMsr,
         registers: &[0x820],
         compared: 0xFFFF_0000,
         why: "IRR vectors 0-15: KVM accepts an IPI of an illegal vector; the SDM, and this VMM, send none",
     },
     Deliberate {
-        mode: Mode::Xapic,
         kind: Kind::ReadPage,
         registers: &[0x200],
         compared: 0xFFFF_0000,
         why: "IRR vectors 0-15, as above",
     },
     Deliberate {
-        mode: Mode::X2apic,
         kind: Kind::ReadMsr,
         registers: LVT_MSRS,
         compared: !0x1000,
         why: "LVT bit 12: KVM keeps the delivery-status bit a guest writes; the SDM makes it read-only, and it reads 0 here",
     },
     Deliberate {
-        mode: Mode::Xapic,
         kind: Kind::ReadPage,
         registers: LVT_OFFSETS,
         compared: !0x1000,
         why: "LVT bit 12, as above",
     },
     Deliberate {
-        mode: Mode::X2apic,
         kind: Kind::WriteMsr,
         registers: &[0x80B],
         compared: 0,
         why: "EOI: a non-zero write is a #GP in the SDM and here; KVM takes it as an EOI",
     },
     Deliberate {
-        mode: Mode::Xapic,
         kind: Kind::ReadPage,
         registers: &[0x020, 0x0D0, 0x0E0],
         compared: 0,
         why: "ID, LDR, DFR: KVM's xAPIC lets a guest write them; here the ID is the vCPU's index and destinations are physical only (no logical mode)",
     },
     Deliberate {
-        mode: Mode::Xapic,
         kind: Kind::ReadPage,
         registers: RESERVED_OFFSETS,
         compared: 0,
@@ -114,13 +104,13 @@ pub const DELIBERATE: &[Deliberate] = &[
 ];
 
 impl Deliberate {
-    /// Whether `ours` and `kvm`, the same operation in `mode`, differ
-    /// beyond what [`DELIBERATE`] allows.
-    fn differ(mode: Mode, ours: &Record, kvm: &Record) -> bool {
+    /// Whether `ours` and `kvm`, the same operation, differ beyond what
+    /// [`DELIBERATE`] allows.
+    fn differ(ours: &Record, kvm: &Record) -> bool {
         let op = ours.op;
         let deliberate = DELIBERATE
             .iter()
-            .find(|d| d.mode == mode && d.kind == op.kind && d.registers.contains(&op.register));
+            .find(|d| d.kind == op.kind && d.registers.contains(&op.register));
         match (deliberate, ours.outcome, kvm.outcome) {
             (Some(d), Outcome::Done(a), Outcome::Done(b)) => a & d.compared != b & d.compared,
             (Some(d), ..) if d.compared == 0 => false,
@@ -246,7 +236,7 @@ fn first_difference(
     let at = ours
         .iter()
         .zip(kvm)
-        .position(|(a, b)| Deliberate::differ(mode, a, b))?;
+        .position(|(a, b)| Deliberate::differ(a, b))?;
     ours.truncate(at + 1);
     Some(Difference {
         seed,

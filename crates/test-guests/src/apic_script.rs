@@ -16,7 +16,7 @@
 //! [`Record::differs`] compares as zero or not.
 
 use crate::layout::APIC_SCRIPT_SHIFT;
-use crate::x86::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
+use crate::x86::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE, XAPIC_BASE};
 
 /// Bytes per operation in guest memory: kind (the guest writes a status in
 /// bits 63:32), register, value, what it read.
@@ -32,6 +32,8 @@ pub const STATUS_FAULTED: u32 = 2;
 const APIC_BASE_ENABLE: u64 = 1 << 11;
 /// IA32_APIC_BASE's x2APIC mode.
 const APIC_BASE_EXTD: u64 = 1 << 10;
+/// IA32_APIC_BASE's bootstrap-processor bit (vCPU 0's).
+const APIC_BASE_BSP: u64 = 1 << 8;
 
 /// What an operation does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,7 +244,7 @@ pub fn generate(seed: u64, mode: Mode, vcpu: u32, len: usize) -> Vec<Op> {
     let mut rng = Rng::new(seed);
     let access = Access { mode, vcpu };
     let mut ops = access.set_up();
-    let end = ops.len() + len.min(MAX_OPS as usize - ops.len() - 1);
+    let end = ops.len() + len.min(MAX_OPS as usize - ops.len() - 2);
     while ops.len() < end {
         let op = access.random(&mut rng);
         ops.push(op);
@@ -253,7 +255,18 @@ pub fn generate(seed: u64, mode: Mode, vcpu: u32, len: usize) -> Vec<Op> {
     }
     // The highest task priority: nothing left pending is taken once
     // interrupts are on again (a software disable would not hold them).
+    // Through both the MSR and the page, since the sequence may have
+    // switched to x2APIC mode.
     ops.push(access.write(TPR, 0xFF));
+    if mode == Mode::Xapic {
+        ops.push(
+            Access {
+                mode: Mode::X2apic,
+                vcpu,
+            }
+            .write(TPR, 0xFF),
+        );
+    }
     ops
 }
 
@@ -339,12 +352,39 @@ impl Access {
             14..=15 => self.self_ipi(rng),
             16 => self.write_timer(rng),
             17 => self.write_svr_or_logical(rng),
+            18 if rng.one_in(4) => self.write_apic_base(rng),
             18 => self.other_msr(rng),
             _ => Op {
                 kind: Kind::Delay,
                 register: 0,
                 value: rng.below(10_000),
             },
+        }
+    }
+
+    /// A write of IA32_APIC_BASE: the mode it is in (no change), x2APIC
+    /// from xAPIC (after which the page reads all ones and takes no
+    /// writes), or one the architecture refuses (x2APIC back to xAPIC,
+    /// x2APIC without the enable, a reserved bit). Never a disable: this
+    /// VMM's APIC does not support one.
+    fn write_apic_base(&self, rng: &mut Rng) -> Op {
+        let bsp = if self.vcpu == 0 { APIC_BASE_BSP } else { 0 };
+        let base = XAPIC_BASE | bsp;
+        let now = match self.mode {
+            Mode::X2apic => APIC_BASE_ENABLE | APIC_BASE_EXTD,
+            Mode::Xapic => APIC_BASE_ENABLE,
+        };
+        let value = match rng.below(4) {
+            0 => now,
+            1 => APIC_BASE_ENABLE | APIC_BASE_EXTD,
+            2 => now ^ APIC_BASE_EXTD, // the other mode
+            _ if rng.one_in(2) => APIC_BASE_EXTD,
+            _ => now | 1 << rng.pick(&[0, 3, 7, 9]),
+        };
+        Op {
+            kind: Kind::WriteMsr,
+            register: MSR_APIC_BASE,
+            value: base | value,
         }
     }
 
