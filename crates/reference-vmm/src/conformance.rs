@@ -7,8 +7,10 @@
 use std::fmt;
 use std::time::Duration;
 
+use lapic_timer::{GuestTime, LapicTimer, TimerRegister};
 use test_guests::apic_script::{self, Kind, Mode, Op, Outcome, Record};
 use test_guests::layout::apic_script as script_addr;
+use test_guests::x86::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::{Error, Irqchip, Vm, VmConfig};
@@ -34,6 +36,9 @@ pub struct Deliberate {
     /// Why the answers differ.
     pub why: &'static str,
 }
+
+/// LVT mask bit.
+const LVT_MASKED: u32 = 1 << 16;
 
 /// The LVT registers' x2APIC MSRs (timer to error) and xAPIC offsets.
 const LVT_MSRS: &[u32] = &[0x832, 0x833, 0x834, 0x835, 0x836, 0x837];
@@ -271,6 +276,116 @@ pub fn summary(found: &[Difference]) -> String {
         .collect()
 }
 
+/// lapic-timer's model alone against KVM: replays the timer-register
+/// operations of KVM's `records` (one sequence, in `mode` at its start) on a
+/// bare [`LapicTimer`], as a VMM's APIC would hand them over (LVT writes
+/// masked while the APIC is software-disabled, the page only in xAPIC
+/// mode), and returns the index of the first read the model answers
+/// otherwise, or the first write it refuses where KVM took it (or the
+/// reverse), with the model's record.
+pub fn timer_model_difference(mode: Mode, records: &[Record]) -> Option<(usize, Record)> {
+    let mut replay = TimerReplay {
+        timer: LapicTimer::new(GuestTime {
+            tsc_khz: 1_000_000,
+            ns: 0,
+            tsc_at_ns: 0,
+        }),
+        x2apic: mode == Mode::X2apic,
+        enabled: false,
+    };
+    records.iter().enumerate().find_map(|(i, kvm)| {
+        let ours = replay.apply(kvm)?;
+        Deliberate::differ(&ours, kvm).then_some((i, ours))
+    })
+}
+
+/// The timer model and what of the APIC around it the replay tracks.
+struct TimerReplay {
+    timer: LapicTimer,
+    x2apic: bool,
+    /// SVR's software enable.
+    enabled: bool,
+}
+
+impl TimerReplay {
+    /// Applies `kvm`'s operation; returns the model's record where the
+    /// operation reached a timer register.
+    fn apply(&mut self, kvm: &Record) -> Option<Record> {
+        let op = kvm.op;
+        let took = matches!(kvm.outcome, Outcome::Done(_));
+        match (op.kind, op.register) {
+            (Kind::WriteMsr | Kind::OrMsr, MSR_APIC_BASE) if took => {
+                self.x2apic |= op.value & 1 << 10 != 0;
+                None
+            }
+            (Kind::WriteMsr, 0x80F) | (Kind::WritePage, 0x0F0) if took && self.reaches(op) => {
+                self.set_enabled(op.value & 0x100 != 0);
+                None
+            }
+            (kind, register) if self.reaches(op) => {
+                let reg = timer_register(kind, register)?;
+                Some(Record {
+                    op,
+                    outcome: self.access(op, reg),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `op` reaches the APIC in the mode the sequence is in now.
+    fn reaches(&self, op: Op) -> bool {
+        match op.kind {
+            Kind::ReadPage | Kind::WritePage => !self.x2apic,
+            _ => self.x2apic || op.register == MSR_TSC_DEADLINE,
+        }
+    }
+
+    /// A software disable masks the timer's LVT entry.
+    fn set_enabled(&mut self, enabled: bool) {
+        self.enabled = enabled;
+        if !enabled {
+            let lvt = self.timer.read(TimerRegister::LvtTimer, 0) | LVT_MASKED;
+            let _ = self.timer.write(TimerRegister::LvtTimer, lvt, 0);
+        }
+    }
+
+    /// The model's answer to `op` on `reg` (time stands still: nothing
+    /// expires, and a count reads as armed or not, as the runner compares).
+    fn access(&mut self, op: Op, reg: Option<TimerRegister>) -> Outcome {
+        let masked = |v: u64| match (reg, self.enabled) {
+            (Some(TimerRegister::LvtTimer), false) => v | u64::from(LVT_MASKED),
+            _ => v,
+        };
+        let result = match (op.kind, reg) {
+            (Kind::ReadMsr, _) => self.timer.read_msr(op.register, 0),
+            (Kind::ReadPage, Some(reg)) => Ok(u64::from(self.timer.read(reg, 0))),
+            (Kind::WriteMsr, _) => self
+                .timer
+                .write_msr(op.register, masked(op.value), 0)
+                .map(|()| 0),
+            (Kind::WritePage, Some(reg)) => {
+                // The page drops a write the register refuses.
+                let _ = self.timer.write(reg, masked(op.value) as u32, 0);
+                Ok(0)
+            }
+            _ => return Outcome::NotRun,
+        };
+        result.map_or(Outcome::Faulted, Outcome::Done)
+    }
+}
+
+/// The timer register `kind` reaches at `register`: `Some(None)` for
+/// IA32_TSC_DEADLINE, `None` for a register that is not the timer's.
+fn timer_register(kind: Kind, register: u32) -> Option<Option<TimerRegister>> {
+    match kind {
+        Kind::ReadMsr | Kind::WriteMsr if register == MSR_TSC_DEADLINE => Some(None),
+        Kind::ReadMsr | Kind::WriteMsr => TimerRegister::from_x2apic_msr(register).map(Some),
+        Kind::ReadPage | Kind::WritePage => TimerRegister::from_offset(register).map(Some),
+        _ => None,
+    }
+}
+
 /// Runs `scripts` (one per vCPU) on `irqchip`'s APIC and reads back what
 /// each vCPU recorded.
 ///
@@ -334,6 +449,39 @@ mod tests {
             value: 0,
         };
         Record { op, outcome }
+    }
+
+    #[test]
+    fn the_timer_model_replays_kvms_timer_operations_and_compares_its_reads() {
+        let op = |kind, register, value| Op {
+            kind,
+            register,
+            value,
+        };
+        let done = |op, v| Record {
+            op,
+            outcome: Outcome::Done(v),
+        };
+        let mut kvm = vec![
+            done(op(Kind::WriteMsr, 0x80F, 0x1FF), 0),
+            done(op(Kind::WriteMsr, 0x832, 0x30), 0),
+            done(op(Kind::ReadMsr, 0x832, 0), 0x30),
+            done(op(Kind::WriteMsr, 0x838, 1 << 31), 0),
+            done(op(Kind::ReadMsr, 0x839, 0), 12345), // counting: compared loosely
+            done(op(Kind::WriteMsr, 0x80F, 0xFF), 0), // a software disable
+            done(op(Kind::ReadMsr, 0x832, 0), 0x10030), // masks the timer
+        ];
+        assert_eq!(timer_model_difference(Mode::X2apic, &kvm), None);
+        // An xAPIC sequence does not reach the MSRs: nothing compared.
+        assert_eq!(timer_model_difference(Mode::Xapic, &kvm), None);
+        kvm[6] = done(op(Kind::ReadMsr, 0x832, 0), 0x30);
+        let (i, model) = timer_model_difference(Mode::X2apic, &kvm).unwrap();
+        assert_eq!((i, model.outcome), (6, Outcome::Done(0x10030)));
+        // A write the model refuses (bits 63:32) that KVM took.
+        kvm.truncate(2);
+        kvm.push(done(op(Kind::WriteMsr, 0x838, 1 << 40), 0));
+        let (i, model) = timer_model_difference(Mode::X2apic, &kvm).unwrap();
+        assert_eq!((i, model.outcome), (2, Outcome::Faulted));
     }
 
     #[test]
