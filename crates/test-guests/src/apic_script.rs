@@ -7,7 +7,9 @@
 //!
 //! [`generate`] draws a sequence from a seed: the mode's set-up, then reads
 //! and writes of every register (reserved ones, read-only ones, reserved
-//! bits) and self-IPIs, then the highest task priority, so that nothing the
+//! bits), half the writes read back at once, self-IPIs and IA32_APIC_BASE
+//! writes (the switch to x2APIC, the refused transitions, never a disable),
+//! then the highest task priority, so that nothing the
 //! sequence left pending is taken once interrupts are on again. It never
 //! sends an IPI to another vCPU (each vCPU runs its own sequence beside the
 //! others), never delivers an NMI, SMI or INIT, and never lets the timer
