@@ -485,6 +485,35 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_groups_differences_by_operation_most_frequent_first() {
+        let difference = |seed, register, before| Difference {
+            seed,
+            mode: Mode::X2apic,
+            ours: [record(0x802, Outcome::Done(0))]
+                .repeat(before)
+                .into_iter()
+                .chain([record(register, Outcome::Done(1))])
+                .collect(),
+            kvm: record(register, Outcome::Faulted),
+        };
+        let found = [
+            difference(1, 0x803, 5),
+            difference(2, 0x80F, 1),
+            difference(3, 0x803, 2),
+        ];
+        let text = summary(&found);
+        let first = text.find("X2apic ReadMsr 0x803: 2 seed(s)").unwrap();
+        let second = text.find("X2apic ReadMsr 0x80f: 1 seed(s)").unwrap();
+        assert!(first < second, "{text}");
+        assert!(
+            text.contains("seed 3 (X2apic): operation 2 differs"),
+            "the shortest example: {text}"
+        );
+        assert!(!text.contains("seed 1 (X2apic)"), "{text}");
+        assert_eq!(summary(&[]), "");
+    }
+
+    #[test]
     fn the_readme_lists_every_deliberate_difference() {
         let readme = include_str!("../README.md");
         for d in DELIBERATE {
