@@ -292,6 +292,7 @@ pub fn timer_model_difference(mode: Mode, records: &[Record]) -> Option<(usize, 
         }),
         x2apic: mode == Mode::X2apic,
         enabled: false,
+        now_ns: 0,
     };
     records.iter().enumerate().find_map(|(i, kvm)| {
         let ours = replay.apply(kvm)?;
@@ -305,6 +306,10 @@ struct TimerReplay {
     x2apic: bool,
     /// SVR's software enable.
     enabled: bool,
+    /// The model's time: it moves only at a delay, by at least as many ns
+    /// as the delay's TSC ticks took (no TSC here runs faster than 1 GHz),
+    /// so a count the guest waited out has run out for the model too.
+    now_ns: u64,
 }
 
 impl TimerReplay {
@@ -314,6 +319,10 @@ impl TimerReplay {
         let op = kvm.op;
         let took = matches!(kvm.outcome, Outcome::Done(_));
         match (op.kind, op.register) {
+            (Kind::Delay, _) => {
+                self.now_ns = self.now_ns.saturating_add(op.value);
+                None
+            }
             (Kind::WriteMsr | Kind::OrMsr, MSR_APIC_BASE) if took => {
                 self.x2apic |= op.value & 1 << 10 != 0;
                 None
@@ -345,28 +354,29 @@ impl TimerReplay {
     fn set_enabled(&mut self, enabled: bool) {
         self.enabled = enabled;
         if !enabled {
-            let lvt = self.timer.read(TimerRegister::LvtTimer, 0) | LVT_MASKED;
-            let _ = self.timer.write(TimerRegister::LvtTimer, lvt, 0);
+            let lvt = self.timer.read(TimerRegister::LvtTimer, self.now_ns) | LVT_MASKED;
+            let _ = self.timer.write(TimerRegister::LvtTimer, lvt, self.now_ns);
         }
     }
 
-    /// The model's answer to `op` on `reg` (time stands still: nothing
-    /// expires, and a count reads as armed or not, as the runner compares).
+    /// The model's answer to `op` on `reg` at the model's time (a count
+    /// reads as armed or not, as the runner compares).
     fn access(&mut self, op: Op, reg: Option<TimerRegister>) -> Outcome {
+        let now = self.now_ns;
         let masked = |v: u64| match (reg, self.enabled) {
             (Some(TimerRegister::LvtTimer), false) => v | u64::from(LVT_MASKED),
             _ => v,
         };
         let result = match (op.kind, reg) {
-            (Kind::ReadMsr, _) => self.timer.read_msr(op.register, 0),
-            (Kind::ReadPage, Some(reg)) => Ok(u64::from(self.timer.read(reg, 0))),
+            (Kind::ReadMsr, _) => self.timer.read_msr(op.register, now),
+            (Kind::ReadPage, Some(reg)) => Ok(u64::from(self.timer.read(reg, now))),
             (Kind::WriteMsr, _) => self
                 .timer
-                .write_msr(op.register, masked(op.value), 0)
+                .write_msr(op.register, masked(op.value), now)
                 .map(|()| 0),
             (Kind::WritePage, Some(reg)) => {
                 // The page drops a write the register refuses.
-                let _ = self.timer.write(reg, masked(op.value) as u32, 0);
+                let _ = self.timer.write(reg, masked(op.value) as u32, now);
                 Ok(0)
             }
             _ => return Outcome::NotRun,
@@ -477,6 +487,14 @@ mod tests {
         kvm[6] = done(op(Kind::ReadMsr, 0x832, 0), 0x30);
         let (i, model) = timer_model_difference(Mode::X2apic, &kvm).unwrap();
         assert_eq!((i, model.outcome), (6, Outcome::Done(0x10030)));
+        // A count the guest waited out has run out for the model too.
+        let waited = [
+            done(op(Kind::WriteMsr, 0x80F, 0x1FF), 0),
+            done(op(Kind::WriteMsr, 0x838, 1000), 0),
+            done(op(Kind::Delay, 0, 30_000_000), 0),
+            done(op(Kind::ReadMsr, 0x839, 0), 0),
+        ];
+        assert_eq!(timer_model_difference(Mode::X2apic, &waited), None);
         // A write the model refuses (bits 63:32) that KVM took.
         kvm.truncate(2);
         kvm.push(done(op(Kind::WriteMsr, 0x838, 1 << 40), 0));

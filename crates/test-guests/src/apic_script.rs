@@ -229,6 +229,10 @@ const ESR: u32 = 0x280;
 const ICR: u32 = 0x300;
 const ICR_HIGH: u32 = 0x310;
 const TIMER_INITIAL: u32 = 0x380;
+const TIMER_CURRENT: u32 = 0x390;
+const IRR: u32 = 0x200;
+/// Operations in a timer expiry ([`Access::expire_timer`]).
+const EXPIRY_OPS: usize = 7;
 const TIMER_DIVIDE: u32 = 0x3E0;
 const SELF_IPI: u32 = 0x3F0;
 
@@ -248,6 +252,10 @@ pub fn generate(seed: u64, mode: Mode, vcpu: u32, len: usize) -> Vec<Op> {
     let mut ops = access.set_up();
     let end = ops.len() + len.min(MAX_OPS as usize - ops.len() - 2);
     while ops.len() < end {
+        if rng.one_in(25) && ops.len() + EXPIRY_OPS <= end {
+            ops.extend(access.expire_timer(&mut rng));
+            continue;
+        }
         let op = access.random(&mut rng);
         ops.push(op);
         // Half the writes are read back at once: what a write kept.
@@ -293,6 +301,32 @@ impl Access {
         }
         ops.extend([self.write(SVR, 0x1FF), self.read(SVR)]);
         ops
+    }
+
+    /// The timer expiring: a divide, an LVT entry (one-shot or periodic, a
+    /// vector of 48 or more, masked one time in four), a count of 1 000 to
+    /// 20 000 bus cycles (at most 2.6 ms at KVM's 1 ns and the largest
+    /// divide), a delay of 30 M TSC ticks (10 ms or more), then the IRR's
+    /// word of the vector and the current count, and a zero count, which
+    /// stops it: after it, nothing depends on when it fired.
+    fn expire_timer(&self, rng: &mut Rng) -> [Op; EXPIRY_OPS] {
+        let vector = 0x30 + rng.below(0xD0);
+        let mode = rng.below(2) << 17;
+        let masked = if rng.one_in(4) { 1 << 16 } else { 0 };
+        let irr_word = IRR + (vector / 32) as u32 * 16;
+        [
+            self.write(TIMER_DIVIDE, rng.below(16) & 0b1011),
+            self.write(LVT_TIMER, masked | mode | vector),
+            self.write(TIMER_INITIAL, 1000 + rng.below(19_000)),
+            Op {
+                kind: Kind::Delay,
+                register: 0,
+                value: 30_000_000,
+            },
+            self.read(irr_word),
+            self.read(TIMER_CURRENT),
+            self.write(TIMER_INITIAL, 0),
+        ]
     }
 
     /// A read of the register `op` wrote, if it wrote one.
@@ -510,7 +544,8 @@ mod tests {
     fn sequences_never_raise_what_would_end_the_guest() {
         for seed in 0..500 {
             for mode in [Mode::X2apic, Mode::Xapic] {
-                for op in generate(seed, mode, 3, 200) {
+                let ops = generate(seed, mode, 3, 200);
+                for (i, &op) in ops.iter().enumerate() {
                     let write = matches!(op.kind, Kind::WriteMsr | Kind::WritePage);
                     let offset = match op.kind {
                         Kind::WriteMsr if (0x800..0x840).contains(&op.register) => {
@@ -533,8 +568,11 @@ mod tests {
                         assert_eq!(op.value & 0x700, 0, "fixed delivery: {op}");
                         assert_eq!(op.value & 0x8000, 0, "edge-triggered: {op}");
                     }
-                    if offset == TIMER_INITIAL {
-                        assert!(op.value == 0 || op.value >= 1 << 31, "{op}");
+                    if offset == TIMER_INITIAL && op.value != 0 && op.value < 1 << 31 {
+                        // A count that expires: waited for, then stopped.
+                        assert_eq!(ops[i + 1].kind, Kind::Delay, "{op}");
+                        assert_eq!(ops[i + 4].register, op.register, "{op}");
+                        assert_eq!(ops[i + 4].value, 0, "{op}");
                     }
                 }
             }
