@@ -87,6 +87,9 @@ pub const ESR_RECEIVE_ILLEGAL_VECTOR: u32 = 1 << 6;
 pub const ESR_ILLEGAL_REGISTER: u32 = 1 << 7;
 /// LVT mask bit.
 const LVT_MASKED: u32 = 1 << 16;
+/// MAXPHYADDR's architectural limit, a new APIC's until told its CPU's
+/// ([`LocalApic::with_phys_bits`]).
+pub const MAX_PHYS_BITS: u8 = 52;
 /// LINT0 of vCPU 0 at reset: ExtINT, unmasked, as KVM resets it
 /// (`KVM_X86_QUIRK_LINT0_REENABLED`; there is no PIC behind it here).
 const LINT0_BSP_RESET: u32 = 0x700;
@@ -157,6 +160,8 @@ pub enum ApicFault {
 #[derive(Clone, Debug)]
 pub struct LocalApic {
     id: u32,
+    /// The vCPU's MAXPHYADDR: IA32_APIC_BASE's bits from it up are reserved.
+    phys_bits: u8,
     x2apic: bool,
     tpr: u8,
     svr: u32,
@@ -202,6 +207,7 @@ impl LocalApic {
     pub fn new(id: u32, time: GuestTime) -> Self {
         Self {
             id,
+            phys_bits: MAX_PHYS_BITS,
             x2apic: false,
             tpr: 0,
             svr: SVR_RESET,
@@ -225,6 +231,14 @@ impl LocalApic {
     /// (ns; KVM's 200 µs by default, see [`LapicTimer::with_min_period_ns`]).
     pub fn with_min_timer_period_ns(mut self, ns: u64) -> Self {
         self.timer = self.timer.with_min_period_ns(ns);
+        self
+    }
+
+    /// The same APIC on a CPU with `bits` physical-address bits (CPUID
+    /// 0x8000_0008 EAX\[7:0\], at most [`MAX_PHYS_BITS`]): a write of
+    /// IA32_APIC_BASE with a bit from there up is a #GP.
+    pub fn with_phys_bits(mut self, bits: u8) -> Self {
+        self.phys_bits = bits.min(MAX_PHYS_BITS);
         self
     }
 
@@ -372,8 +386,9 @@ impl LocalApic {
     /// IA32_APIC_BASE: the base stays 0xFEE00000 (relocation is ignored);
     /// xAPIC may switch to x2APIC; any other change of EN or EXTD #GPs.
     fn write_apic_base(&mut self, value: u64) -> Result<Action, ApicFault> {
-        const RESERVED: u64 = 0x2FF; // bits 7:0 and 9 (KVM's check)
-        if value & RESERVED != 0 {
+        // Bits 7:0 and 9, and those past MAXPHYADDR (KVM's check).
+        let reserved = 0x2FF | !0 << self.phys_bits;
+        if value & reserved != 0 {
             return Err(ApicFault::Reserved {
                 msr: MSR_APIC_BASE,
                 value,
@@ -582,12 +597,16 @@ impl LocalApic {
     /// ICR: fixed delivery mode only (others are ignored, as a VMM without
     /// INIT/SIPI support does), with the destination shorthand or a
     /// physical destination in bits 63:32.
+    /// The ICR, as KVM takes it: in x2APIC mode reserved bits are a #GP;
+    /// in xAPIC mode they are kept. The busy bit is dropped in either.
     fn write_icr(&mut self, value: u64) -> Result<Action, ApicFault> {
         const DELIVERY_MODE: u64 = 0x700;
-        const RESERVED: u64 = 0xFFF3_3000; // bits 12, 13, 16, 17, 20-31
-        if value & RESERVED != 0 {
+        const BUSY: u64 = 1 << 12;
+        const X2APIC_RESERVED: u64 = 0xFFF3_2000; // bits 13, 16, 17, 20-31
+        if self.x2apic && value & X2APIC_RESERVED != 0 {
             return Err(ApicFault::Reserved { msr: ICR, value });
         }
+        let value = value & !BUSY;
         self.icr = value;
         if value & DELIVERY_MODE != 0 {
             return Ok(Action::None);
@@ -734,6 +753,36 @@ mod tests {
     }
 
     #[test]
+    fn icr_reserved_bits_fault_in_x2apic_mode_and_are_kept_in_xapic_mode() {
+        let busy = 1 << 12;
+        let mut a = apic();
+        for reserved in [1 << 13, 1 << 16, 1 << 17, 1 << 20, 1 << 31] {
+            assert!(a.write(ICR, reserved | 0x40, 0).is_err(), "{reserved:#x}");
+        }
+        assert!(matches!(
+            a.write(ICR, busy | 0x40, 0),
+            Ok(Action::Ipi { .. })
+        ));
+        assert_eq!(a.read(ICR, &[0; 4], 0), Ok(0x40), "the busy bit dropped");
+        let mut x = xapic();
+        x.write(SVR, 0x1FF, 0).unwrap_err(); // an MSR in xAPIC mode
+        x.mmio_write(0xF0, 0x1FF, 0).unwrap();
+        let low = 0x2100_0000 | 1 << 18 | busy as u32 | 0x5F;
+        assert_eq!(
+            x.mmio_write(XAPIC_ICR_LOW, low, 0),
+            Ok(Action::Ipi {
+                vector: 0x5F,
+                to: Destination::SelfOnly
+            }),
+            "sent, as KVM sends it"
+        );
+        assert_eq!(
+            x.mmio_read(XAPIC_ICR_LOW, &[0; 4], 0),
+            Ok(low & !(busy as u32))
+        );
+    }
+
+    #[test]
     fn absurd_values_get_the_architectural_answer() {
         let mut a = apic();
         assert_eq!(
@@ -792,6 +841,21 @@ mod tests {
         );
         assert_eq!(highest(&irr(&[0, 255])), Some(255));
         assert_eq!(highest(&[0; 4]), None);
+    }
+
+    #[test]
+    fn apic_base_bits_past_maxphyaddr_are_reserved() {
+        let en = XAPIC_BASE | APIC_BASE_EN;
+        let mut a = xapic().with_phys_bits(48);
+        assert!(a.write(MSR_APIC_BASE, en | 1 << 48, 0).is_err());
+        assert!(a.write(MSR_APIC_BASE, en | 1 << 60, 0).is_err());
+        assert_eq!(a.write(MSR_APIC_BASE, en | 1 << 47, 0), Ok(Action::None));
+        let mut wide = xapic().with_phys_bits(64);
+        assert!(
+            wide.write(MSR_APIC_BASE, en | 1 << 52, 0).is_err(),
+            "never past the architecture's 52"
+        );
+        assert_eq!(wide.write(MSR_APIC_BASE, en | 1 << 51, 0), Ok(Action::None));
     }
 
     #[test]

@@ -15,6 +15,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::{Error, Irqchip, Vm, VmConfig};
 
+pub mod fuzz_corpus;
+
 /// vCPUs per VM: one seed each, so a VM runs this many seeds at once.
 pub const SEEDS_PER_VM: u32 = 8;
 /// Random operations per sequence, unless told otherwise.
@@ -50,7 +52,7 @@ const RESERVED_OFFSETS: &[u32] = &[
     0x2E0, 0x2F0, 0x3A0, 0x3B0, 0x3C0, 0x3D0, 0x3F0,
 ];
 
-/// The deliberate differences (the README's table lists them too).
+/// The deliberate differences (CONFORMANCE.md's table lists them too).
 pub const DELIBERATE: &[Deliberate] = &[
     Deliberate {
         kind: Kind::ReadMsr,
@@ -124,13 +126,34 @@ impl Deliberate {
     }
 }
 
+/// Where a sequence came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// [`apic_script::generate`]'s, from a seed, in a mode.
+    Seed {
+        /// The seed.
+        seed: u64,
+        /// How it reached the APIC first.
+        mode: Mode,
+    },
+    /// A fuzz input's ([`fuzz_corpus::script`]).
+    FuzzInput,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Seed { seed, mode } => write!(f, "seed {seed} ({mode:?})"),
+            Self::FuzzInput => f.write_str("the fuzz input"),
+        }
+    }
+}
+
 /// The first operation whose record differs between the two APICs.
 #[derive(Clone, Debug)]
 pub struct Difference {
-    /// The sequence's seed.
-    pub seed: u64,
-    /// How it reached the APIC.
-    pub mode: Mode,
+    /// Where the sequence came from.
+    pub origin: Origin,
     /// This VMM's records up to and including the one that differs.
     pub ours: Vec<Record>,
     /// What KVM's APIC did at that operation.
@@ -142,13 +165,7 @@ impl fmt::Display for Difference {
         let Some((last, before)) = self.ours.split_last() else {
             return Ok(());
         };
-        writeln!(
-            f,
-            "seed {} ({:?}): operation {} differs",
-            self.seed,
-            self.mode,
-            before.len()
-        )?;
+        writeln!(f, "{}: operation {} differs", self.origin, before.len())?;
         for (i, r) in before.iter().enumerate() {
             writeln!(f, "  {i:3}  {:<40} {}", r.op.to_string(), r.outcome)?;
         }
@@ -220,7 +237,7 @@ fn each_difference(
         let ours = records(Irqchip::User, &scripts)?;
         let kvm = records(Irqchip::Kernel, &scripts)?;
         for ((&seed, ours), kvm) in seeds.iter().zip(ours).zip(kvm) {
-            if let Some(d) = first_difference(seed, mode, ours, &kvm) {
+            if let Some(d) = first_difference(Origin::Seed { seed, mode }, ours, &kvm) {
                 if !found(d) {
                     return Ok(());
                 }
@@ -232,20 +249,14 @@ fn each_difference(
 }
 
 /// The first of `ours` that differs from `kvm`'s, outside [`DELIBERATE`].
-fn first_difference(
-    seed: u64,
-    mode: Mode,
-    mut ours: Vec<Record>,
-    kvm: &[Record],
-) -> Option<Difference> {
+fn first_difference(origin: Origin, mut ours: Vec<Record>, kvm: &[Record]) -> Option<Difference> {
     let at = ours
         .iter()
         .zip(kvm)
         .position(|(a, b)| Deliberate::differ(a, b))?;
     ours.truncate(at + 1);
     Some(Difference {
-        seed,
-        mode,
+        origin,
         ours,
         kvm: kvm[at],
     })
@@ -258,7 +269,11 @@ pub fn summary(found: &[Difference]) -> String {
     let mut groups: Vec<(String, usize, &Difference)> = Vec::new();
     for d in found {
         let Some(last) = d.ours.last() else { continue };
-        let key = format!("{:?} {:?} {:#x}", d.mode, last.op.kind, last.op.register);
+        let mode = match d.origin {
+            Origin::Seed { mode, .. } => format!("{mode:?}"),
+            Origin::FuzzInput => "fuzz".into(),
+        };
+        let key = format!("{mode} {:?} {:#x}", last.op.kind, last.op.register);
         match groups.iter_mut().find(|(k, ..)| *k == key) {
             Some((_, n, example)) => {
                 *n += 1;
@@ -505,8 +520,10 @@ mod tests {
     #[test]
     fn the_summary_groups_differences_by_operation_most_frequent_first() {
         let difference = |seed, register, before| Difference {
-            seed,
-            mode: Mode::X2apic,
+            origin: Origin::Seed {
+                seed,
+                mode: Mode::X2apic,
+            },
             ours: [record(0x802, Outcome::Done(0))]
                 .repeat(before)
                 .into_iter()
@@ -532,10 +549,10 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_deliberate_difference() {
-        let readme = include_str!("../README.md");
+    fn conformance_md_lists_every_deliberate_difference() {
+        let doc = include_str!("../CONFORMANCE.md");
         for d in DELIBERATE {
-            assert!(readme.contains(d.why), "README lacks: {}", d.why);
+            assert!(doc.contains(d.why), "CONFORMANCE.md lacks: {}", d.why);
         }
     }
 
@@ -551,8 +568,12 @@ mod tests {
             record(0x803, Outcome::Done(0x50014)),
             record(0x804, Outcome::Faulted),
         ];
-        assert!(first_difference(1, Mode::X2apic, ours.clone(), &ours).is_none());
-        let d = first_difference(1, Mode::X2apic, ours, &kvm).unwrap();
+        let origin = Origin::Seed {
+            seed: 1,
+            mode: Mode::X2apic,
+        };
+        assert!(first_difference(origin, ours.clone(), &ours).is_none());
+        let d = first_difference(origin, ours, &kvm).unwrap();
         assert_eq!(d.ours.len(), 3);
         let text = d.to_string();
         assert!(

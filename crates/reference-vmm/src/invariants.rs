@@ -11,6 +11,7 @@ use lapic_timer::GuestTime;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::apic::{self, Action, LocalApic, XAPIC_BASE};
+use crate::conformance::fuzz_corpus::{FuzzOp, fuzz_msr, fuzz_ops, fuzz_write_offset};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
 use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
 use crate::fault::GuestFault;
@@ -20,13 +21,6 @@ use crate::migration::stream::{MAGIC, Record, StreamReader, VERSION};
 use test_guests::abi::SERIAL_PORT;
 use test_guests::layout::PAGE_SIZE;
 use test_guests::ucall::{self, MAX_STRING_LEN, UCALL_PORT, Ucall};
-
-/// Reads the `n`-th little-endian u64 of `data`, zero past its end.
-fn u64_at(data: &[u8], at: usize) -> u64 {
-    (0..8).fold(0, |v, k| {
-        v | u64::from(data.get(at + k).copied().unwrap_or(0)) << (8 * k)
-    })
-}
 
 /// A guest TSC of 1 GHz that equals host ns.
 const TIME: GuestTime = GuestTime {
@@ -48,13 +42,13 @@ pub fn local_apic(data: &[u8]) {
     let mut now = 0u64;
     let mut irr = [0u64; 4];
     let mut in_service: Vec<u8> = Vec::new();
-    for op in data.chunks(10) {
-        let (kind, arg, value) = (op[0], op.get(1).copied().unwrap_or(0), u64_at(op, 2));
+    for op in fuzz_ops(data) {
+        let (arg, value) = (op.arg, op.value);
         let x2apic = apic.x2apic();
-        let action = match kind % 8 {
-            0 => apic.write(msr(arg), value, now).ok(),
+        let action = match op.kind {
+            0 => apic.write(fuzz_msr(arg), value, now).ok(),
             1 => {
-                let _ = apic.read(msr(arg), &irr, now);
+                let _ = apic.read(fuzz_msr(arg), &irr, now);
                 None
             }
             2 => {
@@ -64,7 +58,7 @@ pub fn local_apic(data: &[u8]) {
             }
             3 => {
                 let bytes = value.to_le_bytes();
-                let offset = u64::from(arg) << 4 | (value >> 60);
+                let offset = fuzz_write_offset(op);
                 Some(apic.mmio_write_bytes(offset, &bytes[..1 + usize::from(arg % 8)], now))
             }
             4 => {
@@ -90,15 +84,6 @@ pub fn local_apic(data: &[u8]) {
             }
         };
         check_apic(&mut apic, x2apic, action, &mut in_service, &irr, now);
-    }
-}
-
-/// An MSR from one byte: the x2APIC range, IA32_APIC_BASE or IA32_TSC_DEADLINE.
-fn msr(arg: u8) -> u32 {
-    match arg {
-        0xFF => apic::MSR_APIC_BASE,
-        0xFE => apic::MSR_TSC_DEADLINE,
-        n => apic::X2APIC_FIRST + u32::from(n),
     }
 }
 
@@ -272,8 +257,7 @@ pub fn learners(data: &[u8]) {
         TIME.tsc_khz,
     );
     let mut lead = TimerLead::new(TIME, RECORD);
-    for op in data.chunks(10) {
-        let (kind, arg, value) = (op[0], op.get(1).copied().unwrap_or(0), u64_at(op, 2));
+    for FuzzOp { kind, arg, value } in fuzz_ops(data) {
         match kind % 4 {
             // The guest's words: the mailbox past the window the VMM
             // publishes (the count, the ring), and the interrupt record.
@@ -335,6 +319,7 @@ pub fn migration_stream(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conformance::fuzz_corpus;
 
     /// Replays every input committed under `fuzz-corpus/<target>/`.
     fn replay(target: &str, run: fn(&[u8])) {
@@ -348,8 +333,31 @@ mod tests {
     }
 
     #[test]
-    fn replays_the_local_apic_corpus() {
-        replay("local_apic", local_apic);
+    fn replays_the_local_apic_corpus_against_kvms_answers() {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let text = std::fs::read_to_string(format!("{root}/{}", fuzz_corpus::EXPECTATIONS))
+            .expect("KVM's answers are committed");
+        let answers = fuzz_corpus::parse(&text).unwrap();
+        let dir = format!("{root}/fuzz-corpus/local_apic");
+        let mut inputs = 0;
+        for entry in std::fs::read_dir(&dir).expect("the corpus is committed") {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let kvm = answers.by_input.get(&name).unwrap_or_else(|| {
+                panic!(
+                    "{name} has no KVM answers: record them with `reference-vmm conformance \\
+                     --record-fuzz-corpus {dir} > {root}/{}`",
+                    fuzz_corpus::EXPECTATIONS
+                )
+            });
+            let data = std::fs::read(&path).unwrap();
+            if let Some(difference) = fuzz_corpus::check(&data, kvm, answers.phys_bits) {
+                panic!("corpus input {name}: {difference}");
+            }
+            local_apic(&data);
+            inputs += 1;
+        }
+        assert!(inputs >= 8, "{dir} has only {inputs} inputs");
     }
 
     #[test]

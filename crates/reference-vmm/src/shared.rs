@@ -61,6 +61,8 @@ pub(crate) struct ApicSetup {
     pub timer_placement: TimerPlacement,
     /// The floor on a periodic timer's period, ns.
     pub min_timer_period_ns: u64,
+    /// The vCPUs' MAXPHYADDR, from their CPUID.
+    pub phys_bits: u8,
 }
 
 /// What the mechanisms measured, summed over the vCPUs.

@@ -1,11 +1,12 @@
 //! KVM's LAPIC as the oracle: the conformance guest's sequences, on this
-//! VMM's local APIC and on KVM's, read back the same.
+//! VMM's local APIC and on KVM's, read back the same; the answers KVM gave
+//! for the fuzz corpus are still what it answers.
 
 mod common;
 
-use common::kvm_available;
+use common::{kvm_available, skip};
 use reference_vmm::Irqchip;
-use reference_vmm::conformance::{self, DEFAULT_OPS, SEEDS_PER_VM};
+use reference_vmm::conformance::{self, DEFAULT_OPS, SEEDS_PER_VM, fuzz_corpus};
 use test_guests::apic_script::{self, Mode};
 
 /// Seeds per mode: each a sequence of `DEFAULT_OPS` random operations.
@@ -46,6 +47,51 @@ fn lapic_timers_model_alone_answers_as_kvms_timer() {
                     );
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn the_committed_fuzz_corpus_answers_are_still_kvms() {
+    let test = "the_committed_fuzz_corpus_answers_are_still_kvms";
+    if !kvm_available(test) {
+        return;
+    }
+    let root = env!("CARGO_MANIFEST_DIR");
+    let text = std::fs::read_to_string(format!("{root}/{}", fuzz_corpus::EXPECTATIONS)).unwrap();
+    let answers = fuzz_corpus::parse(&text).unwrap();
+    let cpuid = kvm_ioctls::Kvm::new()
+        .unwrap()
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .unwrap();
+    let here = test_guests::x86::boot::phys_bits(&cpuid);
+    if here != answers.phys_bits {
+        let why = format!(
+            "KVM's answers were recorded with MAXPHYADDR {}, this host's is {here}",
+            answers.phys_bits
+        );
+        skip(test, &why);
+        return;
+    }
+    // The longest inputs: those whose answers reach furthest.
+    let mut inputs: Vec<(String, Vec<u8>)> =
+        std::fs::read_dir(format!("{root}/fuzz-corpus/local_apic"))
+            .unwrap()
+            .map(|e| {
+                let path = e.unwrap().path();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                (name, std::fs::read(&path).unwrap())
+            })
+            .collect();
+    inputs.sort_by_key(|(name, input)| (std::cmp::Reverse(input.len()), name.clone()));
+    for (name, input) in inputs.iter().take(16) {
+        let fresh = conformance::records(Irqchip::Kernel, &[fuzz_corpus::script(input)]).unwrap();
+        if let Some((now, then)) = fuzz_corpus::first_change(&fresh[0], &answers.by_input[name]) {
+            panic!(
+                "KVM now answers {name}'s {} with {} (recorded: {then}): record the \
+                 answers again (`reference-vmm conformance --record-fuzz-corpus`)",
+                now.op, now.outcome
+            );
         }
     }
 }

@@ -24,10 +24,10 @@ fn the_runner_catches_each_seeded_bug_within_the_default_seeds() {
         plant(Some(bug));
         let caught = [Mode::X2apic, Mode::Xapic].map(|mode| {
             let found = conformance::compare(0, SEEDS, mode, DEFAULT_OPS as usize).unwrap();
-            found.map(|d| (d.seed, d.ours.len()))
+            found.map(|d| (d.origin.to_string(), d.ours.len()))
         });
         plant(None);
-        eprintln!("{bug:?}: first caught at (seed, operations) {caught:?}");
+        eprintln!("{bug:?}: first caught at (origin, operations) {caught:?}");
         assert!(
             caught.iter().all(Option::is_some),
             "{bug:?} escaped: {caught:?}"

@@ -65,7 +65,9 @@ impl IrqChip for UserIrqChip {
         let poller =
             HaltPoller::with_policies(wake, policies).with_events(shared.stats.halt.clone());
         Ok(Self {
-            apic: LocalApic::new(index, time).with_min_timer_period_ns(setup.min_timer_period_ns),
+            apic: LocalApic::new(index, time)
+                .with_min_timer_period_ns(setup.min_timer_period_ns)
+                .with_phys_bits(setup.phys_bits),
             timer,
             lead: TimerLead::new(time, irq_record(index)),
             guest_poll: setup

@@ -47,6 +47,8 @@ pub struct Vm {
     domain: Arc<rcu_qs::Domain>,
     ring_full: Option<dirty_log::RingFull>,
     state_support: Arc<StateSupport>,
+    /// The vCPUs' MAXPHYADDR, as their CPUID reports it.
+    phys_bits: u8,
     controller: Option<Controller>,
     /// Each vCPU's interrupt controller state and halt, from a stream.
     incoming: Option<Vec<(ChipState, bool)>>,
@@ -108,6 +110,7 @@ impl Vm {
             domain: Arc::new(rcu_qs::Domain::new()),
             ring_full: None,
             state_support,
+            phys_bits: test_guests::x86::boot::phys_bits(&cpuid),
             controller: None,
             incoming: None,
         })

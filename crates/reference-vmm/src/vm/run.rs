@@ -229,6 +229,7 @@ impl Vm {
             policies: c.policies.clone(),
             timer_placement: c.timer_placement,
             min_timer_period_ns: c.min_timer_period.as_nanos() as u64,
+            phys_bits: self.phys_bits,
         };
         let moving = Moving {
             pause: crate::migration::pause::PauseGate::new(self.vcpus.len()),

@@ -138,10 +138,35 @@ pub fn advertise_apic_features(cpuid: &mut CpuId) {
     }
 }
 
+/// CPUID leaf whose EAX\[7:0\] is MAXPHYADDR.
+const LEAF_ADDRESS_SIZES: u32 = 0x8000_0008;
+/// MAXPHYADDR where CPUID does not report it (SDM 4.1.4).
+const DEFAULT_PHYS_BITS: u8 = 36;
+
+/// The physical-address width (MAXPHYADDR) `cpuid` gives a vCPU.
+pub fn phys_bits(cpuid: &CpuId) -> u8 {
+    cpuid
+        .as_slice()
+        .iter()
+        .find(|e| e.function == LEAF_ADDRESS_SIZES)
+        .map_or(DEFAULT_PHYS_BITS, |e| e.eax as u8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use kvm_bindings::kvm_cpuid_entry2;
+
+    #[test]
+    fn phys_bits_are_leaf_0x80000008s_or_36() {
+        let sizes = kvm_cpuid_entry2 {
+            function: 0x8000_0008,
+            eax: 0x3030,
+            ..Default::default()
+        };
+        assert_eq!(phys_bits(&CpuId::from_entries(&[sizes]).unwrap()), 0x30);
+        assert_eq!(phys_bits(&CpuId::new(0).unwrap()), 36);
+    }
 
     #[test]
     fn sregs_enter_long_mode_at_cpl3() {

@@ -77,6 +77,11 @@ struct ConformanceArgs {
     /// seed, with how many and one example, instead of stopping at the first
     #[arg(long)]
     summary: bool,
+    /// Instead, run the register accesses of each input in DIR (the
+    /// `local_apic` fuzz target's corpus) on KVM's LAPIC and print their
+    /// answers, for fuzz-corpus/local_apic.kvm
+    #[arg(long, value_name = "DIR")]
+    record_fuzz_corpus: Option<std::path::PathBuf>,
 }
 
 /// Clap's own `help` subcommand takes no options (`help --help` is an
@@ -433,6 +438,9 @@ fn main() -> ExitCode {
 }
 
 fn conformance(args: ConformanceArgs) -> ExitCode {
+    if let Some(dir) = &args.record_fuzz_corpus {
+        return record_fuzz_corpus(dir);
+    }
     let modes: &[Mode] = match args.mode.as_str() {
         "x2apic" => &[Mode::X2apic],
         "xapic" => &[Mode::Xapic],
@@ -461,6 +469,28 @@ fn conformance(args: ConformanceArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Prints KVM's answers for each input in `dir`.
+fn record_fuzz_corpus(dir: &std::path::Path) -> ExitCode {
+    let read = |entry: std::io::Result<std::fs::DirEntry>| {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        Ok::<_, std::io::Error>((name, std::fs::read(&path)?))
+    };
+    let inputs =
+        match std::fs::read_dir(dir).and_then(|d| d.map(read).collect::<Result<Vec<_>, _>>()) {
+            Ok(inputs) => inputs,
+            Err(e) => return fail(&format!("cannot read the corpus {}: {e}", dir.display())),
+        };
+    match conformance::fuzz_corpus::record(&inputs) {
+        Ok(text) => print_or_fail(&text),
+        Err(e) => fail(&e.to_string()),
+    }
 }
 
 fn run(args: RunArgs) -> ExitCode {
