@@ -7,7 +7,7 @@
 //! checks only invariants.
 //!
 //! An input is 10-byte operations: a kind, an argument and a value (see
-//! [`crate::invariants::local_apic`]). Kinds 0-3 (MSR write and read, page
+//! `invariants::local_apic`, feature `fuzzing`). Kinds 0-3 (MSR write and read, page
 //! read and write) reach the registers; the others (pending vectors,
 //! injection, time) have no guest counterpart and are left out. The
 //! sequence is tamed as the conformance generator's are: fixed delivery
@@ -155,7 +155,7 @@ fn far(value: u64, bit: u32) -> u64 {
     }
 }
 
-/// What this VMM's local APIC ([`LocalApic`], vCPU 0 of one with
+/// What this VMM's local APIC (`LocalApic`, vCPU 0 of one with
 /// `phys_bits` of physical address, at time 0 on a 1 GHz TSC) reads back
 /// for `script`, handling each write's IPI as the VMM does: its own
 /// pending set gains the vector when the IPI reaches it.
