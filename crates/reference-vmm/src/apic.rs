@@ -113,6 +113,24 @@ pub enum Destination {
     AllExcludingSelf,
 }
 
+impl Destination {
+    /// Whether an IPI to here from vCPU `from` reaches vCPU `to`, whose APIC
+    /// is in x2APIC mode or not. A physical ID of all ones is a broadcast in
+    /// the receiver's mode (8 bits wide in xAPIC mode), as KVM judges it: an
+    /// xAPIC sender's 0xFF misses a receiver in x2APIC mode.
+    pub fn reaches(self, from: usize, to: usize, to_x2apic: bool) -> bool {
+        match self {
+            Self::Physical(id) => {
+                let broadcast = if to_x2apic { u32::MAX } else { 0xFF };
+                id == broadcast || usize::try_from(id) == Ok(to)
+            }
+            Self::SelfOnly => from == to,
+            Self::All => true,
+            Self::AllExcludingSelf => from != to,
+        }
+    }
+}
+
 /// What a register write asks of the VMM beyond the register itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -200,6 +218,13 @@ pub struct ApicState {
     pub lvt: [u32; 5],
     /// The timer's registers and time remaining.
     pub timer: LapicTimerState,
+}
+
+impl ApicState {
+    /// Whether the saved APIC was software-enabled.
+    pub fn enabled(&self) -> bool {
+        self.svr & SVR_ENABLED != 0
+    }
 }
 
 impl LocalApic {
@@ -310,7 +335,6 @@ impl LocalApic {
     }
 
     /// Whether the APIC is in x2APIC mode (else xAPIC).
-    #[cfg(any(test, feature = "fuzzing"))]
     pub fn x2apic(&self) -> bool {
         self.x2apic
     }
@@ -621,9 +645,15 @@ impl LocalApic {
     }
 
     fn ipi(&mut self, vector: u8, to: Destination) -> Action {
+        // A software-disabled APIC accepts none, its own included (the
+        // VMM skips other vCPUs that are disabled).
+        let to = match to {
+            Destination::All if !self.enabled() => Destination::AllExcludingSelf,
+            to => to,
+        };
         let to_itself = to == Destination::SelfOnly || to == Destination::Physical(self.id);
         if to_itself && !self.enabled() {
-            return Action::None; // a software-disabled APIC accepts none
+            return Action::None;
         }
         if vector < 16 {
             self.esr_pending |= if to == Destination::SelfOnly {
@@ -750,6 +780,20 @@ mod tests {
                 to: Destination::SelfOnly
             })
         );
+    }
+
+    #[test]
+    fn a_broadcast_id_is_judged_in_the_receivers_mode() {
+        let (xapic, x2apic) = (false, true);
+        let broadcast8 = Destination::Physical(0xFF);
+        let broadcast32 = Destination::Physical(u32::MAX);
+        assert!(broadcast8.reaches(0, 3, xapic) && !broadcast8.reaches(0, 3, x2apic));
+        assert!(broadcast32.reaches(0, 3, x2apic) && !broadcast32.reaches(0, 3, xapic));
+        assert!(Destination::Physical(3).reaches(0, 3, xapic));
+        assert!(!Destination::Physical(3).reaches(3, 2, x2apic));
+        assert!(Destination::SelfOnly.reaches(2, 2, xapic));
+        assert!(!Destination::AllExcludingSelf.reaches(2, 2, xapic));
+        assert!(Destination::All.reaches(2, 2, x2apic));
     }
 
     #[test]
@@ -1038,6 +1082,14 @@ mod tests {
         a.write(0x834, 0x42, 0).unwrap();
         assert_eq!(a.read(0x834, &[0; 4], 0), Ok(0x10042));
         assert_eq!(a.write(SELF_IPI, 0x50, 0), Ok(Action::None), "not sent");
+        assert_eq!(
+            a.write(ICR, 2 << 18 | 0x51, 0),
+            Ok(Action::Ipi {
+                vector: 0x51,
+                to: Destination::AllExcludingSelf
+            }),
+            "the others' copies go, its own does not"
+        );
         a.write(SVR, 0x1FF, 0).unwrap();
         assert!(matches!(
             a.write(SELF_IPI, 0x50, 0),

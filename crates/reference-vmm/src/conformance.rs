@@ -129,12 +129,18 @@ impl Deliberate {
 /// Where a sequence came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
-    /// [`apic_script::generate`]'s, from a seed, in a mode.
+    /// [`apic_script::generate`]'s, from a seed, in a mode, run beside
+    /// the seeds from `first` on (one per vCPU, since the sequences send
+    /// each other IPIs): `--first-seed first --seeds vcpus` runs it again.
     Seed {
         /// The seed.
         seed: u64,
         /// How it reached the APIC first.
         mode: Mode,
+        /// The VM's first seed (vCPU 0's).
+        first: u64,
+        /// The VM's vCPUs, one seed each.
+        vcpus: u32,
     },
     /// A fuzz input's ([`fuzz_corpus::script`]).
     FuzzInput,
@@ -143,7 +149,15 @@ pub enum Origin {
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Seed { seed, mode } => write!(f, "seed {seed} ({mode:?})"),
+            Self::Seed {
+                seed,
+                mode,
+                first,
+                vcpus,
+            } => {
+                let last = first + u64::from(*vcpus) - 1;
+                write!(f, "seed {seed} ({mode:?}, beside seeds {first}-{last})")
+            }
             Self::FuzzInput => f.write_str("the fuzz input"),
         }
     }
@@ -230,14 +244,18 @@ fn each_difference(
     let mut seed = first;
     while seed < end {
         let seeds: Vec<u64> = (seed..end).take(SEEDS_PER_VM as usize).collect();
-        let scripts: Vec<Vec<Op>> = (0..)
-            .zip(&seeds)
-            .map(|(v, &s)| apic_script::generate(s, mode, v, ops))
-            .collect();
+        let vcpus = seeds.len() as u32;
+        let scripts = scripts(seed, vcpus, mode, ops);
         let ours = records(Irqchip::User, &scripts)?;
         let kvm = records(Irqchip::Kernel, &scripts)?;
         for ((&seed, ours), kvm) in seeds.iter().zip(ours).zip(kvm) {
-            if let Some(d) = first_difference(Origin::Seed { seed, mode }, ours, &kvm) {
+            let origin = Origin::Seed {
+                seed,
+                mode,
+                first: seeds[0],
+                vcpus,
+            };
+            if let Some(d) = first_difference(origin, ours, &kvm) {
                 if !found(d) {
                     return Ok(());
                 }
@@ -246,6 +264,14 @@ fn each_difference(
         seed += seeds.len() as u64;
     }
     Ok(())
+}
+
+/// The sequences of one VM: seeds `first..first + vcpus`, one per vCPU,
+/// `ops` random operations each.
+pub fn scripts(first: u64, vcpus: u32, mode: Mode, ops: usize) -> Vec<Vec<Op>> {
+    (0..vcpus)
+        .map(|v| apic_script::generate(first + u64::from(v), mode, v, vcpus, ops))
+        .collect()
 }
 
 /// The first of `ours` that differs from `kvm`'s, outside [`DELIBERATE`].
@@ -336,6 +362,12 @@ impl TimerReplay {
         match (op.kind, op.register) {
             (Kind::Delay, _) => {
                 self.now_ns = self.now_ns.saturating_add(op.value);
+                let _ = self.timer.expire(self.now_ns);
+                None
+            }
+            (Kind::WriteMsrAfterTsc, MSR_TSC_DEADLINE) => {
+                let deadline = self.now_ns.saturating_add(op.value);
+                let _ = self.timer.write_msr(op.register, deadline, self.now_ns);
                 None
             }
             (Kind::WriteMsr | Kind::OrMsr, MSR_APIC_BASE) if took => {
@@ -523,6 +555,8 @@ mod tests {
             origin: Origin::Seed {
                 seed,
                 mode: Mode::X2apic,
+                first: 0,
+                vcpus: 8,
             },
             ours: [record(0x802, Outcome::Done(0))]
                 .repeat(before)
@@ -541,10 +575,10 @@ mod tests {
         let second = text.find("X2apic ReadMsr 0x80f: 1 seed(s)").unwrap();
         assert!(first < second, "{text}");
         assert!(
-            text.contains("seed 3 (X2apic): operation 2 differs"),
+            text.contains("seed 3 (X2apic, beside seeds 0-7): operation 2 differs"),
             "the shortest example: {text}"
         );
-        assert!(!text.contains("seed 1 (X2apic)"), "{text}");
+        assert!(!text.contains("seed 1 (X2apic"), "{text}");
         assert_eq!(summary(&[]), "");
     }
 
@@ -571,13 +605,15 @@ mod tests {
         let origin = Origin::Seed {
             seed: 1,
             mode: Mode::X2apic,
+            first: 0,
+            vcpus: 2,
         };
         assert!(first_difference(origin, ours.clone(), &ours).is_none());
         let d = first_difference(origin, ours, &kvm).unwrap();
         assert_eq!(d.ours.len(), 3);
         let text = d.to_string();
         assert!(
-            text.starts_with("seed 1 (X2apic): operation 2 differs"),
+            text.starts_with("seed 1 (X2apic, beside seeds 0-1): operation 2 differs"),
             "{text}"
         );
         assert!(text.contains("rdmsr 0x803"), "{text}");

@@ -42,7 +42,7 @@
 //! barrier, then its request check in `vcpu_enter_guest`.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -58,6 +58,7 @@ use crate::memory::VmMemory;
 
 use crate::apic::Destination;
 use crate::kick::KickTarget;
+use crate::seeded_bugs::{SeededBug, planted};
 
 /// Wake-source bit for an interrupt.
 pub const WAKE_INTERRUPT: usize = 0;
@@ -68,6 +69,11 @@ pub const WAKE_TIMER: usize = 1;
 struct Link {
     wake: Arc<FutexWake>,
     thread: KickTarget,
+    /// Its APIC is software-enabled, so it accepts fixed IPIs (KVM's
+    /// `__apic_accept_irq` drops them otherwise); false at reset.
+    accepting: AtomicBool,
+    /// Its APIC is in x2APIC mode, which decides the broadcast ID it takes.
+    x2apic: AtomicBool,
 }
 
 /// What waits to be injected into each vCPU: its IRR and its timer's due
@@ -165,6 +171,8 @@ impl Interrupts {
                 .map(|_| Link {
                     wake: Arc::new(FutexWake::new()),
                     thread: KickTarget::default(),
+                    accepting: AtomicBool::new(false),
+                    x2apic: AtomicBool::new(false),
                 })
                 .collect(),
             sched: Arc::new(Scheduler::new(vcpus, policy, booster, pending.clone())),
@@ -219,25 +227,34 @@ impl Interrupts {
         let _ = self.sched.booster().ran(vcpu);
     }
 
-    /// Sends `vector` from vCPU `from` to `to`. Returns how many vCPUs got it.
+    /// vCPU `vcpu`'s APIC is software-enabled (`accepting`) or disabled,
+    /// in x2APIC mode or xAPIC: which IPIs reach it. Its own thread says so
+    /// after each register write.
+    pub fn set_apic_state(&self, vcpu: usize, accepting: bool, x2apic: bool) {
+        self.links[vcpu].accepting.store(accepting, SeqCst);
+        self.links[vcpu].x2apic.store(x2apic, SeqCst);
+    }
+
+    /// Sends `vector` from vCPU `from` to `to`, skipping a vCPU whose APIC
+    /// is software-disabled. Returns how many vCPUs got it.
     pub fn ipi(&self, from: usize, vector: u8, to: Destination) -> usize {
-        let n = self.links.len();
-        let targets: Vec<usize> = match to {
-            Destination::Physical(id) => match usize::try_from(id).ok().filter(|&i| i < n) {
-                Some(i) => vec![i],
-                None => {
-                    self.stats.dropped.fetch_add(1, SeqCst);
-                    vec![]
-                }
-            },
-            Destination::SelfOnly => vec![from],
-            Destination::All => (0..n).collect(),
-            Destination::AllExcludingSelf => (0..n).filter(|&i| i != from).collect(),
-        };
-        for &t in &targets {
+        let reached: Vec<usize> = (0..self.links.len())
+            .filter(|&t| to.reaches(from, t, self.links[t].x2apic.load(SeqCst)))
+            .collect();
+        if reached.is_empty() && matches!(to, Destination::Physical(_)) {
+            self.stats.dropped.fetch_add(1, SeqCst);
+        }
+        let accepting: Vec<usize> = reached
+            .into_iter()
+            .filter(|&t| {
+                self.links[t].accepting.load(SeqCst)
+                    || planted(SeededBug::DisabledVcpuTakesIpis) && t != from
+            })
+            .collect();
+        for &t in &accepting {
             self.post(t, vector);
         }
-        targets.len()
+        accepting.len()
     }
 
     /// Makes `vector` pending on vCPU `vcpu` and makes sure it notices.
@@ -356,6 +373,9 @@ mod tests {
     #[test]
     fn ipis_reach_their_destinations_and_unknown_ones_are_dropped() {
         let irqs = Interrupts::new(3, Box::new(NoBoost), BoostBudget::default());
+        for v in 0..3 {
+            irqs.set_apic_state(v, true, false);
+        }
         assert_eq!(irqs.ipi(0, 0x40, Destination::Physical(2)), 1);
         assert_eq!(irqs.pending(2), [0, 1, 0, 0], "vector 0x40: word 1, bit 0");
         assert_eq!(irqs.ipi(0, 0x41, Destination::AllExcludingSelf), 2);
@@ -367,6 +387,32 @@ mod tests {
         irqs.take(2, 0x40);
         assert_eq!(irqs.pending(2)[1] & 1, 0);
         assert_ne!(irqs.pending(2), [0; 4], "0x41 and 0x42 wait");
+    }
+
+    #[test]
+    fn a_software_disabled_vcpu_gets_no_ipi() {
+        let irqs = Interrupts::new(3, Box::new(NoBoost), BoostBudget::default());
+        assert_eq!(
+            irqs.ipi(0, 0x40, Destination::All),
+            0,
+            "all disabled at reset"
+        );
+        irqs.set_apic_state(2, true, false);
+        assert_eq!(irqs.ipi(0, 0x41, Destination::All), 1);
+        assert_eq!(irqs.ipi(0, 0x42, Destination::Physical(1)), 0);
+        assert_eq!(irqs.pending(1), [0; 4]);
+        assert_eq!(irqs.pending(2), [0, 1 << 1, 0, 0], "0x41 alone");
+        irqs.set_apic_state(2, false, false);
+        assert_eq!(irqs.ipi(0, 0x43, Destination::Physical(2)), 0);
+        assert_eq!(irqs.pending(2), [0, 1 << 1, 0, 0], "what it had stays");
+        irqs.set_apic_state(1, true, true);
+        irqs.set_apic_state(2, true, false);
+        assert_eq!(irqs.ipi(0, 0x44, Destination::Physical(0xFF)), 1, "2 alone");
+        assert_eq!(
+            irqs.ipi(0, 0x45, Destination::Physical(u32::MAX)),
+            1,
+            "1 alone"
+        );
     }
 
     #[test]

@@ -16,14 +16,17 @@ pub enum SeededBug {
     /// An LVT entry written while the APIC is software-disabled keeps the
     /// mask bit the guest wrote.
     LvtUnmaskedWhileDisabled,
+    /// Another vCPU's IPI reaches a vCPU whose APIC is software-disabled.
+    DisabledVcpuTakesIpis,
 }
 
 impl SeededBug {
     /// Every seeded bug.
-    pub const ALL: [SeededBug; 3] = [
+    pub const ALL: [SeededBug; 4] = [
         Self::PprDropsTprSubclass,
         Self::SvrKeepsBroadcastSuppression,
         Self::LvtUnmaskedWhileDisabled,
+        Self::DisabledVcpuTakesIpis,
     ];
 }
 

@@ -7,7 +7,7 @@ mod common;
 use common::{kvm_available, skip};
 use reference_vmm::Irqchip;
 use reference_vmm::conformance::{self, DEFAULT_OPS, SEEDS_PER_VM, fuzz_corpus};
-use test_guests::apic_script::{self, Mode};
+use test_guests::apic_script::Mode;
 
 /// Seeds per mode: each a sequence of `DEFAULT_OPS` random operations.
 const SEEDS: u64 = 200;
@@ -34,10 +34,7 @@ fn lapic_timers_model_alone_answers_as_kvms_timer() {
     for mode in [Mode::X2apic, Mode::Xapic] {
         for first in (0..SEEDS).step_by(SEEDS_PER_VM as usize) {
             let seeds = first..first + u64::from(SEEDS_PER_VM);
-            let scripts: Vec<_> = (0..)
-                .zip(seeds.clone())
-                .map(|(v, seed)| apic_script::generate(seed, mode, v, DEFAULT_OPS as usize))
-                .collect();
+            let scripts = conformance::scripts(first, SEEDS_PER_VM, mode, DEFAULT_OPS as usize);
             let kvm = conformance::records(Irqchip::Kernel, &scripts).unwrap();
             for (seed, records) in seeds.zip(&kvm) {
                 if let Some((i, model)) = conformance::timer_model_difference(mode, records) {

@@ -1,4 +1,4 @@
-//! The conformance runner catches each of three plausible APIC bugs,
+//! The conformance runner catches each of four plausible APIC bugs,
 //! planted one at a time, within the default seeds (`cargo test -p
 //! reference-vmm --features seeded-bugs --test seeded_bugs`; `.ci/run` runs
 //! it).

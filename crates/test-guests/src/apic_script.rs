@@ -7,15 +7,16 @@
 //!
 //! [`generate`] draws a sequence from a seed: the mode's set-up, then reads
 //! and writes of every register (reserved ones, read-only ones, reserved
-//! bits), half the writes read back at once, self-IPIs and IA32_APIC_BASE
-//! writes (the switch to x2APIC, the refused transitions, never a disable),
-//! then the highest task priority, so that nothing the
-//! sequence left pending is taken once interrupts are on again. It never
-//! sends an IPI to another vCPU (each vCPU runs its own sequence beside the
-//! others), never delivers an NMI, SMI or INIT, and never lets the timer
-//! expire (counts and deadlines far beyond the run): what it reads depends
-//! on the operations alone, except the timer's current count, which
-//! [`Record::differs`] compares as zero or not.
+//! bits), half the writes read back at once, self-IPIs, IA32_APIC_BASE
+//! writes (the switch to x2APIC, the refused transitions, never a disable)
+//! and the timer running out, then the highest task priority, so that
+//! nothing the sequence left pending is taken once interrupts are on
+//! again. IPIs to the other vCPUs (by ID, to one that does not exist, by
+//! broadcast, by shorthand) are sent only in exchanges between two
+//! barriers that every vCPU of the VM passes, so what a vCPU reads depends
+//! on the operations alone, never on when another vCPU ran. It never
+//! delivers an NMI, SMI or INIT. The timer's current count runs in real
+//! time: [`Record::differs`] compares it as zero or not.
 
 use crate::layout::APIC_SCRIPT_SHIFT;
 use crate::x86::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE, XAPIC_BASE};
@@ -53,6 +54,12 @@ pub enum Kind {
     WritePage = 5,
     /// Spin for the value's TSC ticks.
     Delay = 6,
+    /// Count itself in and wait until the value's count of vCPUs have
+    /// (every vCPU's `n`-th barrier waits for `n` times the vCPUs).
+    Barrier = 7,
+    /// `wrmsr` of the TSC now plus the value (a TSC deadline that
+    /// expires during the run).
+    WriteMsrAfterTsc = 8,
 }
 
 /// One operation.
@@ -87,6 +94,8 @@ impl std::fmt::Display for Op {
             Kind::ReadPage => write!(f, "read page +{r:#05x}"),
             Kind::WritePage => write!(f, "write page +{r:#05x} = {v:#x}"),
             Kind::Delay => write!(f, "delay {v} TSC ticks"),
+            Kind::Barrier => write!(f, "barrier: wait for {v} arrivals"),
+            Kind::WriteMsrAfterTsc => write!(f, "wrmsr {r:#x} = TSC + {v}"),
         }
     }
 }
@@ -220,6 +229,7 @@ impl Rng {
 const LVT_CMCI: u32 = 0x2F0;
 const LVT_TIMER: u32 = 0x320;
 const LVTS: [u32; 7] = [LVT_CMCI, LVT_TIMER, 0x330, 0x340, 0x350, 0x360, 0x370];
+const ID: u32 = 0x020;
 const TPR: u32 = 0x080;
 const EOI: u32 = 0x0B0;
 const LDR: u32 = 0x0D0;
@@ -231,8 +241,13 @@ const ICR_HIGH: u32 = 0x310;
 const TIMER_INITIAL: u32 = 0x380;
 const TIMER_CURRENT: u32 = 0x390;
 const IRR: u32 = 0x200;
-/// Operations in a timer expiry ([`Access::expire_timer`]).
-const EXPIRY_OPS: usize = 7;
+/// Most operations in a timer expiry ([`Access::expire_tsc_deadline`]).
+const EXPIRY_OPS: usize = 9;
+/// Exchanges of IPIs between the vCPUs in a sequence.
+const EXCHANGES: usize = 3;
+/// Most operations an exchange takes: two barriers and three IPIs of two
+/// operations each (xAPIC: the destination, then the send).
+const EXCHANGE_OPS: usize = 8;
 const TIMER_DIVIDE: u32 = 0x3E0;
 const SELF_IPI: u32 = 0x3F0;
 
@@ -241,27 +256,31 @@ const fn msr(offset: u32) -> u32 {
     0x800 + offset / 16
 }
 
-/// `len` random operations for vCPU `vcpu` (whose APIC ID is its index) in
-/// `mode`, after the mode's set-up and before the task priority that holds
-/// back whatever is pending: the
-/// same seed gives the same sequence everywhere. `len` is capped so that
-/// the whole sequence fits a vCPU's area ([`MAX_OPS`]).
-pub fn generate(seed: u64, mode: Mode, vcpu: u32, len: usize) -> Vec<Op> {
+/// `len` random operations for vCPU `vcpu` of `vcpus` (whose APIC IDs are
+/// their indices) in `mode`, after the mode's set-up and before the task
+/// priority that holds back whatever is pending, with three
+/// exchanges of IPIs among the vCPUs spread between them: the same seed,
+/// place and count give the same sequence everywhere. `len` is capped so
+/// that the whole sequence fits a vCPU's area ([`MAX_OPS`]). Every vCPU of
+/// a VM must run a sequence made for the same `vcpus`: the barriers wait
+/// for all of them.
+pub fn generate(seed: u64, mode: Mode, vcpu: u32, vcpus: u32, len: usize) -> Vec<Op> {
     let mut rng = Rng::new(seed);
-    let access = Access { mode, vcpu };
+    let access = Access { mode, vcpu, vcpus };
     let mut ops = access.set_up();
-    let end = ops.len() + len.min(MAX_OPS as usize - ops.len() - 2);
-    while ops.len() < end {
-        if rng.one_in(25) && ops.len() + EXPIRY_OPS <= end {
-            ops.extend(access.expire_timer(&mut rng));
-            continue;
+    let len = len.min(MAX_OPS as usize - ops.len() - 2 - EXCHANGES * EXCHANGE_OPS);
+    let segments = EXCHANGES + 1;
+    for segment in 0..segments {
+        if segment > 0 {
+            ops.extend(access.exchange(&mut rng, segment as u64));
         }
-        let op = access.random(&mut rng);
-        ops.push(op);
-        // Half the writes are read back at once: what a write kept.
-        if ops.len() < end && rng.one_in(2) {
-            ops.extend(access.read_back(op));
-        }
+        let mine = len / segments
+            + if segment == EXCHANGES {
+                len % segments
+            } else {
+                0
+            };
+        access.random_ops(&mut rng, &mut ops, mine);
     }
     // The highest task priority: nothing left pending is taken once
     // interrupts are on again (a software disable would not hold them).
@@ -272,7 +291,7 @@ pub fn generate(seed: u64, mode: Mode, vcpu: u32, len: usize) -> Vec<Op> {
         ops.push(
             Access {
                 mode: Mode::X2apic,
-                vcpu,
+                ..access
             }
             .write(TPR, 0xFF),
         );
@@ -280,13 +299,78 @@ pub fn generate(seed: u64, mode: Mode, vcpu: u32, len: usize) -> Vec<Op> {
     ops
 }
 
-/// How a sequence's operations reach the registers.
+/// How a sequence's operations reach the registers, and from where.
+#[derive(Clone, Copy)]
 struct Access {
     mode: Mode,
     vcpu: u32,
+    vcpus: u32,
 }
 
 impl Access {
+    /// `len` random operations onto `ops`: half the writes read back at
+    /// once, one time in 25 a timer expiry.
+    fn random_ops(&self, rng: &mut Rng, ops: &mut Vec<Op>, len: usize) {
+        let end = ops.len() + len;
+        while ops.len() < end {
+            if rng.one_in(25) && ops.len() + EXPIRY_OPS <= end {
+                match rng.one_in(3) {
+                    true => ops.extend(self.expire_tsc_deadline(rng)),
+                    false => ops.extend(self.expire_timer(rng)),
+                }
+                continue;
+            }
+            let op = self.random(rng);
+            ops.push(op);
+            // Half the writes are read back at once: what a write kept.
+            if ops.len() < end && rng.one_in(2) {
+                ops.extend(self.read_back(op));
+            }
+        }
+    }
+
+    /// The `n`-th exchange: a barrier, up to three IPIs to any vCPU
+    /// (fixed, physical, edge-triggered, any vector), another barrier. No
+    /// vCPU reads its IRR while another may still send to it.
+    fn exchange(&self, rng: &mut Rng, n: u64) -> Vec<Op> {
+        let barrier = |k: u64| Op {
+            kind: Kind::Barrier,
+            register: 0,
+            value: k * u64::from(self.vcpus),
+        };
+        let mut ops = vec![barrier(2 * n - 1)];
+        for _ in 0..rng.below(4) {
+            ops.extend(self.ipi_to_any(rng));
+        }
+        ops.push(barrier(2 * n));
+        ops
+    }
+
+    /// A fixed IPI of any vector: to every vCPU, to every other, by
+    /// broadcast ID, to an ID no vCPU has, or to one vCPU (maybe itself).
+    fn ipi_to_any(&self, rng: &mut Rng) -> Vec<Op> {
+        let vector = rng.below(0x100);
+        let broadcast = match self.mode {
+            Mode::X2apic => 0xFFFF_FFFF,
+            Mode::Xapic => 0xFF,
+        };
+        let vcpus = u64::from(self.vcpus);
+        let (shorthand, to) = match rng.below(5) {
+            0 => (2 << 18, 0),
+            1 => (3 << 18, 0),
+            2 => (0, broadcast),
+            3 => (0, vcpus + rng.below(4)),
+            _ => (0, rng.below(vcpus)),
+        };
+        match self.mode {
+            Mode::X2apic => vec![self.write(ICR, to << 32 | shorthand | vector)],
+            Mode::Xapic => vec![
+                self.write(ICR_HIGH, to << 24),
+                self.write(ICR, shorthand | vector),
+            ],
+        }
+    }
+
     /// The mode's set-up: the APIC enabled (in x2APIC mode), software
     /// enabled with spurious vector 0xFF, each step read back.
     fn set_up(&self) -> Vec<Op> {
@@ -303,13 +387,52 @@ impl Access {
         ops
     }
 
+    /// A TSC deadline expiring: the APIC software-enabled and the LVT in
+    /// TSC-deadline mode (a vector of 48 or more, masked one time in four),
+    /// both through the MSR and the page, whichever mode the sequence is in
+    /// by now; a deadline 0 to 200 000 TSC ticks from now, a delay of 30 M
+    /// ticks, then the IRR's word of the vector and the deadline (0 once it
+    /// fired), and a zero deadline. A masked deadline is not read back after
+    /// it passed: KVM's stays set (it clears it when it injects the
+    /// interrupt), where the SDM's timer disarms itself, as lapic-timer's
+    /// does.
+    fn expire_tsc_deadline(&self, rng: &mut Rng) -> Vec<Op> {
+        let vector = 0x30 + rng.below(0xD0);
+        let masked = if rng.one_in(4) { 1 << 16 } else { 0 };
+        let deadline = |kind, value| Op {
+            kind,
+            register: MSR_TSC_DEADLINE,
+            value,
+        };
+        let both = |offset, value| {
+            [Mode::X2apic, Mode::Xapic].map(|mode| Access { mode, ..*self }.write(offset, value))
+        };
+        let mut ops = Vec::from(both(SVR, 0x1FF));
+        ops.extend(both(LVT_TIMER, masked | 2 << 17 | vector));
+        ops.extend([
+            deadline(Kind::WriteMsrAfterTsc, rng.below(200_000)),
+            Op {
+                kind: Kind::Delay,
+                register: 0,
+                value: 30_000_000,
+            },
+            self.read(IRR + (vector / 32) as u32 * 16),
+            match masked {
+                0 => deadline(Kind::ReadMsr, 0),
+                _ => self.read(LVT_TIMER),
+            },
+            deadline(Kind::WriteMsr, 0),
+        ]);
+        ops
+    }
+
     /// The timer expiring: a divide, an LVT entry (one-shot or periodic, a
     /// vector of 48 or more, masked one time in four), a count of 1 000 to
     /// 20 000 bus cycles (at most 2.6 ms at KVM's 1 ns and the largest
     /// divide), a delay of 30 M TSC ticks (10 ms or more), then the IRR's
     /// word of the vector and the current count, and a zero count, which
     /// stops it: after it, nothing depends on when it fired.
-    fn expire_timer(&self, rng: &mut Rng) -> [Op; EXPIRY_OPS] {
+    fn expire_timer(&self, rng: &mut Rng) -> [Op; 7] {
         let vector = 0x30 + rng.below(0xD0);
         let mode = rng.below(2) << 17;
         let masked = if rng.one_in(4) { 1 << 16 } else { 0 };
@@ -425,11 +548,13 @@ impl Access {
     }
 
     /// A random value to a random register, except those that would send
-    /// an IPI or arm the timer: read-only and reserved ones included.
+    /// an IPI or arm the timer, and the ID (KVM's xAPIC takes a new one,
+    /// which IPIs by ID then follow; this VMM's keeps the vCPU's index):
+    /// read-only and reserved ones included.
     fn write_anything(&self, rng: &mut Rng) -> Op {
         let offset = loop {
             let offset = rng.below(0x40) as u32 * 16;
-            if ![ICR, ICR_HIGH, SELF_IPI, TIMER_INITIAL].contains(&offset)
+            if ![ID, ICR, ICR_HIGH, SELF_IPI, TIMER_INITIAL].contains(&offset)
                 && !LVTS.contains(&offset)
             {
                 break offset;
@@ -534,18 +659,52 @@ mod tests {
 
     #[test]
     fn a_seed_gives_the_same_sequence_and_seeds_differ() {
-        let a = generate(7, Mode::X2apic, 0, 64);
-        assert_eq!(a, generate(7, Mode::X2apic, 0, 64));
-        assert_ne!(a, generate(8, Mode::X2apic, 0, 64));
-        assert_eq!(a.len(), 64 + 5, "set-up, the operations, the priority");
+        let a = generate(7, Mode::X2apic, 0, 4, 64);
+        assert_eq!(a, generate(7, Mode::X2apic, 0, 4, 64));
+        assert_ne!(a, generate(8, Mode::X2apic, 0, 4, 64));
+        let exchanges = a.iter().filter(|op| op.kind == Kind::Barrier).count();
+        assert_eq!(exchanges, 2 * EXCHANGES);
+        let ipis = a.len() - (64 + 5 + 2 * EXCHANGES);
+        assert!(
+            ipis <= 3 * EXCHANGES,
+            "set-up, the operations, the priority"
+        );
+    }
+
+    #[test]
+    fn every_vcpus_barriers_wait_for_all_and_ipis_stay_between_them() {
+        for seed in 0..200 {
+            for mode in [Mode::X2apic, Mode::Xapic] {
+                let ops = generate(seed, mode, 1, 3, 100);
+                let barriers: Vec<u64> = ops
+                    .iter()
+                    .filter(|op| op.kind == Kind::Barrier)
+                    .map(|op| op.value)
+                    .collect();
+                assert_eq!(barriers, [3, 6, 9, 12, 15, 18]);
+                let mut inside = false;
+                for op in &ops {
+                    match op.kind {
+                        Kind::Barrier => inside = !inside,
+                        _ if inside => assert!(
+                            matches!(op.kind, Kind::WriteMsr | Kind::WritePage),
+                            "only sends in an exchange: {op}"
+                        ),
+                        _ => {}
+                    }
+                }
+            }
+        }
     }
 
     #[test]
     fn sequences_never_raise_what_would_end_the_guest() {
         for seed in 0..500 {
             for mode in [Mode::X2apic, Mode::Xapic] {
-                let ops = generate(seed, mode, 3, 200);
+                let ops = generate(seed, mode, 3, 4, 200);
+                let mut exchange = false;
                 for (i, &op) in ops.iter().enumerate() {
+                    exchange ^= op.kind == Kind::Barrier;
                     let write = matches!(op.kind, Kind::WriteMsr | Kind::WritePage);
                     let offset = match op.kind {
                         Kind::WriteMsr if (0x800..0x840).contains(&op.register) => {
@@ -564,7 +723,7 @@ mod tests {
                     if offset == ICR {
                         let to_self = op.value & 0xC_0000 == 0x4_0000;
                         let to_own_id = op.value & 0xC_0000 == 0 && op.value >> 32 == 3;
-                        assert!(to_self || to_own_id, "{op}");
+                        assert!(exchange || to_self || to_own_id, "{op}");
                         assert_eq!(op.value & 0x700, 0, "fixed delivery: {op}");
                         assert_eq!(op.value & 0x8000, 0, "edge-triggered: {op}");
                     }

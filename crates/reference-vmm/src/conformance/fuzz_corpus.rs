@@ -25,7 +25,7 @@ use test_guests::x86::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE, XAPIC_BASE};
 use test_guests::x86::boot::phys_bits;
 
 use super::{Difference, Origin, first_difference, records};
-use crate::apic::{Action, Destination, LocalApic};
+use crate::apic::{Action, LocalApic};
 use crate::{Error, Irqchip};
 
 /// The committed answers, relative to the crate's directory: a line
@@ -167,12 +167,9 @@ pub fn ours(script: &[Op], phys_bits: u8) -> Vec<Record> {
     };
     let mut apic = LocalApic::new(0, time).with_phys_bits(phys_bits);
     let mut irr = [0u64; 4];
-    let post = |action, irr: &mut [u64; 4]| {
+    let post = |apic: &LocalApic, action, irr: &mut [u64; 4]| {
         if let Action::Ipi { vector, to } = action {
-            if matches!(
-                to,
-                Destination::SelfOnly | Destination::All | Destination::Physical(0)
-            ) {
+            if to.reaches(0, 0, apic.x2apic()) && apic.enabled() {
                 irr[usize::from(vector / 64)] |= 1 << (vector % 64);
             }
         }
@@ -183,10 +180,13 @@ pub fn ours(script: &[Op], phys_bits: u8) -> Vec<Record> {
         .map(|&op| {
             let outcome = match op.kind {
                 Kind::ReadMsr => outcome(apic.read(op.register, &irr, 0)),
-                Kind::WriteMsr => outcome(apic.write(op.register, op.value, 0).map(|action| {
-                    post(action, &mut irr);
-                    0
-                })),
+                Kind::WriteMsr => match apic.write(op.register, op.value, 0) {
+                    Ok(action) => {
+                        post(&apic, action, &mut irr);
+                        Outcome::Done(0)
+                    }
+                    Err(_) => Outcome::Faulted,
+                },
                 Kind::ReadPage => {
                     let mut word = [0; 4];
                     apic.mmio_read_bytes(op.register.into(), &mut word, &irr, 0);
@@ -194,13 +194,13 @@ pub fn ours(script: &[Op], phys_bits: u8) -> Vec<Record> {
                 }
                 Kind::WritePage => {
                     let word = (op.value as u32).to_le_bytes();
-                    post(
-                        apic.mmio_write_bytes(op.register.into(), &word, 0),
-                        &mut irr,
-                    );
+                    let action = apic.mmio_write_bytes(op.register.into(), &word, 0);
+                    post(&apic, action, &mut irr);
                     Outcome::Done(0)
                 }
-                Kind::OrMsr | Kind::Delay => Outcome::NotRun,
+                Kind::OrMsr | Kind::Delay | Kind::Barrier | Kind::WriteMsrAfterTsc => {
+                    Outcome::NotRun
+                }
             };
             Record { op, outcome }
         })

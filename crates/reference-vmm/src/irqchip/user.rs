@@ -184,6 +184,7 @@ impl IrqChip for UserIrqChip {
         };
         self.reanchor();
         self.apic.restore(apic, MonotonicClock.now_ns());
+        self.publish_apic_state();
         for vector in (0..=255u8).filter(|&v| irr[usize::from(v / 64)] & (1 << (v % 64)) != 0) {
             self.shared.irqs.post_local(self.vcpu, vector);
         }
@@ -275,9 +276,17 @@ impl UserIrqChip {
         self.lead.set_guest_time(time);
     }
 
+    /// Tells the VM which IPIs reach this vCPU now (after an SVR or
+    /// IA32_APIC_BASE write, a restore).
+    fn publish_apic_state(&self) {
+        let (enabled, x2apic) = (self.apic.enabled(), self.apic.x2apic());
+        self.shared.irqs.set_apic_state(self.vcpu, enabled, x2apic);
+    }
+
     /// Does what an APIC register write asks beyond the register: send an
     /// IPI, or re-arm the timer.
     fn apply(&mut self, action: Action) {
+        self.publish_apic_state();
         match action {
             Action::Ipi { vector, to } => {
                 self.shared.irqs.ipi(self.vcpu, vector, to);

@@ -67,6 +67,7 @@ impl Vm {
             })?;
         let bus = self.io_bus(output)?;
         let shared = Arc::new(self.share(bus));
+        publish_incoming_apics(&shared.irqs, &incoming);
         let tuner = match (self.config.irqchip, self.config.kvm_halt_poll) {
             (Irqchip::Kernel, KvmHaltPoll::Tuned) => {
                 Some(TunerThread::spawn(self.vm.clone(), &self.vcpus, None)?)
@@ -476,6 +477,16 @@ fn stop_all(shared: &VmShared, threads: &[JoinHandle<()>]) {
     for t in threads {
         // A thread that already returned cannot be kicked and needs no kick.
         let _ = kick::kick(t);
+    }
+}
+
+/// Which IPIs reach each incoming vCPU's APIC, before any vCPU runs: the
+/// first to start may send to one that has not restored its state yet.
+fn publish_incoming_apics(irqs: &Interrupts, incoming: &[Option<(ChipState, bool)>]) {
+    for (vcpu, state) in incoming.iter().enumerate() {
+        if let Some((ChipState::User { apic, .. }, _)) = state {
+            irqs.set_apic_state(vcpu, apic.enabled(), apic.x2apic);
+        }
     }
 }
 

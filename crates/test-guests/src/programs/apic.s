@@ -17,6 +17,8 @@ test_guests_apic_script:
 
 // Service `sys_apic_script`: runs rsi operations from rdi at CPL0 with
 // interrupts off, so that nothing the operations raise is taken meanwhile.
+// A barrier counts itself in at `acks` and waits until the count reaches
+// its value (the VMM zeroes it: fresh memory).
 // An operation is 4 u64s: kind (the guest sets bits 63:32 to a status: 1
 // done, 2 #GP), register (MSR index, or offset in the xAPIC page), value,
 // and what it read. A #GP from an operation's rdmsr or wrmsr resumes at
@@ -45,6 +47,10 @@ rt_sys_apic_script:
     je 6f
     cmp esi, {op_delay}
     je 7f
+    cmp esi, {op_barrier}
+    je 10f
+    cmp esi, {op_wrmsr_tsc}
+    je 11f
     mov dword ptr [r8 + 4], {status_faulted} // no such operation
     jmp 8f
 2:  call rt_script_rdmsr
@@ -81,6 +87,22 @@ rt_sys_apic_script:
     cmp rax, rcx
     jb 71b
     mov dword ptr [r8 + 4], {status_done}
+    jmp 8f
+10: mov rcx, {acks}                 // barrier: count in, wait for the value
+    lock inc qword ptr [rcx]
+101: pause
+    cmp [rcx], rax
+    jb 101b
+    mov dword ptr [r8 + 4], {status_done}
+    jmp 8f
+11: mov rsi, rax                    // wrmsr of the TSC now + the value
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    add rax, rsi
+    mov rdx, rax
+    shr rdx, 32
+    call rt_script_wrmsr
 8:  add r8, 32
     dec rbx
     jmp 1b

@@ -84,6 +84,8 @@ core::arch::global_asm!(
     op_mmio_read = const crate::apic_script::Kind::ReadPage as u32,
     op_mmio_write = const crate::apic_script::Kind::WritePage as u32,
     op_delay = const crate::apic_script::Kind::Delay as u32,
+    op_barrier = const crate::apic_script::Kind::Barrier as u32,
+    op_wrmsr_tsc = const crate::apic_script::Kind::WriteMsrAfterTsc as u32,
     status_done = const crate::apic_script::STATUS_DONE,
     status_faulted = const crate::apic_script::STATUS_FAULTED,
     msr_eoi = const apic::MSR_EOI,
