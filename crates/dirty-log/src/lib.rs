@@ -15,6 +15,9 @@
 //! - [`precopy`]: rounds that always clear before they copy;
 //!   [`copy_round_pipelined`] clears on a background thread, in bounded chunks.
 //! - [`DirtyEvents`] with the no-op [`NoEvents`], and [`DirtyStats`].
+//! - [`rate`]: [`DirtyRate`], pages dirtied per second per vCPU or slot, and
+//!   [`DirtyLimit`], a pause per writing vCPU that brings the rate to a
+//!   target.
 //!
 //! # Example
 //! ```
@@ -47,6 +50,7 @@ pub mod manual;
 #[doc(hidden)]
 pub mod perf;
 pub mod precopy;
+pub mod rate;
 #[cfg(feature = "kvm")]
 pub mod ring;
 pub mod slots;
@@ -71,6 +75,7 @@ pub use manual::{KvmManualProtect, ManualConfig};
 #[cfg(feature = "kvm")]
 pub use precopy::copy_round_pipelined;
 pub use precopy::{CopyRun, copy_round};
+pub use rate::{DEFAULT_HALF_LIFE, DirtyLimit, DirtyRate};
 #[cfg(feature = "kvm")]
 pub use ring::{KvmDirtyRing, RingFull, RingMode, enable_dirty_ring};
 pub use slots::{PAGE_SIZE, Slot, Slots, VmmWrites};

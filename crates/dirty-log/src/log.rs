@@ -41,6 +41,12 @@ impl DirtySet {
         self.slots.iter().map(|(_, b)| b.count()).sum()
     }
 
+    /// Dirty pages of each slot, in the slots' order: summed over harvests,
+    /// the per-slot counts a [`DirtyRate`](crate::DirtyRate) samples.
+    pub fn counts(&self) -> Vec<u64> {
+        self.slots.iter().map(|(_, b)| b.count()).collect()
+    }
+
     /// Marks every page clean.
     pub fn clear(&mut self) {
         self.slots.iter_mut().for_each(|(_, b)| b.clear());

@@ -105,6 +105,8 @@ struct Ring {
     /// [`Rings::resets`] when a ring-full exit of this vCPU last found
     /// nothing to collect (a harvest may have reset the ring just before).
     empty_full_exit: Option<u64>,
+    /// Entries taken off this ring since it was mapped.
+    taken: u64,
 }
 
 // SAFETY: the ring is a MAP_SHARED mapping owned by this value; it is only
@@ -146,13 +148,16 @@ impl Ring {
             len: bytes / ENTRY_BYTES,
             next: 0,
             empty_full_exit: None,
+            taken: 0,
         })
     }
 
     /// Takes every published entry, marking each reset; `place` gets each.
     fn collect(&mut self, place: impl FnMut(DirtyGfn, u32)) -> u32 {
         // SAFETY: `entries` maps `len` entries for as long as `self` lives.
-        unsafe { collect_entries(self.entries, self.len, &mut self.next, place) }
+        let taken = unsafe { collect_entries(self.entries, self.len, &mut self.next, place) };
+        self.taken += u64::from(taken);
+        taken
     }
 }
 
@@ -235,6 +240,13 @@ struct Rings {
     resets: u64,
 }
 
+impl Rings {
+    /// Each attached vCPU's index and the entries taken off its ring.
+    fn pages_by_vcpu(&self) -> Vec<(usize, u64)> {
+        self.rings.iter().map(|r| (r.vcpu, r.taken)).collect()
+    }
+}
+
 /// The dirty-ring backend.
 #[derive(Debug)]
 pub struct KvmDirtyRing<B: VmmWrites, E: DirtyEvents = NoEvents> {
@@ -272,6 +284,13 @@ impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
         let ring = Ring::map(index, vcpu, self.bytes)?;
         self.lock().rings.push(ring);
         Ok(())
+    }
+
+    /// Each attached vCPU's index and the pages its ring has reported since
+    /// it was attached (taken by harvests and by [`RingFull::drain`]): the
+    /// counts a [`DirtyRate`](crate::DirtyRate) per vCPU samples.
+    pub fn pages_by_vcpu(&self) -> Vec<(usize, u64)> {
+        self.lock().pages_by_vcpu()
     }
 
     /// A handle for vCPU threads: on `KVM_EXIT_DIRTY_RING_FULL`, call
@@ -345,6 +364,14 @@ impl std::fmt::Debug for RingFull {
 }
 
 impl RingFull {
+    /// As [`KvmDirtyRing::pages_by_vcpu`], from a vCPU thread.
+    pub fn pages_by_vcpu(&self) -> Vec<(usize, u64)> {
+        self.shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pages_by_vcpu()
+    }
+
     /// On vCPU `vcpu`'s `KVM_EXIT_DIRTY_RING_FULL`: takes every published
     /// entry into the next harvest and resets the rings, so the vCPU can run
     /// again.

@@ -14,8 +14,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use dirty_log::{
-    DirtyLog, DirtySet, DirtyStats, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig,
-    RingFull, Slots, copy_round, copy_round_pipelined, enable_dirty_ring,
+    DirtyLimit, DirtyLog, DirtyRate, DirtySet, DirtyStats, KvmBitmap, KvmDirtyRing,
+    KvmManualProtect, ManualConfig, RingFull, Slots, copy_round, copy_round_pipelined,
+    enable_dirty_ring,
 };
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
@@ -442,4 +443,62 @@ fn a_slow_clear_shrinks_the_chunk_so_no_single_call_stalls_long() {
         log.get(1).unwrap().is_clean(),
         "everything cleared, nothing written since"
     );
+}
+
+/// A vCPU writing flat out on the ring, measured by `DirtyRate` from the
+/// ring's per-vCPU counts, then held by `DirtyLimit` to a quarter of that
+/// rate by pauses at its ring-full exits: its rate falls to at most half.
+#[test]
+fn a_dirty_limit_slows_a_writer_through_its_ring_full_exits() {
+    if !kvm_available() {
+        return;
+    }
+    const RING: u32 = 64 << 10; // 4096 entries
+    let vm = WriterVm::new(DATA_BYTES, false, |vm| {
+        enable_dirty_ring(vm, RING)?;
+        Ok(())
+    })
+    .unwrap();
+    let mut vcpu = vm.vcpu(0, Writer::Sequential, 0, vm.data_pages()).unwrap();
+    let mut log = KvmDirtyRing::new(vm.vm.clone(), vm.slots().unwrap(), RING);
+    log.attach(0, &vcpu).unwrap();
+    let full = log.full_handler();
+    log.enable().unwrap();
+    let start = Instant::now();
+    let mut rate = DirtyRate::new(1, Duration::from_millis(50));
+    let mut limit = DirtyLimit::new(1, f64::INFINITY).with_max_pause(Duration::from_secs(1));
+    let pages = || full.pages_by_vcpu()[0].1;
+    // Runs the writer for `phase`, pausing as the limit says at each full
+    // ring; returns its pages per second over the phase's second half.
+    let mut run_for = |phase: Duration, limit: &mut DirtyLimit| {
+        let end = Instant::now() + phase;
+        let mut from = None;
+        while Instant::now() < end {
+            if run(&mut vcpu).unwrap() != Stop::RingFull {
+                continue;
+            }
+            full.drain(0).unwrap();
+            rate.observe(start.elapsed(), &[pages()]).unwrap();
+            limit.update(rate.rates()).unwrap();
+            thread::sleep(limit.pause(0));
+            if from.is_none() && Instant::now() + phase / 2 >= end {
+                from = Some((Instant::now(), pages()));
+            }
+        }
+        let (at, count) = from.expect("the ring filled in the phase's second half");
+        (pages() - count) as f64 / at.elapsed().as_secs_f64()
+    };
+    let free = run_for(Duration::from_millis(400), &mut limit);
+    assert_eq!(limit.pause(0), Duration::ZERO, "no limit, no pause");
+    limit.set_target(free / 4.0);
+    let held = run_for(Duration::from_millis(1200), &mut limit);
+    eprintln!(
+        "free {free:.0} pages/s, held to {:.0}: {held:.0}",
+        free / 4.0
+    );
+    assert!(
+        held > 0.0 && held <= free / 2.0,
+        "free {free:.0}, held {held:.0}"
+    );
+    assert!(limit.pause(0) > Duration::ZERO);
 }
