@@ -8,9 +8,12 @@
 //! downtime a stop-and-copy would take now. [`DirtyLimit`] is QEMU's
 //! dirty-limit (8.1) idea: given a target rate for the whole VM, it tells the
 //! VMM how long each vCPU that writes faster than its share should pause,
-//! at its ring-full exit, so that only the vCPUs that write pay. A vCPU
-//! that writes nothing is never given a pause. Per-vCPU rates need the
-//! dirty ring: bitmaps say which pages were written, not by whom.
+//! at its next exit, so that only the vCPUs that write pay: a ring-full
+//! exit, or one the VMM forces (a VMM that harvests the rings often, as a
+//! pre-copy does, empties them before they fill; the reference VMM kicks
+//! the paused vCPUs once a round). A vCPU that writes nothing is never
+//! given a pause. Per-vCPU rates need the dirty ring: bitmaps say which
+//! pages were written, not by whom.
 //!
 //! Both are plain data driven by the caller's clock, so a fake one tests
 //! them.
@@ -106,8 +109,9 @@ const MAX_STEP: f64 = 4.0;
 /// changes.
 const TOLERANCE: f64 = 0.1;
 
-/// How long each vCPU should pause at its next ring-full exit, so that the
-/// VM's dirty rate comes down to a target.
+/// How long each vCPU should pause at its next exit (after each
+/// [`update`](Self::update)), so that the VM's dirty rate comes down to a
+/// target.
 ///
 /// Each [`update`](Self::update) shares the target among the vCPUs by
 /// water-filling (a vCPU writing below an equal share keeps its rate and

@@ -229,6 +229,7 @@ fn move_with(
         after: AFTER,
         max_rounds: MAX_ROUNDS,
         max_precopy: MAX_PRECOPY,
+        dirty_limit: false,
         ..MigrateOptions::default()
     };
     let config = VmConfig {

@@ -126,6 +126,12 @@ impl VcpuRunner {
                     }
                 }
             }
+            // A dirty limit: this vCPU writes faster than its share.
+            let pause = shared.moving.dirty_pauses.take(vcpu);
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
+                continue;
+            }
             if self.halted {
                 match chip.halt() {
                     true => self.halted = false,

@@ -151,6 +151,94 @@ moves_everywhere_tests! {
     the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Ring
 }
 
+/// The migration guest writing flat out over 64 MiB per vCPU: no round of
+/// pre-copy fits a 5 ms downtime.
+fn flat_out(irqchip: Irqchip) -> VmConfig {
+    let mut config = VmConfig {
+        mem_mib: 256,
+        ..config(irqchip)
+    };
+    config.params[0] = 16_384;
+    config.params[2] = 0;
+    config
+}
+
+/// With the ring, past its rounds, pre-copy goes on under the dirty limit
+/// (the vCPUs pause at their full rings) until a round fits the downtime,
+/// and the guest moves byte for byte.
+#[test]
+fn a_writer_too_fast_for_pre_copy_converges_under_the_dirty_limit() {
+    if !kvm_available("a_writer_too_fast_for_pre_copy_converges_under_the_dirty_limit") {
+        return;
+    }
+    let options = MigrateOptions {
+        backend: DirtyLogBackend::Ring,
+        after: Duration::from_millis(100),
+        downtime: Duration::from_millis(5),
+        max_rounds: 3,
+        max_precopy: MAX_PRECOPY,
+        progress: true,
+        timeout: Duration::from_secs(30),
+        ..MigrateOptions::default()
+    };
+    let config = VmConfig {
+        dirty_ring: options.dirty_ring(),
+        ..flat_out(Irqchip::User)
+    };
+    let program = test_guests::find("migrate").unwrap();
+    let moved = move_in_process(&config, program, options, &socket("limit"), true).unwrap();
+    let m = &moved.migration;
+    eprintln!("{m}");
+    assert!(m.converged && m.limited_rounds > 0, "{m}");
+    assert_eq!(moved.differing, Some(0), "{m}");
+    assert!(moved.destination.vcpus.iter().all(|v| v.finished));
+}
+
+/// A migration that runs past its time limit gives up: the error says so
+/// and the guest runs on to its end at the source.
+#[test]
+fn a_migration_past_its_time_limit_aborts_and_the_guest_runs_on_here() {
+    if !kvm_available("a_migration_past_its_time_limit_aborts_and_the_guest_runs_on_here") {
+        return;
+    }
+    let options = MigrateOptions {
+        backend: DirtyLogBackend::Manual,
+        after: Duration::from_millis(100),
+        downtime: Duration::from_micros(1),
+        timeout: Duration::from_millis(300),
+        ..MigrateOptions::default()
+    };
+    let mut config = flat_out(Irqchip::Kernel);
+    config.params[4] = 0; // the run's length from its start: no move ends
+    config.params[1] /= 2;
+    let mut vm = Vm::new(&config).unwrap();
+    let listener = socket("timeout").listen().unwrap();
+    let address = listener.address().unwrap();
+    let sink = std::thread::spawn(move || {
+        // Reads what comes until the source stops sending.
+        let mut input = listener.accept_stream().unwrap();
+        if input.config().is_ok() {
+            while !matches!(input.next_record(), Ok(migration::Record::End) | Err(_)) {}
+        }
+    });
+    let moving =
+        migration::Migration::prepare(&mut vm, migration::Target::Peer(address), options).unwrap();
+    let (tx, migrated) = std::sync::mpsc::channel();
+    vm.on_start(Box::new(move |control| {
+        let _ = tx.send(moving.run(control));
+    }));
+    let program = test_guests::find("migrate").unwrap();
+    let report = vm.run(program, Box::new(std::io::sink())).unwrap();
+    let result = migrated.recv().unwrap();
+    assert!(
+        matches!(result, Err(migration::MigrationError::TimedOut(t)) if t == Duration::from_millis(300)),
+        "{result:?}"
+    );
+    assert!(!report.handed_over, "{report}");
+    assert!(report.vcpus.iter().all(|v| v.finished), "{report}");
+    sink.join().unwrap();
+}
+
 #[test]
 fn a_halted_vcpu_moves_halted_and_wakes_on_an_ipi_sent_after_the_move() {
     if !kvm_available("a_halted_vcpu_moves_halted_and_wakes_on_an_ipi_sent_after_the_move") {

@@ -30,6 +30,7 @@ pub mod pause;
 pub mod source;
 pub mod state;
 pub mod stream;
+mod throttle;
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -46,6 +47,7 @@ pub use local::{Moved, move_in_process};
 pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Target};
 pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};
+pub(crate) use throttle::VcpuPauses;
 
 impl From<crate::Error> for MigrationError {
     fn from(e: crate::Error) -> Self {
@@ -111,6 +113,10 @@ pub enum MigrationError {
     /// A VM of the migration failed: created, prepared or run.
     #[error(transparent)]
     Vm(Box<crate::Error>),
+    /// Pre-copy ran past the migration's time limit: the guest runs on
+    /// here.
+    #[error("the migration ran past its {} ms limit; the guest runs on here", .0.as_millis())]
+    TimedOut(Duration),
     /// The stream names a guest program this build does not have.
     #[error("the stream's guest program {0:?} is not one this reference-vmm has")]
     UnknownGuest(String),

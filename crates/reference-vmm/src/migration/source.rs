@@ -17,6 +17,7 @@ use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
+use super::throttle::Throttle;
 use super::{Address, Connection, MigrationError, VcpuState, read_answer};
 use crate::memory::VmMemory;
 use crate::vm::{RunControl, Vm};
@@ -65,6 +66,17 @@ pub struct MigrateOptions {
     /// whatever the rounds left: a guest that dirties faster than the copy
     /// would otherwise keep it going for every round allowed.
     pub max_precopy: Duration,
+    /// With the dirty ring: once pre-copy reaches `max_rounds` or
+    /// `max_precopy` without fitting the downtime, go on with a dirty limit
+    /// (dirty-log's `DirtyLimit`: the vCPUs that write pause at their
+    /// ring-full exits), halving its target each round until a round fits.
+    /// Without the ring, or without this, the stop-and-copy starts there.
+    pub dirty_limit: bool,
+    /// The migration gives up after this long, the guest running on here.
+    pub timeout: Duration,
+    /// Print each pre-copy round on stderr: its pages, the dirty rate, the
+    /// limit.
+    pub progress: bool,
 }
 
 impl Default for MigrateOptions {
@@ -75,15 +87,27 @@ impl Default for MigrateOptions {
             downtime: Duration::from_millis(20),
             max_rounds: 30,
             max_precopy: Duration::from_secs(60),
+            dirty_limit: true,
+            timeout: Duration::from_secs(300),
+            progress: false,
         }
     }
 }
 
+/// The ring under a dirty limit: 4096 entries, so that a pause at each
+/// full ring (at most 100 ms) can hold a vCPU to about 41 000 pages a
+/// second (QEMU's dirty-limit also wants a small ring).
+const LIMIT_RING_BYTES: u32 = 64 << 10;
+
 impl MigrateOptions {
     /// The `VmConfig::dirty_ring` the backend needs (the ring must exist
-    /// before the vCPUs).
+    /// before the vCPUs): smaller with the dirty limit on.
     pub fn dirty_ring(&self) -> Option<u32> {
-        (self.backend == DirtyLogBackend::Ring).then_some(RING_BYTES)
+        let bytes = match self.dirty_limit {
+            true => LIMIT_RING_BYTES,
+            false => RING_BYTES,
+        };
+        (self.backend == DirtyLogBackend::Ring).then_some(bytes)
     }
 }
 
@@ -101,6 +125,11 @@ pub struct MigrationReport {
     /// Whether pre-copy stopped because a round fit the downtime target
     /// (not at its round or time limit).
     pub converged: bool,
+    /// Pre-copy rounds run under the dirty limit.
+    pub limited_rounds: u32,
+    /// The guest's dirty rate at the last pre-copy round, pages per second
+    /// (the ring's per-vCPU counts, else the round's pages over its time).
+    pub dirty_rate: u64,
     /// Whether it was a snapshot (no pre-copy: every page written with the
     /// guest paused).
     pub snapshot: bool,
@@ -124,9 +153,13 @@ impl fmt::Display for MigrationReport {
         }
         write!(
             f,
-            "migration: {} round(s){}, {} pages sent ({} with the guest paused, {} vCPU(s) \
-             halted), {:.1} ms in all, downtime {:.3} ms",
+            "migration: {} round(s){}{}, {} pages sent ({} with the guest paused, {} vCPU(s) \
+             halted), dirtied at {} pages/s, {:.1} ms in all, downtime {:.3} ms",
             self.rounds,
+            match self.limited_rounds {
+                0 => String::new(),
+                n => format!(" ({n} under the dirty limit)"),
+            },
             if self.converged {
                 ""
             } else {
@@ -135,6 +168,7 @@ impl fmt::Display for MigrationReport {
             self.pages_sent,
             self.final_pages,
             self.halted,
+            self.dirty_rate,
             self.total.as_secs_f64() * 1e3,
             self.downtime.as_secs_f64() * 1e3
         )
@@ -215,6 +249,8 @@ struct Copier {
     log: Log,
     options: MigrateOptions,
     memory: VmMemory,
+    /// The dirty rate per vCPU and the limit (dirty ring only).
+    throttle: Option<Throttle>,
 }
 
 impl Migration {
@@ -230,6 +266,7 @@ impl Migration {
         let target = target.open()?;
         let memory = vm.memory();
         let slots = vm.dirty_slots()?;
+        let mut throttle = None;
         let log = match options.backend {
             DirtyLogBackend::Bitmap => Log::Plain(Box::new(KvmBitmap::new(vm.vm_fd(), slots))),
             DirtyLogBackend::Manual => Log::Manual(KvmManualProtect::new(
@@ -238,11 +275,13 @@ impl Migration {
                 ManualConfig::default(),
             )?),
             DirtyLogBackend::Ring => {
-                let ring = KvmDirtyRing::new(vm.vm_fd(), slots, RING_BYTES);
+                let bytes = vm.dirty_ring_bytes().unwrap_or(RING_BYTES);
+                let ring = KvmDirtyRing::new(vm.vm_fd(), slots, bytes);
                 for (i, fd) in vm.vcpu_fds().iter().enumerate() {
                     ring.attach(i, fd)?;
                 }
                 vm.set_ring_full(ring.full_handler());
+                throttle = Some(Throttle::new(ring.full_handler(), vm.dirty_pauses()));
                 Log::Plain(Box::new(ring))
             }
         };
@@ -251,6 +290,7 @@ impl Migration {
                 log,
                 options,
                 memory,
+                throttle,
             },
             target,
         })
@@ -262,6 +302,9 @@ impl Migration {
     pub fn run(self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
         let Self { mut copier, target } = self;
         let moved = copier.move_vm(control, target);
+        if let Some(throttle) = &copier.throttle {
+            throttle.release();
+        }
         if moved.is_err() {
             copier.log.disable();
             // The guest runs on here; one that waits for the move may go on.
@@ -288,7 +331,8 @@ impl Copier {
             Opened::Peer(connection) => {
                 let mut out =
                     StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, connection))?;
-                let (report, paused) = self.send(control, &mut out, true)?;
+                let precopy = Some(start + self.options.timeout);
+                let (report, paused) = self.send(control, &mut out, precopy)?;
                 let answered = read_answer(out.get_mut().get_mut());
                 (report, paused, answered)
             }
@@ -318,26 +362,27 @@ impl Copier {
         file: File,
     ) -> Result<(MigrationReport, Instant, Result<(), MigrationError>), MigrationError> {
         let mut out = StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, file))?;
-        let (mut report, paused) = self.send(control, &mut out, false)?;
+        let (mut report, paused) = self.send(control, &mut out, None)?;
         report.snapshot = true;
         let synced = out.get_mut().get_ref().sync_all().map_err(StreamError::Io);
         Ok((report, paused, synced.map_err(MigrationError::from)))
     }
 
-    /// Sends the whole stream, pre-copy first if `precopy`; returns with the
-    /// guest paused, or resumed and an error.
+    /// Sends the whole stream, pre-copy first if given its deadline;
+    /// returns with the guest paused, or resumed and an error.
     fn send<W: Write>(
         &mut self,
         control: &RunControl,
         out: &mut StreamWriter<W>,
-        precopy: bool,
+        precopy: Option<Instant>,
     ) -> Result<(MigrationReport, Instant), MigrationError> {
         out.config(control.description())?;
         let mut report = MigrationReport::default();
-        if precopy {
+        if let Some(deadline) = precopy {
             self.log.enable()?;
-            self.precopy(out, &mut report)?;
+            self.precopy(control, out, &mut report, deadline)?;
         }
+        let precopy = precopy.is_some();
         let states = control.pause(PAUSE_TIMEOUT)?;
         let paused = Instant::now();
         report.halted = states.iter().filter(|s| s.is_halted()).count();
@@ -354,31 +399,80 @@ impl Copier {
         }
     }
 
-    /// Rounds while the guest runs; returns the pages sent.
+    /// Rounds while the guest runs, until one fits the downtime; past the
+    /// round or time limit, under a tightening dirty limit where there is
+    /// one; an error at `deadline`.
     fn precopy<W: Write>(
         &mut self,
+        control: &RunControl,
         out: &mut StreamWriter<W>,
         report: &mut MigrationReport,
+        deadline: Instant,
     ) -> Result<(), MigrationError> {
         let began = Instant::now();
         if !self.log.first_round_is_full() {
             report.pages_sent += self.send_all(out)?;
             report.rounds += 1;
         }
-        while report.rounds < self.options.max_rounds && began.elapsed() < self.options.max_precopy
-        {
+        loop {
+            if Instant::now() >= deadline {
+                return Err(MigrationError::TimedOut(self.options.timeout));
+            }
+            let limited = report.rounds >= self.options.max_rounds
+                || began.elapsed() >= self.options.max_precopy;
+            if limited && (!self.options.dirty_limit || self.throttle.is_none()) {
+                return Ok(());
+            }
+            if limited {
+                self.throttle.as_mut().map(Throttle::tighten);
+            }
+            let under_limit = self.throttle.as_ref().and_then(Throttle::target).is_some();
             let start = Instant::now();
             let pages = self.dirty_round(out)?;
+            let took = start.elapsed();
             report.rounds += 1;
             report.pages_sent += pages;
+            report.limited_rounds += u32::from(under_limit);
+            report.dirty_rate = self.dirty_rate(pages, took, control);
+            self.print_round(report, pages, took);
             // The final round, with the guest paused, will be about as big
             // as this one: once this one fit the downtime, so will that.
-            if pages == 0 || start.elapsed() <= self.options.downtime {
+            if pages == 0 || took <= self.options.downtime {
                 report.converged = true;
-                break;
+                return Ok(());
             }
         }
-        Ok(())
+    }
+
+    /// The guest's pages per second now: the ring's per-vCPU counts, else
+    /// a round's `pages` over the time it `took`. Under the dirty limit,
+    /// the vCPUs given a pause are kicked out of the guest to take it.
+    fn dirty_rate(&mut self, pages: u64, took: Duration, control: &RunControl) -> u64 {
+        let Some(throttle) = &mut self.throttle else {
+            return (pages as f64 / took.as_secs_f64().max(1e-9)) as u64;
+        };
+        let (rate, pausing) = throttle.observe();
+        if pausing {
+            control.kick_all();
+        }
+        rate as u64
+    }
+
+    /// A pre-copy round on stderr, with `progress`.
+    fn print_round(&self, report: &MigrationReport, pages: u64, took: Duration) {
+        if !self.options.progress {
+            return;
+        }
+        let limit = match self.throttle.as_ref().and_then(Throttle::target) {
+            Some(target) => format!(", dirty limit {target:.0} pages/s"),
+            None => String::new(),
+        };
+        eprintln!(
+            "round {}: {pages} pages in {:.1} ms, dirtied at {} pages/s{limit}",
+            report.rounds,
+            took.as_secs_f64() * 1e3,
+            report.dirty_rate
+        );
     }
 
     /// The last dirty pages (all memory for a snapshot) and every vCPU's state.

@@ -46,6 +46,7 @@ pub struct Vm {
     devices: Vec<(u16, u16, Arc<dyn PioDevice>)>,
     domain: Arc<rcu_qs::Domain>,
     ring_full: Option<dirty_log::RingFull>,
+    dirty_pauses: Arc<crate::migration::VcpuPauses>,
     state_support: Arc<StateSupport>,
     /// The vCPUs' MAXPHYADDR, as their CPUID reports it.
     phys_bits: u8,
@@ -109,6 +110,7 @@ impl Vm {
             devices: Vec::new(),
             domain: Arc::new(rcu_qs::Domain::new()),
             ring_full: None,
+            dirty_pauses: Arc::new(crate::migration::VcpuPauses::new(vcpus as usize)),
             state_support,
             phys_bits: test_guests::x86::boot::phys_bits(&cpuid),
             controller: None,
@@ -158,6 +160,17 @@ impl Vm {
     /// What vCPU threads do on `KVM_EXIT_DIRTY_RING_FULL`: drain the rings.
     pub fn set_ring_full(&mut self, handler: dirty_log::RingFull) {
         self.ring_full = Some(handler);
+    }
+
+    /// Each vCPU's dirty ring, bytes, if the VM has one
+    /// ([`VmConfig::dirty_ring`]).
+    pub fn dirty_ring_bytes(&self) -> Option<u32> {
+        self.config.dirty_ring
+    }
+
+    /// The pauses vCPU threads take at their next exit (a dirty limit).
+    pub(crate) fn dirty_pauses(&self) -> Arc<crate::migration::VcpuPauses> {
+        self.dirty_pauses.clone()
     }
 
     /// The RCU domain whose readers the vCPU threads will be: a writer may

@@ -236,6 +236,7 @@ impl Vm {
             pause: crate::migration::pause::PauseGate::new(self.vcpus.len()),
             state_support: self.state_support.clone(),
             ring_full: self.ring_full.take(),
+            dirty_pauses: self.dirty_pauses.clone(),
         };
         VmShared::new(self.memory.clone(), devices, rcu, irqs, apic, moving)
     }
@@ -320,6 +321,12 @@ impl RunControl {
             shared,
             description,
         }
+    }
+
+    /// Kicks every vCPU out of the guest, so each looks at its requests
+    /// (a dirty limit's pause) before it enters again.
+    pub(crate) fn kick_all(&self) {
+        self.shared.irqs.kick_all();
     }
 
     /// What a destination needs to create the VM.

@@ -198,6 +198,17 @@ struct MigrateArgs {
         requires = "migrate_to"
     )]
     max_precopy_ms: u64,
+    /// With --dirty-log ring, past --max-rounds or --max-precopy-ms, go on
+    /// without a dirty limit on the writing vCPUs: stop and copy at once
+    #[arg(long, requires = "migrate_to")]
+    no_dirty_limit: bool,
+    /// Give up the migration after this long, the guest running on here
+    #[arg(long, value_name = "MS", default_value_t = 300_000, requires = "migrate_to",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    migrate_timeout_ms: u64,
+    /// Print each pre-copy round on stderr: pages, dirty rate, limit
+    #[arg(long, requires = "migrate_to")]
+    migrate_progress: bool,
 }
 
 impl MigrateArgs {
@@ -216,6 +227,9 @@ impl MigrateArgs {
             downtime: Duration::from_millis(self.downtime_ms),
             max_rounds: self.max_rounds,
             max_precopy: Duration::from_millis(self.max_precopy_ms),
+            dirty_limit: !self.no_dirty_limit,
+            timeout: Duration::from_millis(self.migrate_timeout_ms),
+            progress: self.migrate_progress,
         }
     }
 }
