@@ -446,6 +446,30 @@ fn snapshot_file(name: &str) -> PathBuf {
 }
 
 #[test]
+fn a_snapshot_is_never_written_through_a_symbolic_link() {
+    if !kvm_available("a_snapshot_is_never_written_through_a_symbolic_link") {
+        return;
+    }
+    let victim = snapshot_file("victim");
+    std::fs::write(&victim, b"mine").unwrap();
+    let link = snapshot_file("link");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let out = source(&["--snapshot-to", link.to_str().unwrap()])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("a snapshot is never written through one"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"mine");
+    std::fs::remove_file(link).unwrap();
+    std::fs::remove_file(victim).unwrap();
+}
+
+#[test]
 fn a_snapshot_restores_and_runs_on_and_damaged_ones_are_refused() {
     if !kvm_available("a_snapshot_restores_and_runs_on_and_damaged_ones_are_refused") {
         return;
@@ -460,6 +484,8 @@ fn a_snapshot_restores_and_runs_on_and_damaged_ones_are_refused() {
         "{}",
         text(&saved.stdout)
     );
+    let mode = std::os::unix::fs::PermissionsExt::mode(&file.metadata().unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "guest memory for its owner alone");
     let restored = vmm().arg("restore").arg(&file).output().unwrap();
     assert_guest_checked(&restored, "restore");
 
@@ -735,6 +761,70 @@ fn a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused() {
         e.to_string(),
         "vCPU 0's state is for the other interrupt controller than the VM's (user)"
     );
+}
+
+/// A stream that is whole and checksummed but carries what no VM may be
+/// ends with a clear error, and no VM runs: absurd memory or vCPU counts, a
+/// page past the end of memory, a vCPU past the VM, a vCPU state KVM
+/// refuses.
+#[test]
+fn hostile_streams_with_valid_checksums_end_in_a_clear_error() {
+    if !kvm_available("hostile_streams_with_valid_checksums_end_in_a_clear_error") {
+        return;
+    }
+    let vm = |vcpus, mem_mib| VmDescription {
+        program: "hello".into(),
+        vcpus,
+        mem_mib,
+        params: [0; 16],
+        irqchip: Irqchip::Kernel,
+        min_timer_period_ns: 200_000,
+        tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
+    };
+    let state = |index| VcpuState {
+        index,
+        halted: false,
+        captured_at_ns: 0,
+        regs: Default::default(),
+        sregs: Default::default(),
+        xsave: Box::default(),
+        xcrs: Default::default(),
+        events: Default::default(),
+        mp_state: 0,
+        msrs: Vec::new(),
+        chip: ChipState::Kernel(Box::default()),
+    };
+    let mut bad_sregs = state(0);
+    bad_sregs.sregs.cr0 = u64::MAX; // reserved bits: KVM_SET_SREGS refuses
+    let page = vec![0xAB; 4096];
+    let cases: [(VmDescription, Vec<(u64, VcpuState)>, &str); 5] = [
+        (vm(1, 1 << 40), vec![], "memory"),
+        (vm(100_000, 64), vec![], "vCPU"),
+        (vm(1, 64), vec![(64 << 20, state(0))], "reach past"),
+        (vm(1, 64), vec![(0, state(3))], "vCPU 3"),
+        (vm(1, 64), vec![(0, bad_sregs)], "KVM_SET_SREGS"),
+    ];
+    for (description, records, error) in cases {
+        let mut out = StreamWriter::new(Vec::new()).unwrap();
+        out.config(&description).unwrap();
+        for (gpa, state) in &records {
+            // A write the writer refuses is a record the reader would too.
+            if out.pages(*gpa, &page).is_err() {
+                continue;
+            }
+            out.vcpu(state).unwrap();
+        }
+        let _ = out.end();
+        let bytes = std::mem::take(out.get_mut());
+        let result = StreamReader::new(&bytes[..])
+            .map_err(migration::MigrationError::from)
+            .and_then(|mut input| migration::receive(&mut input, &VmConfig::default()));
+        let Err(e) = result else {
+            panic!("{description:?} was accepted")
+        };
+        eprintln!("{error}: {e}");
+        assert!(e.to_string().contains(error), "{error}: {e}");
+    }
 }
 
 #[test]

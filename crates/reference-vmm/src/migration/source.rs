@@ -228,7 +228,7 @@ impl Target {
     fn open(&self) -> Result<Opened, MigrationError> {
         match self {
             Self::Peer(address) => address.connect().map(Opened::Peer),
-            Self::File(path) => File::create(path)
+            Self::File(path) => create_snapshot(path)
                 .map(|f| Opened::File(f, path.clone()))
                 .map_err(|source| MigrationError::CreateSnapshot {
                     path: path.clone(),
@@ -236,6 +236,30 @@ impl Target {
                 }),
         }
     }
+}
+
+/// The snapshot file, readable and writable by its owner alone (it holds
+/// all guest memory), and never opened through a symbolic link: a link
+/// planted where the snapshot goes cannot redirect the write.
+fn create_snapshot(path: &std::path::Path) -> std::io::Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => std::io::Error::new(
+                e.kind(),
+                "it is a symbolic link, and a snapshot is never written through one",
+            ),
+            _ => e,
+        })?;
+    // An existing file keeps its mode on open.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(file)
 }
 
 /// A migration of one VM, set up before it runs and driven beside it.
