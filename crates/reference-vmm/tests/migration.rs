@@ -797,7 +797,9 @@ fn hostile_streams_with_valid_checksums_end_in_a_clear_error() {
     let mut bad_sregs = state(0);
     bad_sregs.sregs.cr0 = u64::MAX; // reserved bits: KVM_SET_SREGS refuses
     let page = vec![0xAB; 4096];
-    let cases: [(VmDescription, Vec<(u64, VcpuState)>, &str); 5] = [
+    // The VM, its pages' addresses with a vCPU state after each, the error.
+    type Hostile = (VmDescription, Vec<(u64, VcpuState)>, &'static str);
+    let cases: [Hostile; 5] = [
         (vm(1, 1 << 40), vec![], "memory"),
         (vm(100_000, 64), vec![], "vCPU"),
         (vm(1, 64), vec![(64 << 20, state(0))], "reach past"),
