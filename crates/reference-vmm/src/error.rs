@@ -151,6 +151,9 @@ pub enum Error {
 /// A configuration that cannot work, with the accepted values.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// The guest was to have CPU features this host's KVM does not offer.
+    #[error("this host's CPU lacks what the guest was given: {}", .0.join(", "))]
+    MissingCpuFeatures(Vec<String>),
     /// A machine the guest kit's layout does not fit (vCPUs, memory), or
     /// more vCPUs than KVM allows.
     #[error(transparent)]

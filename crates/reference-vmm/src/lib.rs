@@ -45,6 +45,7 @@
 
 mod apic;
 pub mod conformance;
+pub mod cpu_features;
 pub mod devices;
 mod error;
 mod exit;
@@ -66,6 +67,7 @@ mod stop;
 mod vcpu;
 mod vm;
 
+pub use cpu_features::CpuFeatures;
 pub use error::{ConfigError, Error, RegisterDump};
 pub use exit::{MAX_REPORTS, VcpuError};
 pub use fault::GuestFault;

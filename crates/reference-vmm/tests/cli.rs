@@ -327,3 +327,59 @@ fn conformance_reports_agreement_or_a_summary_of_differences() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "");
 }
+
+#[test]
+fn a_cpu_baseline_of_hosts_limits_the_guest_and_names_what_this_host_lacks() {
+    if !kvm_available("a_cpu_baseline_of_hosts_limits_the_guest_and_names_what_this_host_lacks") {
+        return;
+    }
+    let out = vmm(&["cpu-features"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let host = text(&out.stdout);
+    assert_eq!(host.lines().count(), 10, "{host}");
+    let dir = std::env::temp_dir();
+    let file = |name: &str, body: &str| {
+        let path = dir.join(format!("rvmm-{}-{name}.cpu", std::process::id()));
+        std::fs::write(&path, body).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let this = file("this", &host);
+    // Another host with one feature more, and one with a feature less.
+    let with = |word: &str, value: &str| -> String {
+        host.lines()
+            .map(|l| match l.starts_with(word) {
+                true => format!("{word} {value}\n"),
+                false => format!("{l}\n"),
+            })
+            .collect()
+    };
+    let more = file("more", &with("0x80000001 0 edx", "0xffffffff"));
+    let fewer = file("fewer", &with("0x1 0 ecx", "0x0"));
+    let run = |baselines: &[&str]| {
+        let mut args = vec!["run", "--guest", "hello"];
+        for b in baselines {
+            args.extend(["--cpu-baseline", b]);
+        }
+        vmm(&args)
+    };
+    assert!(run(&[&this]).status.success());
+    assert!(run(&[&this, &fewer]).status.success(), "the intersection");
+    let out = run(&[&more]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("this host's CPU lacks what the guest was given"),
+        "{}",
+        text(&out.stderr)
+    );
+    let bad = file("bad", "0x7 0 ebx\n");
+    let out = run(&[&bad]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("want `leaf subleaf register value`"),
+        "{}",
+        text(&out.stderr)
+    );
+    for f in [this, more, fewer, bad] {
+        std::fs::remove_file(f).unwrap();
+    }
+}

@@ -19,7 +19,7 @@ use reference_vmm::migration::{
     VcpuState, VmDescription, move_in_process,
 };
 use reference_vmm::presets::Choices;
-use reference_vmm::{Boot, Vm, VmConfig};
+use reference_vmm::{Boot, CpuFeatures, Vm, VmConfig};
 use vm_memory::{Bytes, GuestAddress};
 
 const VCPUS: u32 = 2;
@@ -734,6 +734,7 @@ fn a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused() {
         irqchip: Irqchip::User,
         min_timer_period_ns: 200_000,
         tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
+        cpu_features: CpuFeatures::of_this_host().unwrap(),
     };
     let state = VcpuState {
         index: 0,
@@ -780,6 +781,7 @@ fn hostile_streams_with_valid_checksums_end_in_a_clear_error() {
         irqchip: Irqchip::Kernel,
         min_timer_period_ns: 200_000,
         tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
+        cpu_features: CpuFeatures::of_this_host().unwrap(),
     };
     let state = |index| VcpuState {
         index,
@@ -827,6 +829,51 @@ fn hostile_streams_with_valid_checksums_end_in_a_clear_error() {
         eprintln!("{error}: {e}");
         assert!(e.to_string().contains(error), "{error}: {e}");
     }
+}
+
+/// A destination whose CPU lacks a feature the guest was given refuses the
+/// guest, naming the feature, before the hand-over.
+#[test]
+fn a_guest_given_a_feature_this_host_lacks_is_refused_by_name() {
+    if !kvm_available("a_guest_given_a_feature_this_host_lacks_is_refused_by_name") {
+        return;
+    }
+    let host = CpuFeatures::of_this_host().unwrap();
+    // Every feature of leaf 7's EBX: this host lacks some (none has all).
+    let text: String = host
+        .to_string()
+        .lines()
+        .map(|l| match l.starts_with("0x7 0 ebx") {
+            true => "0x7 0 ebx 0xffffffff\n".to_string(),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    let more: CpuFeatures = text.parse().unwrap();
+    let missing = more.missing_from(&host);
+    assert!(!missing.is_empty());
+    let description = VmDescription {
+        program: "hello".into(),
+        vcpus: 1,
+        mem_mib: 64,
+        params: [0; 16],
+        irqchip: Irqchip::Kernel,
+        min_timer_period_ns: 200_000,
+        tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
+        cpu_features: more,
+    };
+    let mut out = StreamWriter::new(Vec::new()).unwrap();
+    out.config(&description).unwrap();
+    let bytes = std::mem::take(out.get_mut());
+    let mut input = StreamReader::new(&bytes[..]).unwrap();
+    let Err(e) = migration::receive(&mut input, &VmConfig::default()) else {
+        panic!("a guest with features this host lacks was accepted")
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("this host's CPU lacks what the guest was given"),
+        "{e}"
+    );
+    assert!(e.contains(&missing[0]), "{e}");
 }
 
 #[test]

@@ -45,6 +45,7 @@ pub fn receive<R: Read>(
         dirty_ring: None,
         irqchip: description.irqchip,
         min_timer_period: Duration::from_nanos(description.min_timer_period_ns),
+        cpu_features: Some(description.cpu_features),
         ..config.clone()
     };
     let restore_error = |e| MigrationError::Restore(Box::new(e));

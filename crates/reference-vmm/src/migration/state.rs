@@ -24,6 +24,8 @@ use crate::policies::Irqchip;
 use test_guests::layout::PARAMS;
 use test_guests::layout::{check_mem_mib, check_vcpus};
 
+use crate::cpu_features::{CpuFeatures, FEATURE_WORDS};
+
 /// IA32_TSC.
 const MSR_TSC: u32 = 0x10;
 
@@ -45,6 +47,9 @@ pub struct VmDescription {
     pub min_timer_period_ns: u64,
     /// The guest's TSC frequency, kHz.
     pub tsc_khz: u32,
+    /// The CPU features the guest was given: a destination that lacks one
+    /// refuses the guest, naming it, before the source lets go.
+    pub cpu_features: CpuFeatures,
 }
 
 impl VmDescription {
@@ -59,6 +64,9 @@ impl VmDescription {
             Irqchip::Kernel => 1,
         });
         e.u64(self.min_timer_period_ns).u32(self.tsc_khz);
+        self.cpu_features.words().iter().for_each(|&w| {
+            e.u32(w);
+        });
         e.0
     }
 
@@ -88,6 +96,13 @@ impl VmDescription {
             irqchip,
             min_timer_period_ns: d.u64()?,
             tsc_khz: d.u32()?,
+            cpu_features: {
+                let mut words = [0; FEATURE_WORDS];
+                for w in &mut words {
+                    *w = d.u32()?;
+                }
+                CpuFeatures::from_words(words)
+            },
         };
         d.finish()?;
         Ok(description)
@@ -475,6 +490,7 @@ pub(crate) mod tests {
             irqchip: Irqchip::Kernel,
             min_timer_period_ns: 200_000,
             tsc_khz: 2_900_000,
+            cpu_features: CpuFeatures::from_words(std::array::from_fn(|i| 0x100 * i as u32 + 1)),
         }
     }
 
@@ -546,9 +562,10 @@ pub(crate) mod tests {
                 .unwrap_err()
                 .contains("vCPUs")
         );
-        // The irqchip byte, before the timer period (u64) and the TSC (u32).
+        // The irqchip byte, before the timer period (u64), the TSC (u32)
+        // and the CPU features.
         let mut bytes = description(1).encode();
-        let at = bytes.len() - 13;
+        let at = bytes.len() - 13 - 4 * FEATURE_WORDS;
         assert_eq!(bytes[at], 1, "the kernel irqchip");
         bytes[at] = 2;
         let err = VmDescription::decode(&bytes).unwrap_err();

@@ -24,7 +24,7 @@ use test_guests::layout::PAGE_SIZE;
 /// The first bytes of every stream.
 pub const MAGIC: [u8; 8] = *b"RVMMSTRM";
 /// The format this code writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes of guest memory in one `Pages` record, at most.
 pub const MAX_PAGES_BYTES: usize = 1 << 20;
 /// The largest payload a reader accepts: a full `Pages` record and its
@@ -574,11 +574,11 @@ mod tests {
         bytes[0] = b'X';
         assert!(matches!(read_all(&bytes), Err(StreamError::Magic(_))));
         let mut bytes = stream();
-        bytes[8] = 2;
+        bytes[8] = 1;
         let e = read_all(&bytes).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "stream format version 2, but this reference-vmm reads version 1"
+            "stream format version 1, but this reference-vmm reads version 2"
         );
     }
 

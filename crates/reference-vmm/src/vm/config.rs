@@ -8,6 +8,7 @@ use std::time::Duration;
 use test_guests::layout::PARAMS;
 use test_guests::pvh::Image;
 
+use crate::CpuFeatures;
 use crate::error::ConfigError;
 use crate::policies::{FamilyPolicies, Irqchip, KvmHaltPoll, Policies, TimerPlacement};
 
@@ -53,6 +54,11 @@ pub struct VmConfig {
     /// ([`test_guests::layout::boost_request`]), within these limits, from a
     /// thread that looks every 500 µs; `None`: ignore them.
     pub guest_boosts: Option<vcpu_sched::RequestLimits>,
+    /// The guest's CPU features at most these: a baseline of several hosts
+    /// (`run --cpu-baseline`), or a migration source's. [`Vm::new`](crate::Vm::new)
+    /// refuses, naming them, any this host lacks. `None`: all this host's
+    /// KVM offers.
+    pub cpu_features: Option<CpuFeatures>,
 }
 
 /// How a VM's vCPUs start.
@@ -88,6 +94,7 @@ impl Default for VmConfig {
             extended_qs: true,
             kvm_halt_poll: KvmHaltPoll::default(),
             guest_boosts: None,
+            cpu_features: None,
         }
     }
 }
@@ -129,6 +136,7 @@ impl fmt::Debug for VmConfig {
             .field("extended_qs", &self.extended_qs)
             .field("kvm_halt_poll", &self.kvm_halt_poll)
             .field("guest_boosts", &self.guest_boosts)
+            .field("cpu_features", &self.cpu_features)
             .finish_non_exhaustive()
     }
 }

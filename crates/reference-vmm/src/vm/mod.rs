@@ -14,6 +14,7 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress};
 
+use crate::CpuFeatures;
 use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
 use crate::devices::PioDevice;
 use crate::error::{ConfigError, Error};
@@ -50,6 +51,8 @@ pub struct Vm {
     state_support: Arc<StateSupport>,
     /// The vCPUs' MAXPHYADDR, as their CPUID reports it.
     phys_bits: u8,
+    /// The CPU features the guest is given.
+    cpu_features: CpuFeatures,
     controller: Option<Controller>,
     /// Each vCPU's interrupt controller state and halt, from a stream.
     incoming: Option<Vec<(ChipState, bool)>>,
@@ -90,9 +93,10 @@ impl Vm {
             write_params(&memory, &params)?;
         }
         let state_support = Arc::new(StateSupport::query(&kvm)?);
-        let cpuid = kvm
+        let mut cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let cpu_features = guest_features(&mut cpuid, config.cpu_features)?;
         let vcpu_fds = (0..vcpus)
             .map(|i| create_vcpu(&vm, &cpuid, i, vcpus, config))
             .collect::<Result<_, _>>()?;
@@ -113,6 +117,7 @@ impl Vm {
             dirty_pauses: Arc::new(crate::migration::VcpuPauses::new(vcpus as usize)),
             state_support,
             phys_bits: test_guests::x86::boot::phys_bits(&cpuid),
+            cpu_features,
             controller: None,
             incoming: None,
         })
@@ -204,6 +209,7 @@ impl Vm {
             irqchip: self.config.irqchip,
             min_timer_period_ns: self.config.min_timer_period.as_nanos() as u64,
             tsc_khz,
+            cpu_features: self.cpu_features,
         }
     }
 }
@@ -270,6 +276,25 @@ fn route_apic_msrs_to_userspace(vm: &VmFd) -> Result<(), Error> {
         &[range(MSR_TSC_DEADLINE), range(MSR_APIC_BASE)],
     )
     .map_err(kvm_err("KVM_X86_SET_MSR_FILTER"))
+}
+
+/// Makes `cpuid` (KVM's supported one) the guest's: the APIC features both
+/// irqchips emulate, and no feature beyond `wanted`, which this host must
+/// have every one of. Returns the guest's features.
+fn guest_features(
+    cpuid: &mut kvm_bindings::CpuId,
+    wanted: Option<CpuFeatures>,
+) -> Result<CpuFeatures, Error> {
+    advertise_apic_features(cpuid);
+    let Some(wanted) = wanted else {
+        return Ok(CpuFeatures::from_cpuid(cpuid));
+    };
+    let missing = wanted.missing_from(&CpuFeatures::from_cpuid(cpuid));
+    if !missing.is_empty() {
+        return Err(ConfigError::MissingCpuFeatures(missing).into());
+    }
+    wanted.mask(cpuid);
+    Ok(CpuFeatures::from_cpuid(cpuid))
 }
 
 fn create_vcpu(

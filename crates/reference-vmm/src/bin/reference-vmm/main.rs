@@ -15,7 +15,7 @@ use reference_vmm::migration::{
     StreamReader, Target,
 };
 use reference_vmm::presets::{Boost, Choices, HaltPoll, Presets, TimerAdvance};
-use reference_vmm::{Boot, Error, StopHandle, StopReason, Vm, VmConfig};
+use reference_vmm::{Boot, CpuFeatures, Error, StopHandle, StopReason, Vm, VmConfig};
 use reference_vmm::{Irqchip, TimerPlacement};
 use test_guests::ProgramError;
 use test_guests::apic_script::{MAX_OPS, Mode};
@@ -45,6 +45,9 @@ enum Command {
     Image(ImageArgs),
     /// List the built-in guest programs.
     Guests,
+    /// Print the CPU features this host's KVM offers a guest, as a
+    /// baseline file for `run --cpu-baseline`.
+    CpuFeatures,
     /// Run the conformance guest's local-APIC sequences on this VMM's APIC
     /// and on KVM's, and print the first difference (exit 1) or none.
     Conformance(ConformanceArgs),
@@ -55,7 +58,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct HelpArgs {
     /// The subcommand to explain.
-    #[arg(value_parser = ["run", "receive", "restore", "image", "guests", "conformance"])]
+    #[arg(value_parser = ["run", "receive", "restore", "image", "guests", "cpu-features", "conformance"])]
     command: Option<String>,
 }
 
@@ -119,6 +122,11 @@ struct RunArgs {
     /// `min_timer_period_us` (the userspace APIC only).
     #[arg(long, value_name = "US", default_value_t = 200)]
     min_timer_period_us: u64,
+    /// Give the guest only the CPU features every one of these hosts has
+    /// (files from `reference-vmm cpu-features` on each), so that it can
+    /// move among them; a feature this host lacks is an error
+    #[arg(long, value_name = "FILE")]
+    cpu_baseline: Vec<PathBuf>,
     #[command(flatten)]
     mechanisms: MechanismArgs,
 }
@@ -441,6 +449,10 @@ fn main() -> ExitCode {
         Command::Image(args) => image(args),
         Command::Help(args) => help(args),
         Command::Conformance(args) => conformance(args),
+        Command::CpuFeatures => match CpuFeatures::of_this_host() {
+            Ok(features) => print_or_fail(&features.to_string()),
+            Err(e) => fail(&e.to_string()),
+        },
         Command::Guests => {
             let lines: String = PROGRAMS
                 .iter()
@@ -483,6 +495,20 @@ fn conformance(args: ConformanceArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// The features every baseline file has (none given: no baseline).
+fn cpu_baseline(files: &[PathBuf]) -> Result<Option<CpuFeatures>, String> {
+    let mut baseline: Option<CpuFeatures> = None;
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("--cpu-baseline {}: {e}", file.display()))?;
+        let host: CpuFeatures = text
+            .parse()
+            .map_err(|e| format!("--cpu-baseline {}: {e}", file.display()))?;
+        baseline = Some(baseline.map_or(host, |b| b.intersection(&host)));
+    }
+    Ok(baseline)
 }
 
 /// Prints KVM's answers for each input in `dir`.
@@ -535,7 +561,12 @@ fn run(args: RunArgs) -> ExitCode {
     if let Err(e) = program.check_run(&params, vcpus, mem_mib, timeout, migrating) {
         return usage_error(&with_flag(&e));
     }
+    let cpu_features = match cpu_baseline(&args.cpu_baseline) {
+        Ok(features) => features,
+        Err(e) => return usage_error(&e),
+    };
     let config = choices.config(VmConfig {
+        cpu_features,
         vcpus: p.vcpus,
         mem_mib: p.mem_mib,
         params,
