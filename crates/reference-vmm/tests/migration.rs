@@ -4,6 +4,8 @@
 //! dirty-log backend, both interrupt controllers, Unix and TCP; snapshots;
 //! and streams or destinations that fail while the source runs on.
 
+#[path = "common/certs.rs"]
+mod certs;
 mod common;
 
 use std::io::{Read, Write};
@@ -334,12 +336,29 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
     if !kvm_available("two_processes_hand_a_guest_over_and_the_source_exits_0") {
         return;
     }
-    for (address, irqchip, backend) in
-        [(socket("cli"), "user", "ring"), (tcp(), "kernel", "bitmap")]
-    {
+    // Over TCP in TLS: each side's certificate, the CA, whom it allows.
+    let (ca, _) = certs::cas("cli");
+    let tls = |files: reference_vmm::migration::tls::TlsFiles| {
+        [
+            ("--tls-cert", files.cert),
+            ("--tls-key", files.key),
+            ("--tls-ca", files.ca),
+        ]
+        .into_iter()
+        .flat_map(|(flag, path)| [flag.to_string(), path.to_string_lossy().into_owned()])
+        .collect::<Vec<String>>()
+    };
+    let mut receive_tls = tls(ca.files("127.0.0.1", &ca));
+    receive_tls.extend(["--tls-allow".into(), "source.example".into()]);
+    let source_tls = tls(ca.files("source.example", &ca));
+    for (address, irqchip, backend, receive_tls, source_tls) in [
+        (socket("cli"), "user", "ring", vec![], vec![]),
+        (tcp(), "kernel", "bitmap", receive_tls, source_tls),
+    ] {
         let mut destination = Background(
             vmm()
                 .args(["receive", "--listen", &address.to_string()])
+                .args(&receive_tls)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -360,16 +379,16 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
             );
             assert!(path.exists());
         }
-        let source = source(&[
+        let mut args = vec![
             "--migrate-to",
             &listen,
             "--irqchip",
             irqchip,
             "--dirty-log",
             backend,
-        ])
-        .wait_with_output()
-        .unwrap();
+        ];
+        args.extend(source_tls.iter().map(String::as_str));
+        let source = source(&args).wait_with_output().unwrap();
         let stdout = text(&source.stdout);
         assert!(
             source.status.success(),
@@ -664,7 +683,41 @@ fn a_stream_damaged_on_the_way_is_refused_and_the_source_runs_on() {
 
 #[test]
 fn migration_arguments_get_clear_errors() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 9] = [
+        (
+            &["--migrate-to", "tcp:127.0.0.1:1"],
+            "tcp:127.0.0.1:1 needs --tls-cert, --tls-key and --tls-ca (or --insecure",
+        ),
+        (
+            &[
+                "--migrate-to",
+                "unix:/x",
+                "--tls-cert",
+                "c",
+                "--tls-key",
+                "k",
+                "--tls-ca",
+                "a",
+            ],
+            "unix: sockets stay plain text",
+        ),
+        (
+            &["--snapshot-to", "/y", "--insecure"],
+            "--tls-cert and --insecure are for --migrate-to",
+        ),
+        (
+            &[
+                "--migrate-to",
+                "tcp:127.0.0.1:1",
+                "--tls-cert",
+                "/nonexistent.pem",
+                "--tls-key",
+                "k",
+                "--tls-ca",
+                "a",
+            ],
+            "cannot read the certificates in /nonexistent.pem",
+        ),
         (
             &["--migrate-to", "ftp:x"],
             "is not an address: give unix:<path> or tcp:<ip>:<port>",
@@ -716,6 +769,40 @@ fn migration_arguments_get_clear_errors() {
         assert_eq!(out.status.code(), Some(1));
         assert!(text(&out.stderr).contains(error), "{}", text(&out.stderr));
     }
+    // Plain text on TCP only when asked for, and then with a warning; no
+    // source without an allowed name.
+    let out = vmm()
+        .args(["receive", "--listen", "tcp:127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("needs --tls-cert"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = vmm()
+        .args(["receive", "--listen", "tcp:127.0.0.1:0", "--tls-allow", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let (ca, _) = certs::cas("arguments");
+    let files = ca.files("127.0.0.1", &ca);
+    let out = vmm()
+        .args(["receive", "--listen", "tcp:127.0.0.1:0", "--tls-cert"])
+        .arg(&files.cert)
+        .arg("--tls-key")
+        .arg(&files.key)
+        .arg("--tls-ca")
+        .arg(&files.ca)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no client is allowed"),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(std::fs::read(&file).unwrap(), b"mine");
     std::fs::remove_file(file).unwrap();
 }
@@ -920,7 +1007,7 @@ fn a_bad_destination_is_refused_before_the_guest_starts() {
             ),
         ),
         (
-            &["--migrate-to", "tcp:127.0.0.1:1"],
+            &["--migrate-to", "tcp:127.0.0.1:1", "--insecure"],
             "cannot reach tcp:127.0.0.1:1: Connection refused".into(),
         ),
         (

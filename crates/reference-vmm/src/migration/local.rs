@@ -8,6 +8,7 @@ use std::thread;
 
 use vm_memory::{Bytes, GuestAddress};
 
+use super::tls::{TlsClient, TlsServer};
 use super::{
     Address, Incoming, MigrateOptions, Migration, MigrationError, MigrationReport, Target, answer,
     receive,
@@ -48,7 +49,41 @@ pub fn move_in_process(
     address: &Address,
     compare: bool,
 ) -> Result<Moved, MigrationError> {
-    let listener = address.listen()?;
+    move_over(config, program, options, address, None, compare)
+}
+
+/// [`move_in_process`] in TLS: the source with `client`'s certificate, the
+/// destination with `server`'s ([`tls`](super::tls)); TCP only.
+pub fn move_in_process_tls(
+    config: &VmConfig,
+    program: &'static GuestProgram,
+    options: MigrateOptions,
+    address: &Address,
+    (client, server): (TlsClient, TlsServer),
+    compare: bool,
+) -> Result<Moved, MigrationError> {
+    move_over(
+        config,
+        program,
+        options,
+        address,
+        Some((client, server)),
+        compare,
+    )
+}
+
+fn move_over(
+    config: &VmConfig,
+    program: &'static GuestProgram,
+    options: MigrateOptions,
+    address: &Address,
+    tls: Option<(TlsClient, TlsServer)>,
+    compare: bool,
+) -> Result<Moved, MigrationError> {
+    let (listener, client) = match tls {
+        Some((client, server)) => (address.listen_tls(server)?, Some(client)),
+        None => (address.listen()?, None),
+    };
     let address = listener
         .address()
         .map_err(|source| MigrationError::Connect {
@@ -68,7 +103,11 @@ pub fn move_in_process(
     });
     let mut vm = Vm::new(config)?;
     let source_memory = vm.memory();
-    let moving = Migration::prepare(&mut vm, Target::Peer(address), options)?;
+    let target = match client {
+        Some(client) => Target::TlsPeer(address, client),
+        None => Target::Peer(address),
+    };
+    let moving = Migration::prepare(&mut vm, target, options)?;
     let (tx, migrated) = std::sync::mpsc::channel();
     vm.on_start(Box::new(move |control| {
         let _ = tx.send(moving.run(control));

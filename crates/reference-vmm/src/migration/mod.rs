@@ -31,6 +31,7 @@ pub mod source;
 pub mod state;
 pub mod stream;
 mod throttle;
+pub mod tls;
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -43,7 +44,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use destination::{Incoming, receive};
-pub use local::{Moved, move_in_process};
+pub use local::{Moved, move_in_process, move_in_process_tls};
 pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Target};
 pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};
@@ -117,6 +118,9 @@ pub enum MigrationError {
     /// here.
     #[error("the migration ran past its {} ms limit; the guest runs on here", .0.as_millis())]
     TimedOut(Duration),
+    /// TLS could not be set up, or the peer was refused or refused us.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The stream names a guest program this build does not have.
     #[error("the stream's guest program {0:?} is not one this reference-vmm has")]
     UnknownGuest(String),
@@ -179,6 +183,40 @@ impl Address {
                 what: self.to_string(),
                 source,
             })
+    }
+
+    /// Connects to a destination that listens with TLS, and runs the
+    /// handshake: an error before the guest starts if either side refuses
+    /// the other's certificate.
+    ///
+    /// # Errors
+    /// [`MigrationError::Tls`] for a Unix socket (TLS is for TCP), or a
+    /// refused handshake; [`MigrationError::Connect`] as [`connect`](Self::connect).
+    pub fn connect_tls(&self, tls: &tls::TlsClient) -> Result<Connection, MigrationError> {
+        let Self::Tcp(addr) = self else {
+            return Err(MigrationError::Tls(format!(
+                "{self}: TLS is for tcp: addresses"
+            )));
+        };
+        let Connection::Tcp(sock) = self.connect()? else {
+            unreachable!("a tcp: address connects over TCP")
+        };
+        Ok(Connection::TlsClient(Box::new(tls.connect(sock, *addr)?)))
+    }
+
+    /// Listens for a source that must speak TLS ([`tls::TlsServer`]).
+    ///
+    /// # Errors
+    /// As [`listen`](Self::listen), and [`MigrationError::Tls`] for a Unix
+    /// socket.
+    pub fn listen_tls(&self, tls: tls::TlsServer) -> Result<Listener, MigrationError> {
+        match self.listen()? {
+            Listener::Tcp(l) => Ok(Listener::Tls(l, tls)),
+            Listener::Unix(..) => Err(MigrationError::Tls(format!(
+                "{self}: TLS is for tcp: addresses"
+            ))),
+            Listener::Tls(..) => unreachable!("listen makes no TLS listener"),
+        }
     }
 
     /// Starts listening for a source. A Unix socket's path must be free, or
@@ -270,6 +308,8 @@ pub enum Listener {
     Unix(UnixListener, BoundPath),
     /// On TCP.
     Tcp(TcpListener),
+    /// On TCP, taking only TLS sources it allows.
+    Tls(TcpListener, tls::TlsServer),
 }
 
 impl Listener {
@@ -281,22 +321,30 @@ impl Listener {
                 .as_pathname()
                 .map(|p| Address::Unix(p.to_owned()))
                 .ok_or_else(|| io::Error::other("an unnamed Unix socket")),
-            Self::Tcp(l) => l.local_addr().map(Address::Tcp),
+            Self::Tcp(l) | Self::Tls(l, _) => l.local_addr().map(Address::Tcp),
         }
     }
 
-    /// Waits for the source and accepts it.
+    /// Waits for the source and accepts it; with TLS, a source refused (no
+    /// TLS, a certificate not signed by the CA or not for an allowed name)
+    /// is [`MigrationError::Tls`].
     pub fn accept(&self) -> Result<Connection, MigrationError> {
         let accepted = match self {
             Self::Unix(l, _) => l.accept().map(|(s, _)| Connection::Unix(s)),
-            Self::Tcp(l) => l.accept().map(|(s, _)| Connection::Tcp(s)),
+            Self::Tcp(l) | Self::Tls(l, _) => l.accept().map(|(s, _)| Connection::Tcp(s)),
         };
-        accepted
+        let connection = accepted
             .and_then(Connection::with_timeouts)
             .map_err(|source| MigrationError::Connect {
                 what: "the source".into(),
                 source,
-            })
+            })?;
+        match (self, connection) {
+            (Self::Tls(_, tls), Connection::Tcp(sock)) => {
+                Ok(Connection::TlsServer(Box::new(tls.accept(sock)?)))
+            }
+            (_, connection) => Ok(connection),
+        }
     }
 
     /// Waits for a source and reads its stream's header. The source may
@@ -307,7 +355,10 @@ impl Listener {
     pub fn accept_stream(&self) -> Result<StreamReader<Connection>, MigrationError> {
         loop {
             let connection = self.accept()?;
-            if connection.wait_for_data().map_err(StreamError::Io)? {
+            // A TLS source has proved itself: nothing to wait for.
+            if matches!(connection, Connection::TlsServer(_))
+                || connection.wait_for_data().map_err(StreamError::Io)?
+            {
                 return Ok(StreamReader::new(connection)?);
             }
         }
@@ -321,6 +372,10 @@ pub enum Connection {
     Unix(UnixStream),
     /// Over TCP.
     Tcp(TcpStream),
+    /// A source's, in TLS.
+    TlsClient(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+    /// A destination's, in TLS.
+    TlsServer(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
 }
 
 impl Connection {
@@ -330,6 +385,8 @@ impl Connection {
         let fd = match self {
             Self::Unix(s) => s.as_raw_fd(),
             Self::Tcp(s) => s.as_raw_fd(),
+            Self::TlsClient(s) => s.sock.as_raw_fd(),
+            Self::TlsServer(s) => s.sock.as_raw_fd(),
         };
         let mut byte = 0u8;
         loop {
@@ -358,6 +415,8 @@ impl Connection {
                 s.set_write_timeout(Some(PEER_TIMEOUT))?;
                 s.set_nodelay(true)?;
             }
+            // Set on the socket before the handshake.
+            Self::TlsClient(_) | Self::TlsServer(_) => {}
         }
         Ok(self)
     }
@@ -368,6 +427,8 @@ impl Read for Connection {
         match self {
             Self::Unix(s) => s.read(buf),
             Self::Tcp(s) => s.read(buf),
+            Self::TlsClient(s) => s.read(buf),
+            Self::TlsServer(s) => s.read(buf),
         }
     }
 }
@@ -377,6 +438,8 @@ impl Write for Connection {
         match self {
             Self::Unix(s) => s.write(buf),
             Self::Tcp(s) => s.write(buf),
+            Self::TlsClient(s) => s.write(buf),
+            Self::TlsServer(s) => s.write(buf),
         }
     }
 
@@ -384,6 +447,8 @@ impl Write for Connection {
         match self {
             Self::Unix(s) => s.flush(),
             Self::Tcp(s) => s.flush(),
+            Self::TlsClient(s) => s.flush(),
+            Self::TlsServer(s) => s.flush(),
         }
     }
 }

@@ -28,10 +28,12 @@ use test_guests::layout::PAGE_SIZE;
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the stream goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Target {
     /// A destination process (`receive --listen`): live migration.
     Peer(Address),
+    /// The same, in TLS ([`super::tls`]; TCP only).
+    TlsPeer(Address, super::tls::TlsClient),
     /// A file (`restore` reads it): a snapshot, taken with the guest paused.
     File(PathBuf),
 }
@@ -228,6 +230,7 @@ impl Target {
     fn open(&self) -> Result<Opened, MigrationError> {
         match self {
             Self::Peer(address) => address.connect().map(Opened::Peer),
+            Self::TlsPeer(address, tls) => address.connect_tls(tls).map(Opened::Peer),
             Self::File(path) => create_snapshot(path)
                 .map(|f| Opened::File(f, path.clone()))
                 .map_err(|source| MigrationError::CreateSnapshot {

@@ -178,6 +178,12 @@ struct MigrateArgs {
     /// destination has it, and runs it on if the migration fails.
     #[arg(long, value_name = "ADDR", value_parser = <Address as FromStr>::from_str)]
     migrate_to: Option<Address>,
+    #[command(flatten)]
+    tls: TlsArgs,
+    /// The name the destination's certificate must be for [default: the
+    /// IP address of --migrate-to]
+    #[arg(long, value_name = "NAME", requires = "tls_cert")]
+    tls_server_name: Option<String>,
     /// Save the running guest to this file (pausing it, then ending it here);
     /// `reference-vmm restore` runs it on.
     #[arg(long, value_name = "PATH", conflicts_with = "migrate_to")]
@@ -220,11 +226,27 @@ struct MigrateArgs {
 }
 
 impl MigrateArgs {
-    fn target(&self) -> Option<Target> {
+    /// Where the guest goes, if anywhere: TLS files are read here, so a bad
+    /// one is an error before the guest starts.
+    fn target(&self) -> Result<Option<Target>, String> {
+        let tls = self.tls.files();
         match (&self.migrate_to, &self.snapshot_to) {
-            (Some(address), _) => Some(Target::Peer(address.clone())),
-            (None, Some(path)) => Some(Target::File(path.clone())),
-            (None, None) => None,
+            (Some(address), _) => {
+                self.tls.check(address)?;
+                let Some(files) = tls else {
+                    return Ok(Some(Target::Peer(address.clone())));
+                };
+                let mut client = files.client().map_err(|e| e.to_string())?;
+                if let Some(name) = &self.tls_server_name {
+                    client = client.with_server_name(name).map_err(|e| e.to_string())?;
+                }
+                Ok(Some(Target::TlsPeer(address.clone(), client)))
+            }
+            _ if tls.is_some() || self.tls.insecure => {
+                Err("--tls-cert and --insecure are for --migrate-to".into())
+            }
+            (None, Some(path)) => Ok(Some(Target::File(path.clone()))),
+            (None, None) => Ok(None),
         }
     }
 
@@ -249,7 +271,65 @@ struct ReceiveArgs {
     #[arg(long, value_name = "ADDR", value_parser = <Address as FromStr>::from_str)]
     listen: Address,
     #[command(flatten)]
+    tls: TlsArgs,
+    /// Take only sources whose certificate is for this name (DNS name or IP
+    /// address; repeat for more); with --tls-cert
+    #[arg(long, value_name = "NAME", requires = "tls_cert")]
+    tls_allow: Vec<String>,
+    #[command(flatten)]
     output: OutputArgs,
+}
+
+/// The migration stream's TLS (TCP only): this side's certificate and key,
+/// the CA of the other side's; or, knowingly, none.
+#[derive(Debug, clap::Args)]
+struct TlsArgs {
+    /// This side's certificate (PEM) for a tcp: migration in TLS 1.3
+    #[arg(long, value_name = "PATH", requires_all = ["tls_key", "tls_ca"], conflicts_with = "insecure")]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM)
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA certificate (PEM) the other side's certificate must chain to
+    #[arg(long, value_name = "PATH", requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
+    /// A tcp: migration in plain text, which anyone who reaches it can
+    /// read or feed a VM of their own making
+    #[arg(long)]
+    insecure: bool,
+}
+
+impl TlsArgs {
+    /// The files, if given.
+    fn files(&self) -> Option<migration::tls::TlsFiles> {
+        Some(migration::tls::TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            ca: self.tls_ca.clone()?,
+        })
+    }
+
+    /// Whether `address` may go on as asked: TLS for tcp:, unless
+    /// --insecure (which warns); plain text for unix:.
+    fn check(&self, address: &Address) -> Result<(), String> {
+        match (address, self.files(), self.insecure) {
+            (Address::Unix(_), Some(_), _) => {
+                Err("--tls-cert is for tcp: addresses; unix: sockets stay plain text".into())
+            }
+            (Address::Tcp(_), None, false) => Err(format!(
+                "{address} needs --tls-cert, --tls-key and --tls-ca (or --insecure, for a \
+                 stream anyone on the network can read or forge)"
+            )),
+            (Address::Tcp(_), None, true) => {
+                eprintln!(
+                    "warning: the migration stream on {address} is neither encrypted nor \
+                     authenticated (--insecure)"
+                );
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -557,7 +637,11 @@ fn run(args: RunArgs) -> ExitCode {
         (None, Some(guest)) => (guest, p.params.0, (p.vcpus, p.mem_mib), Boot::Direct),
         (None, None) => return usage_error("--guest or --image is needed"),
     };
-    let migrating = args.migrate.target().is_some();
+    let target = match args.migrate.target() {
+        Ok(target) => target,
+        Err(e) => return usage_error(&e),
+    };
+    let migrating = target.is_some();
     if let Err(e) = program.check_run(&params, vcpus, mem_mib, timeout, migrating) {
         return usage_error(&with_flag(&e));
     }
@@ -580,7 +664,7 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(vm) => vm,
         Err(e) => return fail(&e.to_string()),
     };
-    let migration = match args.migrate.target() {
+    let migration = match target {
         Some(target) => match Migration::prepare(&mut vm, target, args.migrate.options()) {
             Ok(migration) => Some(migration),
             Err(e) => return fail(&format!("cannot set up the migration: {e}")),
@@ -642,7 +726,16 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         Ok(out) => out,
         Err(e) => return fail(&e),
     };
-    let listener = match args.listen.listen() {
+    if let Err(e) = args.tls.check(&args.listen) {
+        return usage_error(&e);
+    }
+    let listening = match args.tls.files() {
+        Some(files) => files
+            .server(&args.tls_allow)
+            .and_then(|tls| args.listen.listen_tls(tls)),
+        None => args.listen.listen(),
+    };
+    let listener = match listening {
         Ok(l) => l,
         Err(e) => return fail(&e.to_string()),
     };
@@ -651,9 +744,13 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         .address()
         .map_or(args.listen.to_string(), |a| a.to_string());
     eprintln!("listening on {address}");
-    let mut input = match listener.accept_stream() {
-        Ok(input) => input,
-        Err(e) => return fail(&format!("the migration stream: {e}")),
+    let mut input = loop {
+        match listener.accept_stream() {
+            Ok(input) => break input,
+            // A source refused is no reason to stop waiting for the real one.
+            Err(e @ MigrationError::Tls(_)) => eprintln!("{e}"),
+            Err(e) => return fail(&format!("the migration stream: {e}")),
+        }
     };
     // Nobody else is taken: the socket goes.
     drop(listener);

@@ -1,0 +1,318 @@
+//! The migration stream over TCP in TLS 1.3 with both sides' certificates
+//! (rustls, aws-lc's crypto, a post-quantum key exchange first): the destination takes only a source whose
+//! certificate the given CA signed and that names one of the allowed
+//! clients (QEMU's `tls-authz`); the source takes only a destination whose
+//! certificate the same CA signed for the address it connects to (or the
+//! name given). Without TLS, the stream is not authenticated: anyone who
+//! reaches a plaintext listener can send it a VM of their own making.
+//!
+//! Certificates and keys are PEM files, as `openssl req -x509` and
+//! `openssl x509 -req` write them.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{
+    ClientConfig, ClientConnection, DigitallySignedStruct, DistinguishedName, RootCertStore,
+    ServerConfig, ServerConnection, SignatureScheme, StreamOwned,
+};
+
+use super::MigrationError;
+
+/// The first byte of a TLS handshake record: what a TLS client sends first.
+const TLS_HANDSHAKE: u8 = 0x16;
+/// The destination's byte once it took the source's certificate: the
+/// source reads it before its guest starts, so that a refusal (an alert)
+/// comes then, not in the middle of the stream.
+const ACCEPTED: u8 = 0xA5;
+
+/// One side's certificate chain, its private key, and the CA that signs
+/// the other side's certificate: PEM files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// This side's certificate (and any intermediates).
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// The CA certificate(s) the peer's certificate must chain to.
+    pub ca: PathBuf,
+}
+
+/// A source's TLS: its certificate, and whom it trusts.
+#[derive(Clone)]
+pub struct TlsClient {
+    config: Arc<ClientConfig>,
+    server_name: Option<ServerName<'static>>,
+}
+
+/// A destination's TLS: its certificate, whom it trusts, whom it allows.
+#[derive(Clone)]
+pub struct TlsServer {
+    config: Arc<ServerConfig>,
+}
+
+impl fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsClient")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for TlsServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsServer").finish_non_exhaustive()
+    }
+}
+
+fn tls_error(what: impl fmt::Display) -> MigrationError {
+    MigrationError::Tls(what.to_string())
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// This side's certificate chain and key, and the roots for the peer's.
+type Loaded = (
+    Vec<CertificateDer<'static>>,
+    PrivateKeyDer<'static>,
+    RootCertStore,
+);
+
+impl TlsFiles {
+    fn load(&self) -> Result<Loaded, MigrationError> {
+        let certs = |path: &Path| {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| {
+                    tls_error(format!(
+                        "cannot read the certificates in {}: {e}",
+                        path.display()
+                    ))
+                })?;
+            match certs.is_empty() {
+                true => Err(tls_error(format!(
+                    "{} holds no certificate",
+                    path.display()
+                ))),
+                false => Ok(certs),
+            }
+        };
+        let chain = certs(&self.cert)?;
+        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| {
+            tls_error(format!(
+                "cannot read the private key in {}: {e}",
+                self.key.display()
+            ))
+        })?;
+        let mut roots = RootCertStore::empty();
+        for ca in certs(&self.ca)? {
+            roots
+                .add(ca)
+                .map_err(|e| tls_error(format!("the CA in {}: {e}", self.ca.display())))?;
+        }
+        Ok((chain, key, roots))
+    }
+
+    /// A source's TLS from these files.
+    ///
+    /// # Errors
+    /// [`MigrationError::Tls`]: a file cannot be read, or holds no valid
+    /// certificate or key.
+    pub fn client(&self) -> Result<TlsClient, MigrationError> {
+        let (chain, key, roots) = self.load()?;
+        let config = ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(tls_error)?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(tls_error)?;
+        Ok(TlsClient {
+            config: Arc::new(config),
+            server_name: None,
+        })
+    }
+
+    /// A destination's TLS from these files, taking only sources whose
+    /// certificate is valid for one of `allow` (DNS names or IP
+    /// addresses).
+    ///
+    /// # Errors
+    /// As [`client`](Self::client), and an empty or unparsable `allow`.
+    pub fn server(&self, allow: &[String]) -> Result<TlsServer, MigrationError> {
+        let (chain, key, roots) = self.load()?;
+        let names = allow
+            .iter()
+            .map(|n| {
+                ServerName::try_from(n.clone())
+                    .map_err(|e| tls_error(format!("{n:?} is no client name: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if names.is_empty() {
+            return Err(tls_error("no client is allowed (give --tls-allow NAME)"));
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(tls_error)?;
+        let allowed = Arc::new(AllowedClients { verifier, names });
+        let config = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(tls_error)?
+            .with_client_cert_verifier(allowed)
+            .with_single_cert(chain, key)
+            .map_err(tls_error)?;
+        Ok(TlsServer {
+            config: Arc::new(config),
+        })
+    }
+}
+
+impl TlsClient {
+    /// The same, expecting the destination's certificate to be for `name`
+    /// (by default: the IP address connected to).
+    ///
+    /// # Errors
+    /// [`MigrationError::Tls`] if `name` is no DNS name or IP address.
+    pub fn with_server_name(mut self, name: &str) -> Result<Self, MigrationError> {
+        let name = ServerName::try_from(name.to_owned())
+            .map_err(|e| tls_error(format!("{name:?} is no server name: {e}")))?;
+        self.server_name = Some(name);
+        Ok(self)
+    }
+
+    /// Runs the handshake on `sock` (connected to `peer`), and waits for
+    /// the destination to take this source's certificate.
+    pub(crate) fn connect(
+        &self,
+        sock: TcpStream,
+        peer: std::net::SocketAddr,
+    ) -> Result<StreamOwned<ClientConnection, TcpStream>, MigrationError> {
+        let name = self
+            .server_name
+            .clone()
+            .unwrap_or_else(|| ServerName::IpAddress(peer.ip().into()));
+        let connection = ClientConnection::new(self.config.clone(), name).map_err(tls_error)?;
+        let mut stream = StreamOwned::new(connection, sock);
+        let mut byte = [0u8];
+        match stream.read_exact(&mut byte) {
+            Ok(()) if byte[0] == ACCEPTED => Ok(stream),
+            Ok(()) => Err(tls_error(
+                "the destination answered what no TLS destination does",
+            )),
+            Err(e) => Err(tls_error(handshake_failure(&e, "the destination"))),
+        }
+    }
+}
+
+impl TlsServer {
+    /// Takes a source on `sock`: refuses, in plain text, one that does not
+    /// speak TLS; runs the handshake (the source's certificate checked,
+    /// its name allowed); says it took it.
+    pub(crate) fn accept(
+        &self,
+        sock: TcpStream,
+    ) -> Result<StreamOwned<ServerConnection, TcpStream>, MigrationError> {
+        let mut first = [0u8];
+        let mut sock = sock;
+        if sock.peek(&mut first).map_err(tls_error)? == 1 && first[0] != TLS_HANDSHAKE {
+            let _ = super::answer(&mut sock, Err("this destination takes TLS sources only"));
+            return Err(tls_error("refused a source that does not speak TLS"));
+        }
+        let connection = ServerConnection::new(self.config.clone()).map_err(tls_error)?;
+        let mut stream = StreamOwned::new(connection, sock);
+        let accepted = stream.write_all(&[ACCEPTED]).and_then(|()| stream.flush());
+        match accepted {
+            Ok(()) => Ok(stream),
+            Err(e) => Err(tls_error(format!(
+                "refused a source: {}",
+                handshake_failure(&e, "the source")
+            ))),
+        }
+    }
+}
+
+/// What a failed handshake means, for `peer`.
+fn handshake_failure(e: &io::Error, peer: &str) -> String {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidMessage(_)) => {
+            format!("{peer} does not speak TLS (a plaintext peer?)")
+        }
+        Some(rustls::Error::AlertReceived(alert)) => {
+            format!("{peer} refused this side's certificate ({alert:?})")
+        }
+        Some(other) => format!("{peer}'s certificate: {other}"),
+        None => format!("the TLS handshake with {peer} failed: {e}"),
+    }
+}
+
+/// WebPKI's check of a client certificate, then its names against the
+/// allowed ones.
+#[derive(Debug)]
+struct AllowedClients {
+    verifier: Arc<dyn ClientCertVerifier>,
+    names: Vec<ServerName<'static>>,
+}
+
+impl ClientCertVerifier for AllowedClients {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.verifier.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .verifier
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|e| rustls::Error::General(format!("a client certificate: {e}")))?;
+        match self
+            .names
+            .iter()
+            .any(|n| cert.verify_is_valid_for_subject_name(n).is_ok())
+        {
+            true => Ok(verified),
+            false => Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            )),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.verifier.supported_verify_schemes()
+    }
+}

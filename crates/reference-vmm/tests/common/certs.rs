@@ -1,0 +1,58 @@
+//! Certificates for the TLS tests: CAs, and what each signs, written as PEM
+//! files in a fresh directory.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair};
+use reference_vmm::migration::tls::TlsFiles;
+
+/// A CA, and what it signs.
+pub struct Ca {
+    cert: Certificate,
+    key: KeyPair,
+    dir: PathBuf,
+}
+
+impl Ca {
+    fn new(dir: &Path, name: &str) -> Self {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        let ca = Self {
+            cert,
+            key,
+            dir: dir.join(name),
+        };
+        std::fs::create_dir_all(&ca.dir).unwrap();
+        std::fs::write(ca.dir.join("ca.pem"), ca.cert.pem()).unwrap();
+        ca
+    }
+
+    /// A certificate for `name` (a DNS name or an IP address), and its key,
+    /// with this CA's certificate as the one the peer must chain to.
+    pub fn files(&self, name: &str, trusting: &Ca) -> TlsFiles {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .signed_by(&key, &self.cert, &self.key)
+            .unwrap();
+        let write = |file: &str, text: String| {
+            let path = self.dir.join(file);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        TlsFiles {
+            cert: write(&format!("{name}.pem"), cert.pem()),
+            key: write(&format!("{name}.key"), key.serialize_pem()),
+            ca: trusting.dir.join("ca.pem"),
+        }
+    }
+}
+
+/// Two CAs in a fresh directory: ours, and another.
+pub fn cas(test: &str) -> (Ca, Ca) {
+    let dir = std::env::temp_dir().join(format!("rvmm-tls-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    (Ca::new(&dir, "ours"), Ca::new(&dir, "other"))
+}

@@ -1,0 +1,197 @@
+//! The migration stream in TLS 1.3 with both sides' certificates: a guest
+//! moves byte for byte with each dirty-log backend, and every source or
+//! destination that should not be trusted is refused, saying why.
+
+#[path = "common/certs.rs"]
+mod certs;
+mod common;
+
+use std::io::{Read, Write};
+use std::thread;
+
+use certs::{Ca, cas};
+use common::kvm_available;
+use reference_vmm::migration::tls::{TlsClient, TlsFiles, TlsServer};
+use reference_vmm::migration::{
+    Address, DirtyLogBackend, MigrateOptions, MigrationError, StreamReader, answer,
+    move_in_process_tls,
+};
+use reference_vmm::{Irqchip, VmConfig};
+
+fn destination(ca: &Ca) -> TlsServer {
+    ca.files("127.0.0.1", ca)
+        .server(&["source.example".into()])
+        .unwrap()
+}
+
+fn tcp() -> Address {
+    "tcp:127.0.0.1:0".parse().unwrap()
+}
+
+#[test]
+fn a_guest_moves_byte_for_byte_in_tls_with_each_backend() {
+    if !kvm_available("a_guest_moves_byte_for_byte_in_tls_with_each_backend") {
+        return;
+    }
+    let (ours, _) = cas("moves");
+    let client = ours.files("source.example", &ours).client().unwrap();
+    for backend in [
+        DirtyLogBackend::Bitmap,
+        DirtyLogBackend::Manual,
+        DirtyLogBackend::Ring,
+    ] {
+        let options = MigrateOptions {
+            backend,
+            after: std::time::Duration::from_millis(50),
+            ..MigrateOptions::default()
+        };
+        let mut config = VmConfig {
+            vcpus: 2,
+            mem_mib: 64,
+            irqchip: Irqchip::Kernel,
+            dirty_ring: options.dirty_ring(),
+            ..VmConfig::default()
+        };
+        let ms = lapic_timer::TscClock::shared().tsc_khz();
+        config.params[..5].copy_from_slice(&[256, 200 * ms, ms / 100, ms, 1]);
+        let program = test_guests::find("migrate").unwrap();
+        let tls = (client.clone(), destination(&ours));
+        let moved = move_in_process_tls(&config, program, options, &tcp(), tls, true).unwrap();
+        assert_eq!(moved.differing, Some(0), "{backend:?}: {}", moved.migration);
+        assert!(
+            moved.destination.vcpus.iter().all(|v| v.finished),
+            "{backend:?}"
+        );
+    }
+}
+
+/// Accepts one connection on `listener` in a thread: what it made of it.
+fn accept_one(
+    listener: reference_vmm::migration::Listener,
+) -> thread::JoinHandle<Result<(), String>> {
+    thread::spawn(move || {
+        let mut connection = listener.accept().map_err(|e| e.to_string())?;
+        // An accepted source: read what it sends until it hangs up.
+        let mut rest = Vec::new();
+        let _ = connection.read_to_end(&mut rest);
+        Ok(())
+    })
+}
+
+#[test]
+fn sources_and_destinations_not_trusted_are_refused_saying_why() {
+    let (ours, other) = cas("refused");
+    let listen = || tcp().listen_tls(destination(&ours)).unwrap();
+    let connect = |client: &TlsClient| {
+        let listener = listen();
+        let address = listener.address().unwrap();
+        let accepted = accept_one(listener);
+        let connected = address.connect_tls(client).map(|_| ());
+        (connected, accepted.join().unwrap())
+    };
+    // The allowed source, signed by our CA.
+    let allowed = ours.files("source.example", &ours).client().unwrap();
+    let (source, destination_side) = connect(&allowed);
+    assert!(
+        source.is_ok() && destination_side.is_ok(),
+        "{source:?} {destination_side:?}"
+    );
+    // A name not allowed, or a certificate another CA signed.
+    for (what, client) in [
+        (
+            "a name not allowed",
+            ours.files("intruder.example", &ours).client().unwrap(),
+        ),
+        (
+            "another CA's certificate",
+            other.files("source.example", &ours).client().unwrap(),
+        ),
+    ] {
+        let (source, destination_side) = connect(&client);
+        let source = source.unwrap_err().to_string();
+        assert!(
+            source.contains("refused this side's certificate"),
+            "{what}: {source}"
+        );
+        let destination_side = destination_side.unwrap_err();
+        assert!(
+            destination_side.contains("refused a source"),
+            "{what}: {destination_side}"
+        );
+    }
+    // A source that trusts another CA refuses our destination.
+    let wary = ours.files("source.example", &other).client().unwrap();
+    let (source, _) = connect(&wary);
+    let source = source.unwrap_err().to_string();
+    assert!(source.contains("the destination's certificate"), "{source}");
+    // A plaintext source gets a plaintext refusal.
+    let listener = listen();
+    let address = listener.address().unwrap();
+    let accepted = accept_one(listener);
+    let mut plain = address.connect().unwrap();
+    plain.write_all(b"RVMMSTRM").unwrap();
+    let mut refusal = Vec::new();
+    let _ = plain.read_to_end(&mut refusal);
+    assert!(
+        String::from_utf8_lossy(&refusal).contains("this destination takes TLS sources only"),
+        "{refusal:?}"
+    );
+    let refused = accepted.join().unwrap().unwrap_err();
+    assert!(refused.contains("does not speak TLS"), "{refused}");
+}
+
+#[test]
+fn a_tls_source_against_a_plaintext_destination_is_told_so() {
+    let (ours, _) = cas("plaintext");
+    let listener = tcp().listen().unwrap();
+    let address = listener.address().unwrap();
+    let destination = thread::spawn(move || {
+        // What `receive` does with a stream it cannot read: answer why.
+        let mut connection = listener.accept().unwrap();
+        let mut header = [0u8; 12];
+        let _ = connection.read_exact(&mut header);
+        let read = StreamReader::new(&header[..]).map(|_| ());
+        let why = read.map_err(|e| MigrationError::from(e).to_string());
+        let _ = answer(
+            &mut connection,
+            why.as_ref().map(|_| ()).map_err(String::as_str),
+        );
+        why
+    });
+    let client = ours.files("source.example", &ours).client().unwrap();
+    let e = address.connect_tls(&client).unwrap_err().to_string();
+    assert!(e.contains("does not speak TLS"), "{e}");
+    assert!(
+        destination.join().unwrap().is_err(),
+        "not a stream it can read"
+    );
+}
+
+#[test]
+fn tls_files_that_cannot_be_used_are_named() {
+    let (ours, _) = cas("files");
+    let good = ours.files("source.example", &ours);
+    let missing = TlsFiles {
+        key: good.key.with_extension("nope"),
+        ..good.clone()
+    };
+    let e = missing.client().unwrap_err().to_string();
+    assert!(
+        e.contains("cannot read the private key") && e.contains(".nope"),
+        "{e}"
+    );
+    let not_a_cert = TlsFiles {
+        cert: good.key.clone(),
+        ..good.clone()
+    };
+    let e = not_a_cert.client().unwrap_err().to_string();
+    assert!(e.contains("holds no certificate"), "{e}");
+    let e = good.server(&[]).unwrap_err().to_string();
+    assert!(e.contains("--tls-allow"), "{e}");
+    let unix: Address = "unix:/tmp/x.sock".parse().unwrap();
+    let e = unix
+        .connect_tls(&good.client().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("TLS is for tcp"), "{e}");
+}
