@@ -7,6 +7,8 @@
 #[path = "common/certs.rs"]
 mod certs;
 mod common;
+#[path = "common/hosts.rs"]
+mod hosts;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -272,13 +274,23 @@ fn vmm() -> Command {
     Command::new(env!("CARGO_BIN_EXE_reference-vmm"))
 }
 
+/// The VMM in network namespace `ns` (a host of [`hosts::TwoHosts`]).
+fn vmm_in(ns: &str) -> Command {
+    hosts::TwoHosts::command(ns, env!("CARGO_BIN_EXE_reference-vmm"))
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// `run` of the migration guest on 2 vCPUs and 64 MiB with `params`.
 fn run_migrate(params: &str) -> Command {
-    let mut run = vmm();
+    migrate_with(vmm(), params)
+}
+
+/// `run` of the migration guest on 2 vCPUs and 64 MiB with `params`, by
+/// `run` (the VMM, maybe in a namespace).
+fn migrate_with(mut run: Command, params: &str) -> Command {
     run.args([
         "run",
         "--guest",
@@ -294,12 +306,17 @@ fn run_migrate(params: &str) -> Command {
 
 /// `run --guest migrate` with `extra` arguments, in the background.
 fn source(extra: &[&str]) -> Child {
+    source_by(vmm(), extra)
+}
+
+/// [`source`], by `vmm` (maybe in a namespace).
+fn source_by(vmm: Command, extra: &[&str]) -> Child {
     let params = config(Irqchip::User).params[..5]
         .iter()
         .map(u64::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    run_migrate(&params)
+    migrate_with(vmm, &params)
         .args(["--migrate-after-ms", "50"])
         .args(extra)
         .args(
@@ -331,14 +348,11 @@ fn assert_guest_checked(out: &Output, what: &str) {
     );
 }
 
-#[test]
-fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
-    if !kvm_available("two_processes_hand_a_guest_over_and_the_source_exits_0") {
-        return;
-    }
-    // Over TCP in TLS: each side's certificate, the CA, whom it allows.
-    let (ca, _) = certs::cas("cli");
-    let tls = |files: reference_vmm::migration::tls::TlsFiles| {
+/// `receive`'s and `run`'s TLS arguments: the destination's certificate
+/// for `destination`, the source's for `source.example`, which the
+/// destination allows.
+fn tls_args(ca: &certs::Ca, destination: &str) -> (Vec<String>, Vec<String>) {
+    let args = |files: migration::tls::TlsFiles| {
         [
             ("--tls-cert", files.cert),
             ("--tls-key", files.key),
@@ -348,9 +362,94 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
         .flat_map(|(flag, path)| [flag.to_string(), path.to_string_lossy().into_owned()])
         .collect::<Vec<String>>()
     };
-    let mut receive_tls = tls(ca.files("127.0.0.1", &ca));
-    receive_tls.extend(["--tls-allow".into(), "source.example".into()]);
-    let source_tls = tls(ca.files("source.example", &ca));
+    let mut receive = args(ca.files(destination, ca));
+    receive.extend(["--tls-allow".into(), "source.example".into()]);
+    (receive, args(ca.files("source.example", ca)))
+}
+
+/// A `receive` in namespace `ns` listening at `listen` with `tls`.
+fn receive_in(ns: &str, listen: &str, tls: &[String]) -> Background {
+    Background(
+        vmm_in(ns)
+            .args(["receive", "--listen", listen])
+            .args(tls)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Two hosts (network namespaces joined by a veth pair at 1 Gbit/s): the
+/// guest moves in TLS from one to the other with each backend, and a
+/// source whose certificate the destination does not allow is refused
+/// before its guest starts.
+#[test]
+fn a_guest_moves_between_two_hosts_in_tls_over_a_rate_limited_link() {
+    let test = "a_guest_moves_between_two_hosts_in_tls_over_a_rate_limited_link";
+    if !kvm_available(test) {
+        return;
+    }
+    let hosts = match hosts::TwoHosts::new("tls", "1gbit") {
+        Ok(hosts) => hosts,
+        Err(why) => {
+            common::skip(test, &format!("cannot make two network namespaces: {why}"));
+            return;
+        }
+    };
+    let (ca, _) = certs::cas("hosts");
+    let (receive_tls, source_tls) = tls_args(&ca, hosts::DESTINATION_IP);
+    let listen = format!("tcp:{}:0", hosts::DESTINATION_IP);
+    for backend in ["bitmap", "manual", "ring"] {
+        let mut destination = receive_in(&hosts.destination, &listen, &receive_tls);
+        let at = destination.listening_on();
+        let mut args = vec!["--migrate-to", &at, "--dirty-log", backend];
+        args.extend(source_tls.iter().map(String::as_str));
+        let source = source_by(vmm_in(&hosts.source), &args)
+            .wait_with_output()
+            .unwrap();
+        let stdout = text(&source.stdout);
+        assert!(
+            source.status.success(),
+            "{backend}: {stdout}\n{}",
+            text(&source.stderr)
+        );
+        assert!(stdout.contains("then handed over"), "{backend}: {stdout}");
+        assert_guest_checked(&destination.output(), backend);
+    }
+    // A source with a certificate for a name the destination does not allow.
+    let mut destination = receive_in(&hosts.destination, &listen, &receive_tls);
+    let at = destination.listening_on();
+    let intruder = ca.files("intruder.example", &ca);
+    let flags = [
+        ("--tls-cert", &intruder.cert),
+        ("--tls-key", &intruder.key),
+        ("--tls-ca", &intruder.ca),
+    ];
+    let mut args = vec!["--migrate-to", &at];
+    for (flag, path) in &flags {
+        args.extend([*flag, path.to_str().unwrap()]);
+    }
+    let source = source_by(vmm_in(&hosts.source), &args)
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(source.status.code(), Some(1));
+    assert!(
+        text(&source.stderr).contains("refused this side's certificate"),
+        "{}",
+        text(&source.stderr)
+    );
+    drop(destination);
+}
+
+#[test]
+fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
+    if !kvm_available("two_processes_hand_a_guest_over_and_the_source_exits_0") {
+        return;
+    }
+    // Over TCP in TLS: each side's certificate, the CA, whom it allows.
+    let (ca, _) = certs::cas("cli");
+    let (receive_tls, source_tls) = tls_args(&ca, "127.0.0.1");
     for (address, irqchip, backend, receive_tls, source_tls) in [
         (socket("cli"), "user", "ring", vec![], vec![]),
         (tcp(), "kernel", "bitmap", receive_tls, source_tls),
