@@ -4,8 +4,6 @@
 //! dirty-log backend, both interrupt controllers, Unix and TCP; snapshots;
 //! and streams or destinations that fail while the source runs on.
 
-#[path = "common/certs.rs"]
-mod certs;
 mod common;
 #[path = "common/hosts.rs"]
 mod hosts;
@@ -351,8 +349,8 @@ fn assert_guest_checked(out: &Output, what: &str) {
 /// `receive`'s and `run`'s TLS arguments: the destination's certificate
 /// for `destination`, the source's for `source.example`, which the
 /// destination allows.
-fn tls_args(ca: &certs::Ca, destination: &str) -> (Vec<String>, Vec<String>) {
-    let args = |files: migration::tls::TlsFiles| {
+fn tls_args(ca: &test_support::certs::Ca, destination: &str) -> (Vec<String>, Vec<String>) {
+    let args = |files: test_support::certs::CertFiles| {
         [
             ("--tls-cert", files.cert),
             ("--tls-key", files.key),
@@ -397,7 +395,7 @@ fn a_guest_moves_between_two_hosts_in_tls_over_a_rate_limited_link() {
             return;
         }
     };
-    let (ca, _) = certs::cas("hosts");
+    let (ca, _) = test_support::certs::cas("hosts");
     let (receive_tls, source_tls) = tls_args(&ca, hosts::DESTINATION_IP);
     let listen = format!("tcp:{}:0", hosts::DESTINATION_IP);
     for backend in ["bitmap", "manual", "ring"] {
@@ -448,7 +446,7 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
         return;
     }
     // Over TCP in TLS: each side's certificate, the CA, whom it allows.
-    let (ca, _) = certs::cas("cli");
+    let (ca, _) = test_support::certs::cas("cli");
     let (receive_tls, source_tls) = tls_args(&ca, "127.0.0.1");
     for (address, irqchip, backend, receive_tls, source_tls) in [
         (socket("cli"), "user", "ring", vec![], vec![]),
@@ -885,7 +883,7 @@ fn migration_arguments_get_clear_errors() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    let (ca, _) = certs::cas("arguments");
+    let (ca, _) = test_support::certs::cas("arguments");
     let files = ca.files("127.0.0.1", &ca);
     let out = vmm()
         .args(["receive", "--listen", "tcp:127.0.0.1:0", "--tls-cert"])

@@ -2,14 +2,11 @@
 //! moves byte for byte with each dirty-log backend, and every source or
 //! destination that should not be trusted is refused, saying why.
 
-#[path = "common/certs.rs"]
-mod certs;
 mod common;
 
 use std::io::{Read, Write};
 use std::thread;
 
-use certs::{Ca, cas};
 use common::kvm_available;
 use reference_vmm::migration::tls::{TlsClient, TlsFiles, TlsServer};
 use reference_vmm::migration::{
@@ -17,9 +14,19 @@ use reference_vmm::migration::{
     move_in_process_tls,
 };
 use reference_vmm::{Irqchip, VmConfig};
+use test_support::certs::{Ca, CertFiles, cas};
+
+/// The TLS files of `files`.
+fn tls(files: CertFiles) -> TlsFiles {
+    TlsFiles {
+        cert: files.cert,
+        key: files.key,
+        ca: files.ca,
+    }
+}
 
 fn destination(ca: &Ca) -> TlsServer {
-    ca.files("127.0.0.1", ca)
+    tls(ca.files("127.0.0.1", ca))
         .server(&["source.example".into()])
         .unwrap()
 }
@@ -34,7 +41,7 @@ fn a_guest_moves_byte_for_byte_in_tls_with_each_backend() {
         return;
     }
     let (ours, _) = cas("moves");
-    let client = ours.files("source.example", &ours).client().unwrap();
+    let client = tls(ours.files("source.example", &ours)).client().unwrap();
     for backend in [
         DirtyLogBackend::Bitmap,
         DirtyLogBackend::Manual,
@@ -90,7 +97,7 @@ fn sources_and_destinations_not_trusted_are_refused_saying_why() {
         (connected, accepted.join().unwrap())
     };
     // The allowed source, signed by our CA.
-    let allowed = ours.files("source.example", &ours).client().unwrap();
+    let allowed = tls(ours.files("source.example", &ours)).client().unwrap();
     let (source, destination_side) = connect(&allowed);
     assert!(
         source.is_ok() && destination_side.is_ok(),
@@ -100,11 +107,11 @@ fn sources_and_destinations_not_trusted_are_refused_saying_why() {
     for (what, client) in [
         (
             "a name not allowed",
-            ours.files("intruder.example", &ours).client().unwrap(),
+            tls(ours.files("intruder.example", &ours)).client().unwrap(),
         ),
         (
             "another CA's certificate",
-            other.files("source.example", &ours).client().unwrap(),
+            tls(other.files("source.example", &ours)).client().unwrap(),
         ),
     ] {
         let (source, destination_side) = connect(&client);
@@ -120,7 +127,7 @@ fn sources_and_destinations_not_trusted_are_refused_saying_why() {
         );
     }
     // A source that trusts another CA refuses our destination.
-    let wary = ours.files("source.example", &other).client().unwrap();
+    let wary = tls(ours.files("source.example", &other)).client().unwrap();
     let (source, _) = connect(&wary);
     let source = source.unwrap_err().to_string();
     assert!(source.contains("the destination's certificate"), "{source}");
@@ -158,7 +165,7 @@ fn a_tls_source_against_a_plaintext_destination_is_told_so() {
         );
         why
     });
-    let client = ours.files("source.example", &ours).client().unwrap();
+    let client = tls(ours.files("source.example", &ours)).client().unwrap();
     let e = address.connect_tls(&client).unwrap_err().to_string();
     assert!(e.contains("does not speak TLS"), "{e}");
     assert!(
@@ -170,7 +177,7 @@ fn a_tls_source_against_a_plaintext_destination_is_told_so() {
 #[test]
 fn tls_files_that_cannot_be_used_are_named() {
     let (ours, _) = cas("files");
-    let good = ours.files("source.example", &ours);
+    let good = tls(ours.files("source.example", &ours));
     let missing = TlsFiles {
         key: good.key.with_extension("nope"),
         ..good.clone()

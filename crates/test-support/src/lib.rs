@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod affinity;
+pub mod certs;
 pub mod criterion_medians;
 pub mod hogs;
 pub mod results;

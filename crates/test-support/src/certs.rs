@@ -1,16 +1,35 @@
-//! Certificates for the TLS tests: CAs, and what each signs, written as PEM
-//! files in a fresh directory.
+//! Certificates for TLS in tests and benchmarks: CAs, and what each signs,
+//! written as PEM files in a fresh directory.
 
 use std::path::{Path, PathBuf};
 
 use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair};
-use reference_vmm::migration::tls::TlsFiles;
+
+/// A certificate, its key, and the CA certificate its peer must chain to:
+/// PEM files.
+#[derive(Clone, Debug)]
+pub struct CertFiles {
+    /// The certificate.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The CA the peer's certificate must chain to.
+    pub ca: PathBuf,
+}
 
 /// A CA, and what it signs.
 pub struct Ca {
     cert: Certificate,
     key: KeyPair,
     dir: PathBuf,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Ca {
@@ -31,7 +50,7 @@ impl Ca {
 
     /// A certificate for `name` (a DNS name or an IP address), and its key,
     /// with this CA's certificate as the one the peer must chain to.
-    pub fn files(&self, name: &str, trusting: &Ca) -> TlsFiles {
+    pub fn files(&self, name: &str, trusting: &Ca) -> CertFiles {
         let key = KeyPair::generate().unwrap();
         let cert = CertificateParams::new(vec![name.to_string()])
             .unwrap()
@@ -42,7 +61,7 @@ impl Ca {
             std::fs::write(&path, text).unwrap();
             path
         };
-        TlsFiles {
+        CertFiles {
             cert: write(&format!("{name}.pem"), cert.pem()),
             key: write(&format!("{name}.key"), key.serialize_pem()),
             ca: trusting.dir.join("ca.pem"),
@@ -50,9 +69,9 @@ impl Ca {
     }
 }
 
-/// Two CAs in a fresh directory: ours, and another.
-pub fn cas(test: &str) -> (Ca, Ca) {
-    let dir = std::env::temp_dir().join(format!("rvmm-tls-{}-{test}", std::process::id()));
+/// Two CAs in a fresh directory named after `what`: ours, and another.
+pub fn cas(what: &str) -> (Ca, Ca) {
+    let dir = std::env::temp_dir().join(format!("rvmm-tls-{}-{what}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     (Ca::new(&dir, "ours"), Ca::new(&dir, "other"))
 }
