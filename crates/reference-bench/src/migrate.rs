@@ -1,18 +1,23 @@
 //! `reference-bench migrate`: the `migrate` guest moved live between two VMs of this
 //! process over a Unix socket, per dirty-log backend and dirtying rate, with
-//! the memory of both compared at the switch-over.
+//! the memory of both compared at the switch-over; then beside two CPU hogs
+//! with the dirty ring, with and without the dirty limit, and over loopback
+//! TCP in plain text and in TLS.
 
 use std::time::Duration;
 
 use crate::Error;
 use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
 use reference_vmm::migration::pause::PauseError;
+use reference_vmm::migration::tls::{TlsClient, TlsFiles, TlsServer};
 use reference_vmm::migration::{
     Address, DirtyLogBackend, MigrateOptions, MigrationError, Moved, move_in_process,
+    move_in_process_tls,
 };
 use reference_vmm::{RunReport, Vm, VmConfig};
 use test_guests::layout::PAGE_SIZE;
 use test_guests::programs as guest;
+use test_support::Hogs;
 
 /// vCPUs of the guest.
 const VCPUS: u32 = 2;
@@ -119,14 +124,96 @@ impl Cells {
     }
 }
 
-const BACKENDS: [DirtyLogBackend; 3] = [
-    DirtyLogBackend::Bitmap,
-    DirtyLogBackend::Manual,
-    DirtyLogBackend::Ring,
+/// How the stream travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    /// A Unix socket.
+    Unix,
+    /// Loopback TCP in plain text.
+    Tcp,
+    /// Loopback TCP in TLS 1.3.
+    Tls,
+}
+
+/// One row's way of moving the guest.
+#[derive(Clone, Copy, Debug)]
+struct Variant {
+    label: &'static str,
+    backend: DirtyLogBackend,
+    dirty_limit: bool,
+    link: Link,
+}
+
+const fn variant(label: &'static str, backend: DirtyLogBackend) -> Variant {
+    Variant {
+        label,
+        backend,
+        dirty_limit: false,
+        link: Link::Unix,
+    }
+}
+
+/// The main rows: each backend over a Unix socket, no limit.
+const BACKENDS: [Variant; 3] = [
+    variant("bitmap", DirtyLogBackend::Bitmap),
+    variant("manual", DirtyLogBackend::Manual),
+    variant("ring", DirtyLogBackend::Ring),
+];
+/// Beside two CPU hogs: the ring without and with the dirty limit.
+const LOADED: [Variant; 2] = [
+    variant("ring, 2 CPU hogs", DirtyLogBackend::Ring),
+    Variant {
+        dirty_limit: true,
+        ..variant("ring + dirty limit, 2 CPU hogs", DirtyLogBackend::Ring)
+    },
+];
+/// Over loopback TCP: plain text and TLS.
+const LINKS: [Variant; 2] = [
+    Variant {
+        link: Link::Tcp,
+        ..variant("manual, TCP", DirtyLogBackend::Manual)
+    },
+    Variant {
+        link: Link::Tls,
+        ..variant("manual, TCP in TLS", DirtyLogBackend::Manual)
+    },
 ];
 
+/// Where the moves go, and the TLS both sides use.
+struct Links {
+    unix: Address,
+    tls: (TlsClient, TlsServer),
+}
+
+impl Links {
+    fn new() -> Result<Self, Error> {
+        let (ca, _) = test_support::certs::cas("bench");
+        let files = |f: test_support::certs::CertFiles| TlsFiles {
+            cert: f.cert,
+            key: f.key,
+            ca: f.ca,
+        };
+        let client = files(ca.files("source.example", &ca)).client()?;
+        let server = files(ca.files("127.0.0.1", &ca)).server(&["source.example".into()])?;
+        let socket = format!("rvmm-bench-{}.sock", std::process::id());
+        Ok(Self {
+            unix: Address::Unix(std::env::temp_dir().join(socket)),
+            tls: (client, server),
+        })
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        if let Address::Unix(path) = &self.unix {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// Runs the scenario: every backend at every rate, alternating, median of
-/// the repetitions, beside the same guest's longest stall without a move.
+/// the repetitions, beside the same guest's longest stall without a move;
+/// then the ring beside two CPU hogs, and loopback TCP with and without TLS.
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
     let (mem_mib, pages) = match opts.quick {
         true => (64, 2048),
@@ -134,81 +221,67 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     };
     let mut t = Table::new(
         format!(
-            "migrate: {VCPUS} vCPUs, {mem_mib} MiB, each rewriting {} MiB of it, moved over a Unix socket",
+            "migrate: {VCPUS} vCPUs, {mem_mib} MiB, each rewriting {} MiB of it, moved over a Unix socket (or as the backend column says)",
             (pages * PAGE_SIZE) >> 20
         ),
         &COLUMNS,
     );
-    let socket =
-        Address::Unix(std::env::temp_dir().join(format!("rvmm-bench-{}.sock", std::process::id())));
-    let mut low_rate = Vec::new();
-    let mut differing = 0;
-    for (rate, rate_us) in RATES {
-        let config = guest_config(mem_mib, pages, rate_us, RUN);
-        let mut baseline = Runs::new();
-        let mut cells: Vec<Cells> = BACKENDS.iter().map(|_| Cells::default()).collect();
-        for rep in 1..=opts.reps() {
-            progress(&format!("migrate: {rate}, run {rep} without a move"));
-            let alone = Vm::new(&config)?.run(program(), Box::new(std::io::sink()))?;
-            baseline.push(guest_stall_ms(&alone));
-            for (backend, cell) in BACKENDS.iter().zip(&mut cells) {
-                progress(&format!("migrate: {rate}, {backend:?}, run {rep}"));
-                // --quick compares in its one run, and times that run.
-                cell.add(move_with(&config, *backend, &socket, opts.quick))?;
-            }
-        }
-        for (backend, cell) in BACKENDS.iter().zip(&mut cells).filter(|_| !opts.quick) {
-            progress(&format!("migrate: {rate}, {backend:?}, memories compared"));
-            match move_with(&config, *backend, &socket, true) {
-                Ok(moved) => cell.differing = moved.differing.unwrap_or(u64::MAX),
-                Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
-                    cell.unfinished += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        for (backend, c) in BACKENDS.iter().zip(&cells) {
-            let converged = match c.unfinished {
-                0 => format!("{} of {}", c.converged, opts.reps()),
-                n => format!("{} of {}; {n} unfinished", c.converged, opts.reps()),
-            };
-            t.row(vec![
-                Cell::text(format!("{backend:?}").to_lowercase()),
-                Cell::text(rate),
-                Cells::median(&c.rounds, 0),
-                Cell::text(converged),
-                Cells::median(&c.pages, 0),
-                Cells::median(&c.total_ms, 1),
-                Cells::median(&c.downtime_ms, 2),
-                Cells::median(&c.stall_ms, 2),
-                Cell::num(baseline.median(), 2),
-                Cell::num(c.differing as f64, 0),
-            ]);
-            differing = differing.max(c.differing);
-        }
-        if low_rate.is_empty() {
-            low_rate = cells;
-        }
+    let links = Links::new()?;
+    let configs = RATES.map(|(rate, rate_us)| (rate, guest_config(mem_mib, pages, rate_us, RUN)));
+    let mut by_rate = Vec::new();
+    for (rate, config) in &configs {
+        by_rate.push(measure(
+            &mut t,
+            opts,
+            progress,
+            (rate, config),
+            &BACKENDS,
+            &links,
+            0,
+        )?);
     }
-    if let Address::Unix(path) = &socket {
-        let _ = std::fs::remove_file(path);
+    let mut loaded = Vec::new();
+    for (rate, config) in &configs {
+        loaded.push(measure(
+            &mut t,
+            opts,
+            progress,
+            (rate, config),
+            &LOADED,
+            &links,
+            2,
+        )?);
     }
+    let (rate, config) = &configs[0];
+    let tcp = measure(&mut t, opts, progress, (rate, config), &LINKS, &links, 0)?;
+    let differing = by_rate
+        .iter()
+        .chain(&loaded)
+        .chain([&tcp])
+        .flatten()
+        .map(|c| c.differing)
+        .max()
+        .unwrap_or(0);
     t.note(format!(
         "The guest starts moving {} ms in and runs {} s; pre-copy stops once a round takes no \
          longer than the 20 ms downtime target, or after {MAX_ROUNDS} rounds or {} s \
          (\"converged\": the runs that stopped by the target; \"unfinished\": runs whose guest \
-         ended before the hand-over). Downtime (VMM) is from the pause to the destination's answer; \
-         the guest's longest stall is the longest gap between two of its TSC reads, on either \
-         host, beside the same guest's without a move. Medians of {} runs, where the destination \
-         runs as soon as it answers; in each, the guest checks every page against its \
-         generation. Differing bytes: one more run per cell whose destination waits until both \
-         memories are compared byte for byte at the switch-over.",
+         ended before the hand-over). With the dirty limit, the ring's pre-copy goes on past \
+         those limits, the vCPUs that write pausing at their next exit, the target halving each \
+         round, until a round fits. Downtime (VMM) is from the pause to the destination's \
+         answer; the guest's longest stall is the longest gap between two of its TSC reads, on \
+         either host, beside the same guest's without a move (beside the same hogs). Medians of \
+         {} runs, where the destination runs as soon as it answers; in each, the guest checks \
+         every page against its generation. Differing bytes: one more run per cell whose \
+         destination waits until both memories are compared byte for byte at the switch-over.",
         AFTER.as_millis(),
         RUN.as_secs(),
         MAX_PRECOPY.as_secs(),
         opts.reps()
     ));
-    t.note(downtime_goal(&low_rate[1..]));
+    t.note(downtime_goal(&by_rate[0][1..]));
+    t.note(dirty_limit_goal(&loaded[0][1], &loaded[1][1], opts.reps()));
+    t.note(tls_goal(&tcp[0], &tcp[1]));
     t.note(goal(
         "0 differing bytes in every compared run",
         &format!("at most {differing}"),
@@ -218,31 +291,124 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     Ok(t)
 }
 
+/// Moves the guest of `config` at `rate` each of `variants` ways, the
+/// variants alternating, beside `hogs` CPU hogs, and adds a row for each.
+fn measure(
+    t: &mut Table,
+    opts: Options,
+    progress: &mut dyn FnMut(&str),
+    (rate, config): (&str, &VmConfig),
+    variants: &[Variant],
+    links: &Links,
+    hogs: usize,
+) -> Result<Vec<Cells>, Error> {
+    let _hogs = (hogs > 0).then(|| Hogs::start(hogs));
+    let mut baseline = Runs::new();
+    let mut cells: Vec<Cells> = variants.iter().map(|_| Cells::default()).collect();
+    for rep in 1..=opts.reps() {
+        progress(&format!("migrate: {rate}, run {rep} without a move"));
+        let alone = Vm::new(config)?.run(program(), Box::new(std::io::sink()))?;
+        baseline.push(guest_stall_ms(&alone));
+        for (v, cell) in variants.iter().zip(&mut cells) {
+            progress(&format!("migrate: {rate}, {}, run {rep}", v.label));
+            // --quick compares in its one run, and times that run.
+            cell.add(move_with(config, v, links, opts.quick))?;
+        }
+    }
+    for (v, cell) in variants.iter().zip(&mut cells).filter(|_| !opts.quick) {
+        progress(&format!("migrate: {rate}, {}, memories compared", v.label));
+        match move_with(config, v, links, true) {
+            Ok(moved) => cell.differing = moved.differing.unwrap_or(u64::MAX),
+            Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
+                cell.unfinished += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    for (v, c) in variants.iter().zip(&cells) {
+        let converged = match c.unfinished {
+            0 => format!("{} of {}", c.converged, opts.reps()),
+            n => format!("{} of {}; {n} unfinished", c.converged, opts.reps()),
+        };
+        t.row(vec![
+            Cell::text(v.label),
+            Cell::text(rate),
+            Cells::median(&c.rounds, 0),
+            Cell::text(converged),
+            Cells::median(&c.pages, 0),
+            Cells::median(&c.total_ms, 1),
+            Cells::median(&c.downtime_ms, 2),
+            Cells::median(&c.stall_ms, 2),
+            Cell::num(baseline.median(), 2),
+            Cell::num(c.differing as f64, 0),
+        ]);
+    }
+    Ok(cells)
+}
+
 fn move_with(
     config: &VmConfig,
-    backend: DirtyLogBackend,
-    socket: &Address,
+    variant: &Variant,
+    links: &Links,
     compare: bool,
 ) -> Result<Moved, Error> {
     let options = MigrateOptions {
-        backend,
+        backend: variant.backend,
         after: AFTER,
         max_rounds: MAX_ROUNDS,
         max_precopy: MAX_PRECOPY,
-        dirty_limit: false,
+        dirty_limit: variant.dirty_limit,
         ..MigrateOptions::default()
     };
     let config = VmConfig {
         dirty_ring: options.dirty_ring(),
         ..config.clone()
     };
-    Ok(move_in_process(
-        &config,
-        program(),
-        options,
-        socket,
-        compare,
-    )?)
+    let tcp: Address = "tcp:127.0.0.1:0".parse().expect("an address");
+    let moved = match variant.link {
+        Link::Unix => move_in_process(&config, program(), options, &links.unix, compare),
+        Link::Tcp => move_in_process(&config, program(), options, &tcp, compare),
+        Link::Tls => {
+            let tls = links.tls.clone();
+            move_in_process_tls(&config, program(), options, &tcp, tls, compare)
+        }
+    };
+    Ok(moved?)
+}
+
+/// Beside two CPU hogs, the ring with the dirty limit converges in every
+/// run at both rates, within the stall bounds.
+fn dirty_limit_goal(low: &Cells, flat_out: &Cells, reps: usize) -> String {
+    let converged = low.converged == reps && flat_out.converged == reps;
+    let stalls = low.stall_ms.median() <= 20.0 && flat_out.stall_ms.median() <= 50.0;
+    goal(
+        "beside two CPU hogs, the ring with the dirty limit converges in every run at both \
+         rates, the guest's longest stall at most 20 ms at the lower rate and 50 ms flat out",
+        &format!(
+            "{} and {} of {reps} converged, stalls {:.2} and {:.2} ms",
+            low.converged,
+            flat_out.converged,
+            low.stall_ms.median(),
+            flat_out.stall_ms.median()
+        ),
+        converged && stalls,
+        &[],
+    )
+}
+
+/// TLS's total time within 1.2x of plain text's on the same link.
+fn tls_goal(plain: &Cells, tls: &Cells) -> String {
+    let ratio = tls.total_ms.median() / plain.total_ms.median();
+    goal(
+        "over loopback TCP, a move in TLS takes at most 1.2x the time of one in plain text",
+        &format!(
+            "{ratio:.2}x ({:.1} against {:.1} ms)",
+            tls.total_ms.median(),
+            plain.total_ms.median()
+        ),
+        ratio <= 1.2,
+        &[],
+    )
 }
 
 /// Guest-seen downtime at most 20 ms at the lower rate, with the better of
