@@ -383,3 +383,43 @@ fn a_cpu_baseline_of_hosts_limits_the_guest_and_names_what_this_host_lacks() {
         std::fs::remove_file(f).unwrap();
     }
 }
+
+#[test]
+fn conformance_records_kvms_answers_for_a_fuzz_corpus() {
+    if !kvm_available("conformance_records_kvms_answers_for_a_fuzz_corpus") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rvmm-corpus-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // A read of the version register (x2APIC MSR 0x803, a #GP in xAPIC
+    // mode), and a read of the version at the page's offset 0x30.
+    std::fs::write(dir.join("b-msr"), [1u8, 3, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+    std::fs::write(dir.join("a-page"), [2u8, 0, 0x30, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+    let out = vmm(&["conformance", "--record-fuzz-corpus", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let answers = reference_vmm::conformance::fuzz_corpus::parse(&text(&out.stdout)).unwrap();
+    let names: Vec<&String> = answers.by_input.keys().collect();
+    assert_eq!(answers.by_input.len(), 2, "{names:?}");
+    assert_eq!(
+        answers.by_input["b-msr"][0],
+        test_guests::apic_script::Outcome::Faulted
+    );
+    let version = answers.by_input["a-page"][0];
+    assert!(
+        matches!(version, test_guests::apic_script::Outcome::Done(v) if v & 0xFF == 0x14),
+        "{version:?}"
+    );
+    assert!(
+        text(&out.stdout).find("a-page") < text(&out.stdout).find("b-msr"),
+        "sorted"
+    );
+    let missing = vmm(&["conformance", "--record-fuzz-corpus", "/nonexistent/corpus"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr).contains("cannot read the corpus"),
+        "{}",
+        text(&missing.stderr)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -131,6 +131,16 @@ fn sources_and_destinations_not_trusted_are_refused_saying_why() {
     let (source, _) = connect(&wary);
     let source = source.unwrap_err().to_string();
     assert!(source.contains("the destination's certificate"), "{source}");
+    // A source that expects another name on the destination's certificate.
+    let elsewhere = tls(ours.files("source.example", &ours))
+        .client()
+        .unwrap()
+        .with_server_name("elsewhere.example")
+        .unwrap();
+    let (source, _) = connect(&elsewhere);
+    let source = source.unwrap_err().to_string();
+    assert!(source.contains("the destination's certificate"), "{source}");
+    assert!(allowed.clone().with_server_name("not a name!").is_err());
     // A plaintext source gets a plaintext refusal.
     let listener = listen();
     let address = listener.address().unwrap();

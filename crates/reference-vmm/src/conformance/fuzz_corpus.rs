@@ -327,3 +327,60 @@ pub fn first_change(fresh: &[Record], kvm: &[Outcome]) -> Option<(Record, Outcom
         None => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answers_file_reads_back_and_bad_lines_are_named() {
+        let answers = parse("# a comment\nmaxphyaddr 46\nabc 0 1f gp -\n\n").unwrap();
+        assert_eq!(answers.phys_bits, 46);
+        let outcomes = &answers.by_input["abc"];
+        assert_eq!(
+            outcomes[..],
+            [
+                Outcome::Done(0),
+                Outcome::Done(0x1F),
+                Outcome::Faulted,
+                Outcome::NotRun
+            ]
+        );
+        assert!(parse("abc 0\n").unwrap_err().contains("no maxphyaddr"));
+        assert!(parse("maxphyaddr x\n").unwrap_err().contains("line 1"));
+        assert!(
+            parse("maxphyaddr 46\nabc zz\n")
+                .unwrap_err()
+                .contains("line 2")
+        );
+    }
+
+    #[test]
+    fn a_changed_answer_is_found_where_it_changed() {
+        let ops = script(&[1, 3, 0, 0, 0, 0, 0, 0, 0, 0]); // rdmsr 0x803, then the TPRs
+        let fresh: Vec<Record> = ops
+            .iter()
+            .map(|&op| Record {
+                op,
+                outcome: Outcome::Done(0),
+            })
+            .collect();
+        let same: Vec<Outcome> = fresh.iter().map(|r| r.outcome).collect();
+        assert_eq!(first_change(&fresh, &same), None);
+        let mut other = same.clone();
+        other[1] = Outcome::Faulted;
+        let (record, then) = first_change(&fresh, &other).unwrap();
+        assert_eq!((record.op, then), (ops[1], Outcome::Faulted));
+        let mut longer = same.clone();
+        longer.push(Outcome::Done(7));
+        assert_eq!(first_change(&fresh, &longer).unwrap().1, Outcome::Done(7));
+        // The VMM's model against a made-up answer: the read differs.
+        let input = [1u8, 3, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert!(check(&input, &same, 48).is_some(), "a #GP read back as 0");
+        let modelled: Vec<Outcome> = ours(&script(&input), 48)
+            .iter()
+            .map(|r| r.outcome)
+            .collect();
+        assert!(check(&input, &modelled, 48).is_none());
+    }
+}
