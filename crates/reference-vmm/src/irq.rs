@@ -230,31 +230,37 @@ impl Interrupts {
     /// vCPU `vcpu`'s APIC is software-enabled (`accepting`) or disabled,
     /// in x2APIC mode or xAPIC: which IPIs reach it. Its own thread says so
     /// after each register write.
+    /// Called on every register write, it stores only a change: senders
+    /// read these words.
     pub fn set_apic_state(&self, vcpu: usize, accepting: bool, x2apic: bool) {
-        self.links[vcpu].accepting.store(accepting, SeqCst);
-        self.links[vcpu].x2apic.store(x2apic, SeqCst);
+        let link = &self.links[vcpu];
+        if link.accepting.load(SeqCst) != accepting {
+            link.accepting.store(accepting, SeqCst);
+        }
+        if link.x2apic.load(SeqCst) != x2apic {
+            link.x2apic.store(x2apic, SeqCst);
+        }
     }
 
     /// Sends `vector` from vCPU `from` to `to`, skipping a vCPU whose APIC
     /// is software-disabled. Returns how many vCPUs got it.
     pub fn ipi(&self, from: usize, vector: u8, to: Destination) -> usize {
-        let reached: Vec<usize> = (0..self.links.len())
-            .filter(|&t| to.reaches(from, t, self.links[t].x2apic.load(SeqCst)))
-            .collect();
-        if reached.is_empty() && matches!(to, Destination::Physical(_)) {
+        let (mut reached, mut delivered) = (0, 0);
+        for (t, link) in self.links.iter().enumerate() {
+            if !to.reaches(from, t, link.x2apic.load(SeqCst)) {
+                continue;
+            }
+            reached += 1;
+            let disabled_takes = planted(SeededBug::DisabledVcpuTakesIpis) && t != from;
+            if link.accepting.load(SeqCst) || disabled_takes {
+                self.post(t, vector);
+                delivered += 1;
+            }
+        }
+        if reached == 0 && matches!(to, Destination::Physical(_)) {
             self.stats.dropped.fetch_add(1, SeqCst);
         }
-        let accepting: Vec<usize> = reached
-            .into_iter()
-            .filter(|&t| {
-                self.links[t].accepting.load(SeqCst)
-                    || planted(SeededBug::DisabledVcpuTakesIpis) && t != from
-            })
-            .collect();
-        for &t in &accepting {
-            self.post(t, vector);
-        }
-        accepting.len()
+        delivered
     }
 
     /// Makes `vector` pending on vCPU `vcpu` and makes sure it notices.

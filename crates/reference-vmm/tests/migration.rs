@@ -904,24 +904,25 @@ fn migration_arguments_get_clear_errors() {
     std::fs::remove_file(file).unwrap();
 }
 
-#[test]
-fn a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused() {
-    if !kvm_available("a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused") {
-        return;
-    }
-    // A VM on this VMM's APIC, and a vCPU state with KVM's LAPIC page.
-    let description = VmDescription {
+/// A `hello` VM of `vcpus` vCPUs and `mem_mib` MiB on `irqchip`, with this
+/// host's TSC and CPU features, as a stream describes it.
+fn hello_vm(vcpus: u32, mem_mib: u64, irqchip: Irqchip) -> VmDescription {
+    VmDescription {
         program: "hello".into(),
-        vcpus: 1,
-        mem_mib: 64,
+        vcpus,
+        mem_mib,
         params: [0; 16],
-        irqchip: Irqchip::User,
+        irqchip,
         min_timer_period_ns: 200_000,
         tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
         cpu_features: CpuFeatures::of_this_host().unwrap(),
-    };
-    let state = VcpuState {
-        index: 0,
+    }
+}
+
+/// vCPU `index`'s state, all zeros, with KVM's LAPIC page.
+fn zeroed_vcpu(index: u32) -> VcpuState {
+    VcpuState {
+        index,
         halted: false,
         captured_at_ns: 0,
         regs: Default::default(),
@@ -932,7 +933,17 @@ fn a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused() {
         mp_state: 0,
         msrs: Vec::new(),
         chip: ChipState::Kernel(Box::default()),
-    };
+    }
+}
+
+#[test]
+fn a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused() {
+    if !kvm_available("a_stream_whose_vcpu_state_is_for_the_other_apic_is_refused") {
+        return;
+    }
+    // A VM on this VMM's APIC, and a vCPU state with KVM's LAPIC page.
+    let description = hello_vm(1, 64, Irqchip::User);
+    let state = zeroed_vcpu(0);
     let mut out = StreamWriter::new(Vec::new()).unwrap();
     out.config(&description).unwrap();
     out.vcpu(&state).unwrap();
@@ -957,29 +968,8 @@ fn hostile_streams_with_valid_checksums_end_in_a_clear_error() {
     if !kvm_available("hostile_streams_with_valid_checksums_end_in_a_clear_error") {
         return;
     }
-    let vm = |vcpus, mem_mib| VmDescription {
-        program: "hello".into(),
-        vcpus,
-        mem_mib,
-        params: [0; 16],
-        irqchip: Irqchip::Kernel,
-        min_timer_period_ns: 200_000,
-        tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
-        cpu_features: CpuFeatures::of_this_host().unwrap(),
-    };
-    let state = |index| VcpuState {
-        index,
-        halted: false,
-        captured_at_ns: 0,
-        regs: Default::default(),
-        sregs: Default::default(),
-        xsave: Box::default(),
-        xcrs: Default::default(),
-        events: Default::default(),
-        mp_state: 0,
-        msrs: Vec::new(),
-        chip: ChipState::Kernel(Box::default()),
-    };
+    let vm = |vcpus, mem_mib| hello_vm(vcpus, mem_mib, Irqchip::Kernel);
+    let state = zeroed_vcpu;
     let mut bad_sregs = state(0);
     bad_sregs.sregs.cr0 = u64::MAX; // reserved bits: KVM_SET_SREGS refuses
     let page = vec![0xAB; 4096];
@@ -1036,14 +1026,8 @@ fn a_guest_given_a_feature_this_host_lacks_is_refused_by_name() {
     let missing = more.missing_from(&host);
     assert!(!missing.is_empty());
     let description = VmDescription {
-        program: "hello".into(),
-        vcpus: 1,
-        mem_mib: 64,
-        params: [0; 16],
-        irqchip: Irqchip::Kernel,
-        min_timer_period_ns: 200_000,
-        tsc_khz: lapic_timer::TscClock::shared().tsc_khz() as u32,
         cpu_features: more,
+        ..hello_vm(1, 64, Irqchip::Kernel)
     };
     let mut out = StreamWriter::new(Vec::new()).unwrap();
     out.config(&description).unwrap();
