@@ -282,8 +282,8 @@ pub fn learners(data: &[u8]) {
 
 /// Migration stream: arbitrary bytes after a valid header. Checks: the
 /// reader ends in an error or at the End record, without a panic; every page
-/// run it hands out is whole pages inside the memory the Config record
-/// described; every vCPU state has an index below the described count and
+/// run it hands out (bytes or zeros) is whole pages inside the memory the
+/// Config record described; every vCPU state has an index below the described count and
 /// comes once; the End record comes only after every vCPU's, and nothing
 /// is read after it.
 pub fn migration_stream(data: &[u8]) {
@@ -302,6 +302,10 @@ pub fn migration_stream(data: &[u8]) {
                 let len = data.len() as u64;
                 assert!(gpa % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && len > 0);
                 assert!(gpa + len <= mem, "{len} bytes at {gpa:#x} past {mem:#x}");
+            }
+            Record::Zero { gpa, pages } => {
+                assert!(gpa % PAGE_SIZE == 0 && pages > 0);
+                assert!(gpa + pages * PAGE_SIZE <= mem, "{pages} pages at {gpa:#x}");
             }
             Record::Vcpu(state) => {
                 let slot = &mut seen[state.index as usize];

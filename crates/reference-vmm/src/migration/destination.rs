@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::stream::{Record, StreamReader};
+use super::stream::{Record, StreamReader, is_zero};
 use super::{ChipState, MigrationError, VcpuState};
+use crate::memory::VmMemory;
 use crate::policies::Irqchip;
 use crate::vm::{Boot, Vm, VmConfig};
+use test_guests::layout::PAGE_SIZE;
 use test_guests::programs::{self as guest, GuestProgram};
 
 /// A VM received whole, ready to run its program where it left off.
@@ -50,6 +52,10 @@ pub fn receive<R: Read>(
     };
     let restore_error = |e| MigrationError::Restore(Box::new(e));
     let mut vm = Vm::new(&config).map_err(restore_error)?;
+    let missing = vm.state_support().missing_msrs(&description.msrs);
+    if !missing.is_empty() {
+        return Err(MigrationError::MissingMsrs(missing));
+    }
     let memory = vm.memory();
     let mut states = Vec::new();
     let mut pages = 0;
@@ -57,7 +63,11 @@ pub fn receive<R: Read>(
         match input.next_record()? {
             Record::Pages { gpa, data } => {
                 memory.write_slice(&data, GuestAddress(gpa))?;
-                pages += data.len() as u64 / test_guests::layout::PAGE_SIZE;
+                pages += data.len() as u64 / PAGE_SIZE;
+            }
+            Record::Zero { gpa, pages: n } => {
+                zero_pages(&memory, gpa, n)?;
+                pages += n;
             }
             Record::Vcpu(state) => states.push(*state),
             Record::End => break,
@@ -82,6 +92,20 @@ pub fn receive<R: Read>(
     }
     vm.set_incoming(states.into_iter().map(|s| (s.chip, s.halted)).collect());
     Ok(Incoming { vm, program, pages })
+}
+
+/// Zeroes `pages` pages at `gpa`, writing only those that are not zero
+/// already: a fresh VM's memory reads as zeros without being allocated,
+/// and stays so.
+fn zero_pages(memory: &VmMemory, gpa: u64, pages: u64) -> Result<(), MigrationError> {
+    let mut page = [0u8; PAGE_SIZE as usize];
+    for at in (0..pages).map(|i| GuestAddress(gpa + i * PAGE_SIZE)) {
+        memory.read_slice(&mut page, at)?;
+        if !is_zero(&page) {
+            memory.write_slice(&[0; PAGE_SIZE as usize], at)?;
+        }
+    }
+    Ok(())
 }
 
 fn check_chip(state: &VcpuState, irqchip: Irqchip) -> Result<(), MigrationError> {

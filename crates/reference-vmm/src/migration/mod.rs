@@ -121,7 +121,14 @@ pub enum MigrationError {
     /// TLS could not be set up, or the peer was refused or refused us.
     #[error("TLS: {0}")]
     Tls(String),
-    /// The stream names a guest program this build does not have.
+    /// The source's vCPUs carry MSRs this host's KVM does not list, so
+    /// their values could not be restored (named before any page is read).
+    #[error(
+        "this host's KVM cannot save or restore MSRs the source's vCPUs carry: {}",
+        .0.iter().map(|m| format!("{m:#x}")).collect::<Vec<_>>().join(", ")
+    )]
+    MissingMsrs(Vec<u32>),
+    /// The stream's guest program is not one this VMM has.
     #[error("the stream's guest program {0:?} is not one this reference-vmm has")]
     UnknownGuest(String),
     /// A vCPU's state is for the other kind of interrupt controller.

@@ -50,6 +50,9 @@ pub struct VmDescription {
     /// The CPU features the guest was given: a destination that lacks one
     /// refuses the guest, naming it, before the source lets go.
     pub cpu_features: CpuFeatures,
+    /// The MSRs each vCPU's state carries (those the source's KVM lists): a
+    /// destination whose KVM lacks one refuses the guest, naming it.
+    pub msrs: Vec<u32>,
 }
 
 impl VmDescription {
@@ -66,6 +69,10 @@ impl VmDescription {
         e.u64(self.min_timer_period_ns).u32(self.tsc_khz);
         self.cpu_features.words().iter().for_each(|&w| {
             e.u32(w);
+        });
+        e.u32(self.msrs.len() as u32);
+        self.msrs.iter().for_each(|&m| {
+            e.u32(m);
         });
         e.0
     }
@@ -102,6 +109,10 @@ impl VmDescription {
                     *w = d.u32()?;
                 }
                 CpuFeatures::from_words(words)
+            },
+            msrs: {
+                let count = d.u32()?;
+                (0..count).map(|_| d.u32()).collect::<Result<_, _>>()?
             },
         };
         d.finish()?;
@@ -168,6 +179,19 @@ pub struct StateSupport {
 }
 
 impl StateSupport {
+    /// The MSRs of `msrs` that this host's KVM does not list.
+    pub fn missing_msrs(&self, msrs: &[u32]) -> Vec<u32> {
+        msrs.iter()
+            .copied()
+            .filter(|m| !self.msrs.contains(m))
+            .collect()
+    }
+
+    /// The MSRs a vCPU's state carries here.
+    pub fn msrs(&self) -> &[u32] {
+        &self.msrs
+    }
+
     /// Asks KVM.
     pub fn query(kvm: &Kvm) -> Result<Self, Error> {
         let list = kvm.get_msr_index_list().map_err(|source| Error::Kvm {
@@ -491,6 +515,7 @@ pub(crate) mod tests {
             min_timer_period_ns: 200_000,
             tsc_khz: 2_900_000,
             cpu_features: CpuFeatures::from_words(std::array::from_fn(|i| 0x100 * i as u32 + 1)),
+            msrs: vec![0x10, 0xc000_0080],
         }
     }
 
@@ -562,10 +587,10 @@ pub(crate) mod tests {
                 .unwrap_err()
                 .contains("vCPUs")
         );
-        // The irqchip byte, before the timer period (u64), the TSC (u32)
-        // and the CPU features.
+        // The irqchip byte, before the timer period (u64), the TSC (u32),
+        // the CPU features and the MSR list (a count and two).
         let mut bytes = description(1).encode();
-        let at = bytes.len() - 13 - 4 * FEATURE_WORDS;
+        let at = bytes.len() - 13 - 4 * FEATURE_WORDS - 12;
         assert_eq!(bytes[at], 1, "the kernel irqchip");
         bytes[at] = 2;
         let err = VmDescription::decode(&bytes).unwrap_err();

@@ -210,7 +210,13 @@ impl Vm {
             min_timer_period_ns: self.config.min_timer_period.as_nanos() as u64,
             tsc_khz,
             cpu_features: self.cpu_features,
+            msrs: self.state_support.msrs().to_vec(),
         }
+    }
+
+    /// What KVM on this host lets a migration save.
+    pub(crate) fn state_support(&self) -> &StateSupport {
+        &self.state_support
     }
 }
 
