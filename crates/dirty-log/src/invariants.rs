@@ -78,7 +78,7 @@ fn ring(slots: &[Slot], data: &[u8]) {
     // SAFETY: `ptr` points to `len` entries owned by this function.
     let taken = unsafe {
         collect_entries(ptr, len, &mut next, |gfn, index| {
-            place(&mut pending, &mut bad, slots, 0, gfn, index)
+            place(&mut pending, &mut bad, slots, 0, gfn, index);
         })
     };
     let published = before

@@ -8,12 +8,16 @@
 //! downtime a stop-and-copy would take now. [`DirtyLimit`] is QEMU's
 //! dirty-limit (8.1) idea: given a target rate for the whole VM, it tells the
 //! VMM how long each vCPU that writes faster than its share should pause,
-//! at its next exit, so that only the vCPUs that write pay: a ring-full
-//! exit, or one the VMM forces (a VMM that harvests the rings often, as a
-//! pre-copy does, empties them before they fill; the reference VMM kicks
-//! the paused vCPUs once a round). A vCPU that writes nothing is never
-//! given a pause. Per-vCPU rates need the dirty ring: bitmaps say which
-//! pages were written, not by whom.
+//! so that only the vCPUs that write pay. When is the VMM's: at each
+//! ring-full exit (QEMU), or after each slice of time the vCPU runs, at an
+//! exit the VMM forces (a VMM that harvests the rings often, as a pre-copy
+//! does, empties them before they fill; the reference VMM pauses a vCPU
+//! after each 20 ms it runs, kicking it, starting from
+//! [`with_first_pause`](DirtyLimit::with_first_pause) of a few ms). A vCPU
+//! that writes nothing is never given a pause. Per-vCPU rates need the
+//! dirty ring: bitmaps say which pages were written, not by whom, so with
+//! them the VMM can only spread a slot's rate over the vCPUs and pause
+//! them all (QEMU's auto-converge).
 //!
 //! Both are plain data driven by the caller's clock, so a fake one tests
 //! them.
@@ -145,6 +149,15 @@ impl DirtyLimit {
     pub fn with_max_pause(mut self, max: Duration) -> Self {
         self.max_pause = max;
         self.first_pause = self.first_pause.min(max);
+        self
+    }
+
+    /// The same limit with a first pause of `first` (the pause a vCPU gets
+    /// when it first writes above its share; at most the longest pause): a
+    /// VMM that pauses its vCPUs per time slice rather than per full ring
+    /// starts with a share of the slice.
+    pub fn with_first_pause(mut self, first: Duration) -> Self {
+        self.first_pause = first.min(self.max_pause);
         self
     }
 
@@ -341,5 +354,22 @@ mod tests {
         assert_eq!(limit.pause(7), Duration::ZERO);
         limit.set_target(-5.0);
         assert_eq!(limit.target(), 0.0);
+    }
+
+    #[test]
+    fn the_first_pause_is_the_one_given_and_never_above_the_maximum() {
+        let first = |limit: DirtyLimit| {
+            let mut limit = limit;
+            limit.update(&[2.0]).unwrap(); // twice its share of 1.0
+            limit.pause(0)
+        };
+        let slice = DirtyLimit::new(1, 1.0).with_max_pause(1000 * MS);
+        assert_eq!(
+            first(slice.clone()),
+            Duration::from_micros(100),
+            "50 µs, doubled"
+        );
+        assert_eq!(first(slice.clone().with_first_pause(5 * MS)), 10 * MS);
+        assert_eq!(first(slice.with_first_pause(5000 * MS)), 1000 * MS);
     }
 }

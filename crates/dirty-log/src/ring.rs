@@ -105,8 +105,9 @@ struct Ring {
     /// [`Rings::resets`] when a ring-full exit of this vCPU last found
     /// nothing to collect (a harvest may have reset the ring just before).
     empty_full_exit: Option<u64>,
-    /// Entries taken off this ring since it was mapped.
-    taken: u64,
+    /// Pages this ring reported first since it was mapped: each entry
+    /// naming a page not yet pending for the next harvest.
+    fresh: u64,
 }
 
 // SAFETY: the ring is a MAP_SHARED mapping owned by this value; it is only
@@ -148,15 +149,21 @@ impl Ring {
             len: bytes / ENTRY_BYTES,
             next: 0,
             empty_full_exit: None,
-            taken: 0,
+            fresh: 0,
         })
     }
 
-    /// Takes every published entry, marking each reset; `place` gets each.
-    fn collect(&mut self, place: impl FnMut(DirtyGfn, u32)) -> u32 {
+    /// Takes every published entry, marking each reset; `place` gets each
+    /// and says whether its page was not pending yet.
+    fn collect(&mut self, mut place: impl FnMut(DirtyGfn, u32) -> bool) -> u32 {
+        let mut fresh = 0;
         // SAFETY: `entries` maps `len` entries for as long as `self` lives.
-        let taken = unsafe { collect_entries(self.entries, self.len, &mut self.next, place) };
-        self.taken += u64::from(taken);
+        let taken = unsafe {
+            collect_entries(self.entries, self.len, &mut self.next, |gfn, index| {
+                fresh += u64::from(place(gfn, index));
+            })
+        };
+        self.fresh += fresh;
         taken
     }
 }
@@ -241,9 +248,9 @@ struct Rings {
 }
 
 impl Rings {
-    /// Each attached vCPU's index and the entries taken off its ring.
+    /// Each attached vCPU's index and the pages its ring reported first.
     fn pages_by_vcpu(&self) -> Vec<(usize, u64)> {
-        self.rings.iter().map(|r| (r.vcpu, r.taken)).collect()
+        self.rings.iter().map(|r| (r.vcpu, r.fresh)).collect()
     }
 }
 
@@ -288,7 +295,11 @@ impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
 
     /// Each attached vCPU's index and the pages its ring has reported since
     /// it was attached (taken by harvests and by [`RingFull::drain`]): the
-    /// counts a [`DirtyRate`](crate::DirtyRate) per vCPU samples.
+    /// counts a [`DirtyRate`](crate::DirtyRate) per vCPU samples. A page
+    /// counts once per harvest, for the first ring that reported it: KVM
+    /// pushes an entry at every write it emulates (at every guest write
+    /// through its instruction emulator, as PVM's guest kernel mode makes),
+    /// so a vCPU rewriting one page would otherwise count as writing many.
     pub fn pages_by_vcpu(&self) -> Vec<(usize, u64)> {
         self.lock().pages_by_vcpu()
     }
@@ -428,9 +439,10 @@ fn drain(
     Ok(taken)
 }
 
-/// Puts one harvested entry into `pending`. An entry that names no tracked
-/// page marks its whole slot dirty when the slot is known (nothing is lost)
-/// and is kept in `bad` as the harvest's error.
+/// Puts one harvested entry into `pending`; whether it named a page not
+/// pending yet. An entry that names no tracked page marks its whole slot
+/// dirty when the slot is known (nothing is lost) and is kept in `bad` as
+/// the harvest's error.
 pub(crate) fn place(
     pending: &mut DirtySet,
     bad: &mut Option<Error>,
@@ -438,10 +450,13 @@ pub(crate) fn place(
     vcpu: usize,
     gfn: DirtyGfn,
     index: u32,
-) {
+) -> bool {
     match decode(&gfn, slots) {
         Ok((slot, page)) => {
-            let _ = pending.bitmap_mut(slot).set(page);
+            let bitmap = pending.bitmap_mut(slot);
+            let fresh = !bitmap.is_dirty(page);
+            let _ = bitmap.set(page);
+            fresh
         }
         Err(e) => {
             if let EntryError::OffsetBeyondSlot(slot) = e {
@@ -453,6 +468,7 @@ pub(crate) fn place(
                 slot: gfn.slot,
                 offset: gfn.offset,
             });
+            false
         }
     }
 }

@@ -446,8 +446,9 @@ fn a_slow_clear_shrinks_the_chunk_so_no_single_call_stalls_long() {
 }
 
 /// A vCPU writing flat out on the ring, measured by `DirtyRate` from the
-/// ring's per-vCPU counts, then held by `DirtyLimit` to a quarter of that
-/// rate by pauses at its ring-full exits: its rate falls to at most half.
+/// ring's per-vCPU counts (harvested at each full ring, as a pre-copy
+/// round would), then held by `DirtyLimit` to a quarter of that rate by
+/// pauses at its ring-full exits: its rate falls to at most half.
 #[test]
 fn a_dirty_limit_slows_a_writer_through_its_ring_full_exits() {
     if !kvm_available() {
@@ -464,6 +465,7 @@ fn a_dirty_limit_slows_a_writer_through_its_ring_full_exits() {
     log.attach(0, &vcpu).unwrap();
     let full = log.full_handler();
     log.enable().unwrap();
+    let mut harvested = DirtySet::for_slots(log.slots());
     let start = Instant::now();
     let mut rate = DirtyRate::new(1, Duration::from_millis(50));
     let mut limit = DirtyLimit::new(1, f64::INFINITY).with_max_pause(Duration::from_secs(1));
@@ -478,6 +480,7 @@ fn a_dirty_limit_slows_a_writer_through_its_ring_full_exits() {
                 continue;
             }
             full.drain(0).unwrap();
+            log.harvest(&mut harvested).unwrap();
             rate.observe(start.elapsed(), &[pages()]).unwrap();
             limit.update(rate.rates()).unwrap();
             thread::sleep(limit.pause(0));

@@ -15,6 +15,8 @@ pub struct VcpuSummary {
     pub finished: bool,
     /// Exits handled.
     pub exits: u64,
+    /// Time the vCPU paused under a migration's dirty limit.
+    pub dirty_paused: Duration,
     /// Named values the program reported, in order.
     pub reports: Vec<Report>,
 }
@@ -137,6 +139,9 @@ impl fmt::Display for RunReport {
         }
         for s in &self.vcpus {
             write!(f, "\n  vcpu {}: {} exits", s.index, s.exits)?;
+            if !s.dirty_paused.is_zero() {
+                write!(f, ", {:.1?} paused by the dirty limit", s.dirty_paused)?;
+            }
             for Report { name, value } in &s.reports {
                 write!(f, ", {name} = {value}")?;
             }
@@ -212,6 +217,7 @@ mod tests {
                 index: 1,
                 finished: true,
                 exits: 3,
+                dirty_paused: Duration::ZERO,
                 reports: vec![Report {
                     name: "apic_id".into(),
                     value: 1,

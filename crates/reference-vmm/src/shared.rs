@@ -84,7 +84,7 @@ pub(crate) struct Moving {
     pub state_support: Arc<StateSupport>,
     /// Drains the dirty rings when one is full (with a dirty ring only).
     pub ring_full: Option<dirty_log::RingFull>,
-    /// How long each vCPU pauses at its next exit (a dirty limit; none
+    /// How long each vCPU pauses per slice it runs (a dirty limit; none
     /// unless a migration sets one).
     pub dirty_pauses: Arc<crate::migration::VcpuPauses>,
 }

@@ -35,7 +35,7 @@ use crate::fault::GuestFault;
 use crate::irqchip::IrqChip;
 use crate::kick;
 use crate::migration::pause::Decision;
-use crate::migration::{ChipState, VcpuState};
+use crate::migration::{ChipState, PauseTaker, VcpuState};
 use crate::report::VcpuSummary;
 use crate::shared::VmShared;
 use test_guests::Report;
@@ -46,6 +46,8 @@ pub struct VcpuRunner {
     fd: VcpuFd,
     shared: Arc<VmShared>,
     exits: u64,
+    /// Pauses under a migration's dirty limit.
+    dirty_pauses: PauseTaker,
     reports: Vec<Report>,
     /// Bus lookups and their TSC ticks, added to the VM's when the run ends.
     lookups: (u64, u64),
@@ -74,6 +76,7 @@ impl VcpuRunner {
             fd,
             shared,
             exits: 0,
+            dirty_pauses: PauseTaker::new(),
             reports: Vec::new(),
             lookups: (0, 0),
             halted: false,
@@ -127,9 +130,10 @@ impl VcpuRunner {
                 }
             }
             // A dirty limit: this vCPU writes faster than its share.
-            let pause = shared.moving.dirty_pauses.take(vcpu);
-            if !pause.is_zero() {
-                std::thread::sleep(pause);
+            if self
+                .dirty_pauses
+                .take_slice(&shared.moving.dirty_pauses, vcpu)
+            {
                 continue;
             }
             if self.halted {
@@ -216,6 +220,7 @@ impl VcpuRunner {
             index: self.index,
             finished,
             exits: self.exits,
+            dirty_paused: self.dirty_pauses.taken,
             reports: self.reports,
         }
     }

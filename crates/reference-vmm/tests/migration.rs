@@ -153,34 +153,33 @@ moves_everywhere_tests! {
     the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Ring
 }
 
-/// The migration guest writing flat out over 64 MiB per vCPU: no round of
-/// pre-copy fits a 5 ms downtime.
+/// The migration guest writing flat out over 16 MiB on each of two vCPUs,
+/// a third only computing: no round of pre-copy fits a 5 ms downtime.
 fn flat_out(irqchip: Irqchip) -> VmConfig {
     let mut config = VmConfig {
-        mem_mib: 256,
+        vcpus: 3,
+        mem_mib: 128,
         ..config(irqchip)
     };
-    config.params[0] = 16_384;
+    config.params[0] = 4096;
     config.params[2] = 0;
+    config.params[5] = 2;
     config
 }
 
-/// With the ring, past its rounds, pre-copy goes on under the dirty limit
-/// (the vCPUs pause at their full rings) until a round fits the downtime,
-/// and the guest moves byte for byte.
-#[test]
-fn a_writer_too_fast_for_pre_copy_converges_under_the_dirty_limit() {
-    if !kvm_available("a_writer_too_fast_for_pre_copy_converges_under_the_dirty_limit") {
-        return;
-    }
+/// Past its rounds, pre-copy goes on under the dirty limit (the vCPUs
+/// pause at their next exit) until a round fits the downtime, and the
+/// guest moves byte for byte. With the ring only the writers pause; with
+/// a bitmap every vCPU pauses alike.
+fn converges_under_the_dirty_limit(backend: DirtyLogBackend) {
     let options = MigrateOptions {
-        backend: DirtyLogBackend::Ring,
+        backend,
         after: Duration::from_millis(100),
         downtime: Duration::from_millis(5),
         max_rounds: 3,
         max_precopy: MAX_PRECOPY,
         progress: true,
-        timeout: Duration::from_secs(30),
+        timeout: Duration::from_secs(120),
         ..MigrateOptions::default()
     };
     let config = VmConfig {
@@ -188,12 +187,38 @@ fn a_writer_too_fast_for_pre_copy_converges_under_the_dirty_limit() {
         ..flat_out(Irqchip::User)
     };
     let program = test_guests::find("migrate").unwrap();
-    let moved = move_in_process(&config, program, options, &socket("limit"), true).unwrap();
+    let at = socket(&format!("limit-{backend:?}"));
+    let moved = move_in_process(&config, program, options, &at, true).unwrap();
     let m = &moved.migration;
-    eprintln!("{m}");
+    eprintln!("{backend:?}: {m}\n{}", moved.source);
     assert!(m.converged && m.limited_rounds > 0, "{m}");
     assert_eq!(moved.differing, Some(0), "{m}");
     assert!(moved.destination.vcpus.iter().all(|v| v.finished));
+    assert!(moved.destination.value(2, "computes").unwrap() > 0);
+    let paused: Vec<_> = moved.source.vcpus.iter().map(|v| v.dirty_paused).collect();
+    assert!(!paused[0].is_zero() && !paused[1].is_zero(), "{paused:?}");
+    match backend {
+        DirtyLogBackend::Ring => assert!(paused[2].is_zero(), "a non-writer paused: {paused:?}"),
+        _ => assert!(!paused[2].is_zero(), "{paused:?}"),
+    }
+}
+
+/// A test per backend: [`converges_under_the_dirty_limit`].
+macro_rules! converges_under_the_dirty_limit_tests {
+    ($($test:ident: $backend:ident),*) => {$(
+        #[test]
+        fn $test() {
+            if kvm_available(stringify!($test)) {
+                converges_under_the_dirty_limit(DirtyLogBackend::$backend);
+            }
+        }
+    )*};
+}
+
+converges_under_the_dirty_limit_tests! {
+    the_bitmap_converges_under_the_dirty_limit_pausing_every_vcpu: Bitmap,
+    manual_protect_converges_under_the_dirty_limit_pausing_every_vcpu: Manual,
+    the_ring_converges_under_the_dirty_limit_pausing_only_writers: Ring
 }
 
 /// A migration that runs past its time limit gives up: the error says so

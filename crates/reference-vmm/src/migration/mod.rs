@@ -48,7 +48,7 @@ pub use local::{Moved, move_in_process, move_in_process_tls};
 pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Target};
 pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};
-pub(crate) use throttle::VcpuPauses;
+pub(crate) use throttle::{PauseTaker, VcpuPauses};
 
 impl From<crate::Error> for MigrationError {
     fn from(e: crate::Error) -> Self {

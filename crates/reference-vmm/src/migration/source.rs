@@ -6,6 +6,8 @@ use std::fmt;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use dirty_log::perf::RING_BYTES;
@@ -17,7 +19,7 @@ use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
-use super::throttle::Throttle;
+use super::throttle::{Counts, Throttle, kick_paused};
 use super::{Address, Connection, MigrationError, VcpuState, read_answer};
 use crate::memory::VmMemory;
 use crate::vm::{RunControl, Vm};
@@ -68,11 +70,12 @@ pub struct MigrateOptions {
     /// whatever the rounds left: a guest that dirties faster than the copy
     /// would otherwise keep it going for every round allowed.
     pub max_precopy: Duration,
-    /// With the dirty ring: once pre-copy reaches `max_rounds` or
-    /// `max_precopy` without fitting the downtime, go on with a dirty limit
-    /// (dirty-log's `DirtyLimit`: the vCPUs that write pause at their
-    /// ring-full exits), halving its target each round until a round fits.
-    /// Without the ring, or without this, the stop-and-copy starts there.
+    /// Once pre-copy reaches `max_rounds` or `max_precopy` without fitting
+    /// the downtime, go on with a dirty limit (dirty-log's `DirtyLimit`:
+    /// a vCPU above its share pauses after each 20 ms it runs), halving its
+    /// target each round until a round fits. With the ring only the vCPUs
+    /// that write pause; with a bitmap every vCPU does (auto-converge).
+    /// Without this, the stop-and-copy starts there.
     pub dirty_limit: bool,
     /// The migration gives up after this long, the guest running on here.
     pub timeout: Duration,
@@ -96,9 +99,9 @@ impl Default for MigrateOptions {
     }
 }
 
-/// The ring under a dirty limit: 4096 entries, so that a pause at each
-/// full ring (at most 100 ms) can hold a vCPU to about 41 000 pages a
-/// second (QEMU's dirty-limit also wants a small ring).
+/// The ring under a dirty limit: 4096 entries, so that a writer's ring
+/// fills, and it exits where a pause due is taken, every 16 MiB it
+/// writes (QEMU's dirty-limit also wants a small ring).
 const LIMIT_RING_BYTES: u32 = 64 << 10;
 
 impl MigrateOptions {
@@ -276,8 +279,8 @@ struct Copier {
     log: Log,
     options: MigrateOptions,
     memory: VmMemory,
-    /// The dirty rate per vCPU and the limit (dirty ring only).
-    throttle: Option<Throttle>,
+    /// The dirty rate per vCPU and the limit.
+    throttle: Throttle,
 }
 
 impl Migration {
@@ -293,7 +296,7 @@ impl Migration {
         let target = target.open()?;
         let memory = vm.memory();
         let slots = vm.dirty_slots()?;
-        let mut throttle = None;
+        let mut counts = Counts::Rounds(0);
         let log = match options.backend {
             DirtyLogBackend::Bitmap => Log::Plain(Box::new(KvmBitmap::new(vm.vm_fd(), slots))),
             DirtyLogBackend::Manual => Log::Manual(KvmManualProtect::new(
@@ -308,7 +311,7 @@ impl Migration {
                     ring.attach(i, fd)?;
                 }
                 vm.set_ring_full(ring.full_handler());
-                throttle = Some(Throttle::new(ring.full_handler(), vm.dirty_pauses()));
+                counts = Counts::Ring(ring.full_handler());
                 Log::Plain(Box::new(ring))
             }
         };
@@ -317,7 +320,7 @@ impl Migration {
                 log,
                 options,
                 memory,
-                throttle,
+                throttle: Throttle::new(counts, vm.dirty_pauses()),
             },
             target,
         })
@@ -329,9 +332,7 @@ impl Migration {
     pub fn run(self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
         let Self { mut copier, target } = self;
         let moved = copier.move_vm(control, target);
-        if let Some(throttle) = &copier.throttle {
-            throttle.release();
-        }
+        copier.throttle.release();
         if moved.is_err() {
             copier.log.disable();
             // The guest runs on here; one that waits for the move may go on.
@@ -407,7 +408,7 @@ impl Copier {
         let mut report = MigrationReport::default();
         if let Some(deadline) = precopy {
             self.log.enable()?;
-            self.precopy(control, out, &mut report, deadline)?;
+            self.precopy_kicking(control, out, &mut report, deadline)?;
         }
         let precopy = precopy.is_some();
         let states = control.pause(PAUSE_TIMEOUT)?;
@@ -426,12 +427,33 @@ impl Copier {
         }
     }
 
+    /// [`Self::precopy`] beside a thread that kicks the vCPUs while the
+    /// dirty limit gives any a pause ([`kick_paused`]); the pauses end with
+    /// it.
+    fn precopy_kicking<W: Write>(
+        &mut self,
+        control: &RunControl,
+        out: &mut StreamWriter<W>,
+        report: &mut MigrationReport,
+        deadline: Instant,
+    ) -> Result<(), MigrationError> {
+        let pauses = self.throttle.pauses();
+        let stop = AtomicBool::new(false);
+        thread::scope(|scope| {
+            let kicker = scope.spawn(|| kick_paused(&pauses, control, &stop));
+            let done = self.precopy(out, report, deadline);
+            self.throttle.release();
+            stop.store(true, Relaxed);
+            kicker.thread().unpark();
+            done
+        })
+    }
+
     /// Rounds while the guest runs, until one fits the downtime; past the
     /// round or time limit, under a tightening dirty limit where there is
     /// one; an error at `deadline`.
     fn precopy<W: Write>(
         &mut self,
-        control: &RunControl,
         out: &mut StreamWriter<W>,
         report: &mut MigrationReport,
         deadline: Instant,
@@ -447,20 +469,20 @@ impl Copier {
             }
             let limited = report.rounds >= self.options.max_rounds
                 || began.elapsed() >= self.options.max_precopy;
-            if limited && (!self.options.dirty_limit || self.throttle.is_none()) {
+            if limited && !self.options.dirty_limit {
                 return Ok(());
             }
             if limited {
-                self.throttle.as_mut().map(Throttle::tighten);
+                self.throttle.tighten();
             }
-            let under_limit = self.throttle.as_ref().and_then(Throttle::target).is_some();
+            let under_limit = self.throttle.target().is_some();
             let start = Instant::now();
             let pages = self.dirty_round(out)?;
             let took = start.elapsed();
             report.rounds += 1;
             report.pages_sent += pages;
             report.limited_rounds += u32::from(under_limit);
-            report.dirty_rate = self.dirty_rate(pages, took, control);
+            report.dirty_rate = self.throttle.observe(pages) as u64;
             self.print_round(report, pages, took);
             // The final round, with the guest paused, will be about as big
             // as this one: once this one fit the downtime, so will that.
@@ -471,26 +493,12 @@ impl Copier {
         }
     }
 
-    /// The guest's pages per second now: the ring's per-vCPU counts, else
-    /// a round's `pages` over the time it `took`. Under the dirty limit,
-    /// the vCPUs given a pause are kicked out of the guest to take it.
-    fn dirty_rate(&mut self, pages: u64, took: Duration, control: &RunControl) -> u64 {
-        let Some(throttle) = &mut self.throttle else {
-            return (pages as f64 / took.as_secs_f64().max(1e-9)) as u64;
-        };
-        let (rate, pausing) = throttle.observe();
-        if pausing {
-            control.kick_all();
-        }
-        rate as u64
-    }
-
     /// A pre-copy round on stderr, with `progress`.
     fn print_round(&self, report: &MigrationReport, pages: u64, took: Duration) {
         if !self.options.progress {
             return;
         }
-        let limit = match self.throttle.as_ref().and_then(Throttle::target) {
+        let limit = match self.throttle.target() {
             Some(target) => format!(", dirty limit {target:.0} pages/s"),
             None => String::new(),
         };

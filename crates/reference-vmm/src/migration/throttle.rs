@@ -1,29 +1,46 @@
-//! The dirty limit of a pre-copy that does not converge (dirty ring only):
-//! dirty-log's [`DirtyRate`] per vCPU from the ring's counts, and its
-//! [`DirtyLimit`]'s pauses, set once per pre-copy round, which each vCPU
-//! thread takes at its next exit ([`VcpuPauses`]; the migration thread
-//! kicks the vCPUs so that one comes). The rounds harvest the rings before
-//! they fill, so a ring-full exit alone would come too seldom. Only the
-//! vCPUs that write get a pause.
+//! The dirty limit of a pre-copy that does not converge: dirty-log's
+//! [`DirtyRate`] per vCPU and its [`DirtyLimit`]'s pauses, set once per
+//! pre-copy round ([`VcpuPauses`]). A vCPU given a pause takes it after
+//! each [`RUN_SLICE`] it runs, at an exit ([`PauseTaker`]), in slices of at
+//! most [`SLEEP_SLICE`] so that a pause request or a released limit is
+//! seen soon; a kicker thread forces an exit every [`RUN_SLICE`] while any
+//! vCPU has a pause ([`kick_paused`]). A pause once per round would not do:
+//! a round lasts long enough for a flat-out writer to dirty all it writes.
+//!
+//! With the dirty ring each vCPU's rate is its own ring's count, and only
+//! the vCPUs that write get a pause. A bitmap says which pages were
+//! written, not by whom: there the rounds' page counts are spread evenly
+//! over the vCPUs, so every vCPU pauses alike (QEMU's auto-converge), the
+//! ones that do not write too.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use dirty_log::{DirtyLimit, DirtyRate, RingFull};
+
+use crate::vm::RunControl;
 
 /// Half-life of the rate the limit follows: a few pre-copy rounds.
 const HALF_LIFE: Duration = Duration::from_millis(50);
 /// The first target, as a share of the rate when the limit engages; each
 /// round that still does not fit the downtime halves it.
 const TIGHTEN: f64 = 0.5;
-/// The lowest target, pages per second.
-const FLOOR: f64 = 256.0;
-/// The longest pause at one full ring: with 4096 entries, a writer held
-/// to about 4 000 pages a second, so that pre-copy converges even over a
-/// slow link.
+/// The lowest target, pages per second per vCPU (4 MiB/s): below it a
+/// vCPU's own stack and interrupt records, dirtied anew after every
+/// harvest, would count as writing.
+const FLOOR_PER_VCPU: f64 = 1024.0;
+/// The first pause per [`RUN_SLICE`] of a vCPU above its share (it then
+/// runs 80 % of the time; each round may multiply it by up to 4), and the
+/// longest (2 %).
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
+/// How long a vCPU with a pause runs between two.
+pub(crate) const RUN_SLICE: Duration = Duration::from_millis(20);
+/// The longest sleep between two looks at the vCPU's requests.
+const SLEEP_SLICE: Duration = Duration::from_millis(10);
 
-/// Each vCPU's pause at its next exit, set by the migration thread and
+/// Each vCPU's pause per [`RUN_SLICE`], set by the migration thread and
 /// taken by the vCPU thread.
 #[derive(Debug, Default)]
 pub(crate) struct VcpuPauses(Vec<AtomicU64>);
@@ -34,24 +51,24 @@ impl VcpuPauses {
         Self((0..vcpus).map(|_| AtomicU64::new(0)).collect())
     }
 
-    /// vCPU `vcpu`'s pause, now taken (zero for none). Only a pause set
-    /// writes the shared word: the check on every exit reads it.
-    pub fn take(&self, vcpu: usize) -> Duration {
-        let Some(word) = self.0.get(vcpu) else {
-            return Duration::ZERO;
-        };
-        match word.load(Relaxed) {
-            0 => Duration::ZERO,
-            _ => Duration::from_nanos(word.swap(0, Relaxed)),
-        }
+    /// vCPU `vcpu`'s pause per run slice (zero for none).
+    fn pause(&self, vcpu: usize) -> Duration {
+        self.0
+            .get(vcpu)
+            .map_or(Duration::ZERO, |w| Duration::from_nanos(w.load(Relaxed)))
     }
 
-    /// Sets each vCPU's next pause; whether any is one.
+    /// Sets each vCPU's pause; whether any is one.
     fn set(&self, pauses: &[Duration]) -> bool {
         for (word, pause) in self.0.iter().zip(pauses) {
             word.store(u64::try_from(pause.as_nanos()).unwrap_or(u64::MAX), Relaxed);
         }
-        pauses.iter().any(|p| !p.is_zero())
+        self.any()
+    }
+
+    /// Whether any vCPU has a pause.
+    fn any(&self) -> bool {
+        self.0.iter().any(|w| w.load(Relaxed) != 0)
     }
 
     /// No more pauses.
@@ -60,9 +77,93 @@ impl VcpuPauses {
     }
 }
 
+/// A vCPU thread's side of the dirty limit: the pause it still owes, when
+/// it last paused, and the time it has paused in all.
+#[derive(Debug)]
+pub(crate) struct PauseTaker {
+    owed: Duration,
+    last: Instant,
+    /// Time paused so far.
+    pub taken: Duration,
+}
+
+impl PauseTaker {
+    /// Nothing owed or taken yet.
+    pub fn new() -> Self {
+        Self {
+            owed: Duration::ZERO,
+            last: Instant::now(),
+            taken: Duration::ZERO,
+        }
+    }
+
+    /// At an exit of vCPU `vcpu`: sleeps a slice of the pause it owes (one
+    /// falls due each [`RUN_SLICE`] it has run while it has a pause);
+    /// whether it slept. A pause no longer set is owed no more.
+    pub fn take_slice(&mut self, pauses: &VcpuPauses, vcpu: usize) -> bool {
+        let pause = pauses.pause(vcpu);
+        if pause.is_zero() {
+            self.owed = Duration::ZERO;
+            return false;
+        }
+        if self.owed.is_zero() && self.last.elapsed() >= RUN_SLICE {
+            self.owed = pause;
+        }
+        if self.owed.is_zero() {
+            return false;
+        }
+        let slice = self.owed.min(SLEEP_SLICE);
+        thread::sleep(slice);
+        self.owed -= slice;
+        self.taken += slice;
+        self.last = Instant::now();
+        true
+    }
+}
+
+/// Kicks every vCPU out of the guest each [`RUN_SLICE`] while any has a
+/// pause, so that it takes it, until the thread is unparked with `stop` set.
+pub(crate) fn kick_paused(pauses: &VcpuPauses, control: &RunControl, stop: &AtomicBool) {
+    while !stop.load(Relaxed) {
+        thread::park_timeout(RUN_SLICE);
+        if pauses.any() {
+            control.kick_all();
+        }
+    }
+}
+
+/// Where the pages each vCPU dirtied are counted.
+pub(crate) enum Counts {
+    /// Each vCPU's ring.
+    Ring(RingFull),
+    /// The pages of every round so far, with no vCPU to tell apart.
+    Rounds(u64),
+}
+
+impl Counts {
+    /// Each of `vcpus` vCPUs' pages so far, having seen a round of `pages`.
+    fn by_vcpu(&mut self, vcpus: usize, pages: u64) -> Vec<u64> {
+        match self {
+            Self::Ring(ring) => {
+                let mut counts = vec![0; vcpus];
+                for (vcpu, pages) in ring.pages_by_vcpu() {
+                    if let Some(count) = counts.get_mut(vcpu) {
+                        *count = pages;
+                    }
+                }
+                counts
+            }
+            Self::Rounds(total) => {
+                *total += pages;
+                vec![*total / vcpus.max(1) as u64; vcpus]
+            }
+        }
+    }
+}
+
 /// The rate per vCPU and, once engaged, the limit.
 pub(crate) struct Throttle {
-    ring: RingFull,
+    counts: Counts,
     pauses: std::sync::Arc<VcpuPauses>,
     rate: DirtyRate,
     limit: Option<DirtyLimit>,
@@ -70,11 +171,11 @@ pub(crate) struct Throttle {
 }
 
 impl Throttle {
-    /// Follows `ring`'s vCPUs, setting `pauses`.
-    pub fn new(ring: RingFull, pauses: std::sync::Arc<VcpuPauses>) -> Self {
+    /// Follows the vCPUs' `counts`, setting `pauses`.
+    pub fn new(counts: Counts, pauses: std::sync::Arc<VcpuPauses>) -> Self {
         let vcpus = pauses.0.len();
         Self {
-            ring,
+            counts,
             pauses,
             rate: DirtyRate::new(vcpus, HALF_LIFE),
             limit: None,
@@ -82,25 +183,18 @@ impl Throttle {
         }
     }
 
-    /// Samples the ring's counts and, under the limit, sets each vCPU's
-    /// next pause; returns the VM's pages per second and whether a vCPU
-    /// has a pause to take (kick them).
-    pub fn observe(&mut self) -> (f64, bool) {
-        let mut counts = vec![0; self.rate.rates().len()];
-        for (vcpu, pages) in self.ring.pages_by_vcpu() {
-            if let Some(count) = counts.get_mut(vcpu) {
-                *count = pages;
-            }
-        }
+    /// Samples the counts after a round of `pages` and, under the limit,
+    /// sets each vCPU's pause; returns the VM's pages per second.
+    pub fn observe(&mut self, pages: u64) -> f64 {
+        let counts = self.counts.by_vcpu(self.rate.rates().len(), pages);
         // The lengths match by construction.
         let _ = self.rate.observe(self.epoch.elapsed(), &counts);
-        let pausing = match &mut self.limit {
-            Some(limit) => {
-                limit.update(self.rate.rates()).is_ok() && self.pauses.set(limit.pauses())
+        if let Some(limit) = &mut self.limit {
+            if limit.update(self.rate.rates()).is_ok() {
+                self.pauses.set(limit.pauses());
             }
-            None => false,
-        };
-        (self.rate.total(), pausing)
+        }
+        self.rate.total()
     }
 
     /// The target now, if the limit is engaged.
@@ -112,12 +206,14 @@ impl Throttle {
     /// target; nothing before a rate was observed.
     pub fn tighten(&mut self) {
         let total = self.rate.total();
+        let vcpus = self.rate.rates().len();
+        let floor = FLOOR_PER_VCPU * vcpus as f64;
         match &mut self.limit {
-            Some(limit) => limit.set_target((limit.target() * TIGHTEN).max(FLOOR)),
+            Some(limit) => limit.set_target((limit.target() * TIGHTEN).max(floor)),
             None if total > 0.0 => {
-                let vcpus = self.rate.rates().len();
-                let limit = DirtyLimit::new(vcpus, (total * TIGHTEN).max(FLOOR));
-                self.limit = Some(limit.with_max_pause(MAX_PAUSE));
+                let limit = DirtyLimit::new(vcpus, (total * TIGHTEN).max(floor));
+                let limit = limit.with_max_pause(MAX_PAUSE);
+                self.limit = Some(limit.with_first_pause(FIRST_PAUSE));
             }
             None => {}
         }
@@ -127,23 +223,57 @@ impl Throttle {
     pub fn release(&self) {
         self.pauses.clear();
     }
+
+    /// The pauses the vCPUs take.
+    pub fn pauses(&self) -> std::sync::Arc<VcpuPauses> {
+        self.pauses.clone()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Without a ring, a round's pages count alike for every vCPU: under
+    /// the limit every vCPU gets the same pause.
     #[test]
-    fn a_pause_is_taken_once_per_vcpu() {
-        let p = VcpuPauses::new(2);
-        assert!(p.set(&[Duration::from_micros(5), Duration::ZERO]));
-        assert_eq!(p.take(0), Duration::from_micros(5));
-        assert_eq!(p.take(0), Duration::ZERO, "taken");
-        assert_eq!(p.take(1), Duration::ZERO);
-        assert_eq!(p.take(9), Duration::ZERO, "no such vCPU");
-        assert!(!p.set(&[Duration::ZERO; 2]));
-        p.set(&[Duration::from_micros(5); 2]);
-        p.clear();
-        assert_eq!(p.take(1), Duration::ZERO);
+    fn rounds_spread_their_pages_evenly_over_the_vcpus() {
+        let pauses = std::sync::Arc::new(VcpuPauses::new(3));
+        let mut throttle = Throttle::new(Counts::Rounds(0), pauses.clone());
+        assert_eq!(throttle.observe(0), 0.0, "the baseline");
+        thread::sleep(Duration::from_millis(20));
+        assert!(throttle.observe(300_000) > 0.0);
+        assert!(!pauses.any(), "no limit yet");
+        throttle.tighten();
+        thread::sleep(Duration::from_millis(20));
+        throttle.observe(300_000);
+        let set: Vec<_> = (0..3).map(|v| pauses.pause(v)).collect();
+        assert!(!set[0].is_zero());
+        assert!(set.iter().all(|&p| p == set[0]), "{set:?}");
+        throttle.release();
+        assert!(!pauses.any());
+    }
+
+    /// A vCPU with a pause takes it after each run slice, a sleep slice at
+    /// a time, and owes nothing once the pause is gone.
+    #[test]
+    fn a_pause_falls_due_after_each_run_slice_and_ends_with_the_limit() {
+        let pauses = VcpuPauses::new(2);
+        let mut taker = PauseTaker::new();
+        assert!(!taker.take_slice(&pauses, 0), "no pause set");
+        pauses.set(&[SLEEP_SLICE * 3 / 2, Duration::ZERO]);
+        assert!(!taker.take_slice(&pauses, 0), "not run a slice yet");
+        assert!(!taker.take_slice(&pauses, 1), "vCPU 1 has none");
+        assert!(!taker.take_slice(&pauses, 9), "no such vCPU");
+        thread::sleep(RUN_SLICE);
+        assert!(taker.take_slice(&pauses, 0));
+        assert_eq!(taker.taken, SLEEP_SLICE);
+        assert!(taker.take_slice(&pauses, 0), "the rest of the pause");
+        assert_eq!(taker.taken, SLEEP_SLICE * 3 / 2);
+        assert!(!taker.take_slice(&pauses, 0), "paid until the next slice");
+        thread::sleep(RUN_SLICE);
+        pauses.clear();
+        assert!(!taker.take_slice(&pauses, 0), "the limit was released");
+        assert_eq!(taker.taken, SLEEP_SLICE * 3 / 2);
     }
 }

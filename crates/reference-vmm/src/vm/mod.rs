@@ -173,7 +173,7 @@ impl Vm {
         self.config.dirty_ring
     }
 
-    /// The pauses vCPU threads take at their next exit (a dirty limit).
+    /// The pauses vCPU threads take at their exits (a dirty limit).
     pub(crate) fn dirty_pauses(&self) -> Arc<crate::migration::VcpuPauses> {
         self.dirty_pauses.clone()
     }

@@ -324,7 +324,7 @@ impl RunControl {
     }
 
     /// Kicks every vCPU out of the guest, so each looks at its requests
-    /// (a dirty limit's pause) before it enters again.
+    /// (a dirty limit's pause due) before it enters again.
     pub(crate) fn kick_all(&self) {
         self.shared.irqs.kick_all();
     }

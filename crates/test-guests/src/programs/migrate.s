@@ -8,13 +8,20 @@
 // Meanwhile vCPU 0 re-arms a TSC-deadline timer (vector 0x50) params[3]
 // ticks ahead each time the last one fired (0: no timer), and every vCPU
 // but the last sends an IPI (vector 0x42) to the next whenever the next has
-// taken the previous one. The longest gap between two TSC reads is the
+// taken the previous one. With params[5] = w > 0, the vCPUs from index w
+// on touch no memory of their own: as fast as they can they compute (a
+// pass of 512 multiply-adds in registers), so that their count of passes,
+// "computes", measures the CPU they got while the others dirty memory.
+// (Reading their pages would not do: under shadow paging KVM maps a page
+// whose guest PTE is dirty writable at a read fault, and reports it dirty.)
+// The longest gap between two TSC reads is the
 // stall the guest saw ("max_stall_ticks"). At the end every armed timer
 // must have fired and every IPI arrived (else "a timer interrupt was lost"
 // or "an IPI was lost"), and every page must hold what its generation says
 // (else "page check failed", with the page and the word); every vCPU stays
 // until all have checked, taking the IPIs sent to it. Reports
-// "max_stall_ticks", "irqs", "ipis_sent", "pages_checked" and "writes".
+// "max_stall_ticks", "irqs", "ipis_sent", "pages_checked" and "writes" (or
+// "computes").
 
 // rax = the TSC (clobbers rdx).
 .macro tsc64
@@ -54,13 +61,24 @@
 
     .globl test_guests_migrate
 test_guests_migrate:
-    sub rsp, 64
+    sub rsp, 80
     mov [rsp], rdi              // index
     mov [rsp + 8], rsi          // count
     lea r13, [rdx - {irq_record_below_data}]
     mov r14, [{params}]         // pages per vCPU
     mov rax, [{params} + 16]
     mov [rsp + 56], rax         // ticks between writes
+    xor eax, eax
+    mov rcx, [{params} + 40]    // writers (0: all)
+    test rcx, rcx
+    jz 12f
+    cmp rdi, rcx
+    setae al
+12: mov [rsp + 64], rax         // 1: this vCPU only computes
+    test rax, rax
+    jz 13f
+    mov qword ptr [rsp + 56], 0 // and does not wait between pages
+13:
     mov rax, r14
     shl rax, 12
     mov rcx, rax
@@ -107,6 +125,8 @@ test_guests_migrate:
     xor edx, edx
     div r14
     mov rcx, rdx                // the page
+    cmp qword ptr [rsp + 64], 0
+    jne 6f
     mov rax, [rbp + rcx * 8]
     inc rax
     mov [rbp + rcx * 8], rax    // its generation
@@ -121,7 +141,7 @@ test_guests_migrate:
     inc rcx
     cmp rcx, 512
     jb 3b
-    inc rbx
+30: inc rbx
     call migrate_has_timer
     jz 31f
     mov rax, [r13 + 8]
@@ -151,6 +171,16 @@ test_guests_migrate:
     mov rax, [rsp + 16]
     mov [rsp + 48], rax
     jmp 2b
+
+    // A computing pass: 512 multiply-adds, in registers only.
+6:  mov ecx, 512
+    mov eax, 1
+    mov rdi, 0x9e3779b97f4a7c15
+61: imul rax, rdi
+    add rax, rcx
+    dec rcx
+    jnz 61b
+    jmp 30b
 
 5:  call migrate_has_timer
     jz 51f
@@ -202,7 +232,10 @@ test_guests_migrate:
     mov rsi, r14
     call rt_report
     lea rdi, [rip + 87f]
-    mov rsi, rbx
+    cmp qword ptr [rsp + 64], 0
+    je 59f
+    lea rdi, [rip + 88f]
+59: mov rsi, rbx
     call rt_report
     call rt_done
 80: .asciz "a timer interrupt was lost"
@@ -213,6 +246,7 @@ test_guests_migrate:
 85: .asciz "ipis_sent"
 86: .asciz "pages_checked"
 87: .asciz "writes"
+88: .asciz "computes"
 
 // ZF clear if this vCPU runs the timer (vCPU 0, with a period). The
 // caller's frame is at rsp + 8.

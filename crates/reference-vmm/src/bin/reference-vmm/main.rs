@@ -212,8 +212,9 @@ struct MigrateArgs {
         requires = "migrate_to"
     )]
     max_precopy_ms: u64,
-    /// With --dirty-log ring, past --max-rounds or --max-precopy-ms, go on
-    /// without a dirty limit on the writing vCPUs: stop and copy at once
+    /// Past --max-rounds or --max-precopy-ms, stop and copy at once rather
+    /// than go on under a dirty limit (with the ring on the writing vCPUs,
+    /// with a bitmap on all)
     #[arg(long, requires = "migrate_to")]
     no_dirty_limit: bool,
     /// Give up the migration after this long, the guest running on here
