@@ -15,7 +15,7 @@ use halt_poll::{
 use lapic_timer::{AdvancePolicy, Fixed, KvmAdaptive, NoAdvance, Percentile, PercentileConfig};
 use vcpu_sched::{BoostBudget, BoostPolicy, DirectedYield, FifoOnDelivery, KvmReady, NoBoost};
 
-use crate::migration::DirtyLogBackend;
+use crate::migration::{DirtyLogBackend, Progress};
 use crate::policies::{CpuShare, Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource};
 use crate::vm::VmConfig;
 
@@ -87,6 +87,7 @@ names!(Boost, "--boost", [
 ]);
 names!(Irqchip, "--irqchip", [User => "user", Kernel => "kernel"]);
 names!(DirtyLogBackend, "--dirty-log", [Bitmap => "bitmap", Manual => "manual", Ring => "ring"]);
+names!(Progress, "--migrate-progress", [Off => "off", Text => "text", Json => "json"]);
 names!(TimerPlacement, "--timer-placement", [
     VcpuThread => "vcpu-thread", VcpuCpu => "vcpu-cpu", Anywhere => "anywhere",
 ]);
@@ -617,6 +618,9 @@ mod tests {
         }
         for &d in DirtyLogBackend::ALL {
             assert_eq!(d.to_string().parse::<DirtyLogBackend>(), Ok(d));
+        }
+        for &p in Progress::ALL {
+            assert_eq!(p.to_string().parse::<Progress>(), Ok(p));
         }
         let err = "log".parse::<DirtyLogBackend>().unwrap_err().to_string();
         assert_eq!(

@@ -178,7 +178,7 @@ fn converges_under_the_dirty_limit(backend: DirtyLogBackend) {
         downtime: Duration::from_millis(5),
         max_rounds: 3,
         max_precopy: MAX_PRECOPY,
-        progress: true,
+        progress: migration::Progress::Text,
         timeout: Duration::from_secs(120),
         ..MigrateOptions::default()
     };
@@ -510,6 +510,10 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
             backend,
         ];
         args.extend(source_tls.iter().map(String::as_str));
+        let json = backend == "ring";
+        if json {
+            args.extend(["--migrate-progress", "json"]);
+        }
         let source = source(&args).wait_with_output().unwrap();
         let stdout = text(&source.stdout);
         assert!(
@@ -517,6 +521,9 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
             "{listen}: {stdout}\n{}",
             text(&source.stderr)
         );
+        if json {
+            assert_progress_json(&text(&source.stderr));
+        }
         assert!(
             stdout.contains("then handed over") && stdout.contains("migration: "),
             "{stdout}"
@@ -532,6 +539,29 @@ fn two_processes_hand_a_guest_over_and_the_source_exits_0() {
             assert!(!path.exists(), "receive left its socket behind");
         }
     }
+}
+
+/// `--migrate-progress json`'s lines: a round per pre-copy round after the
+/// full pass, numbered in order, each with its figures, then the outcome.
+fn assert_progress_json(stderr: &str) {
+    let events: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let (outcome, rounds) = events.split_last().expect("progress lines");
+    assert_eq!(outcome["event"], "migrated", "{stderr}");
+    assert!(!rounds.is_empty(), "{stderr}");
+    for (i, round) in rounds.iter().enumerate() {
+        assert_eq!(round["event"], "round");
+        assert_eq!(round["round"], i as u64 + 2, "the full pass is round 1");
+        for field in ["pages", "ms", "bandwidth_pages_per_s", "dirty_rate_pages_per_s"] {
+            assert!(round[field].is_number(), "{field}: {round}");
+        }
+        assert!(round["downtime_estimate_ms"].as_f64().unwrap() >= 0.0);
+    }
+    assert_eq!(outcome["rounds"], rounds.len() as u64 + 1, "{stderr}");
+    assert!(outcome["downtime_ms"].as_f64().unwrap() > 0.0);
 }
 
 /// A process the test waits for, killed if the test fails first (a

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 pub use destination::{Incoming, receive};
 pub use local::{Moved, move_in_process, move_in_process_tls};
-pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Target};
+pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Progress, Target};
 pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};
 pub(crate) use throttle::{PauseTaker, VcpuPauses};

@@ -54,6 +54,20 @@ pub enum DirtyLogBackend {
     Ring,
 }
 
+/// What a migration prints on stderr as it goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Progress {
+    /// Nothing.
+    #[default]
+    Off,
+    /// A line of text per pre-copy round.
+    Text,
+    /// A JSON object per line: one per pre-copy round (`"event":
+    /// "round"`), then the outcome (`"migrated"` with the report, or
+    /// `"failed"` with the error).
+    Json,
+}
+
 /// How a migration runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MigrateOptions {
@@ -79,9 +93,9 @@ pub struct MigrateOptions {
     pub dirty_limit: bool,
     /// The migration gives up after this long, the guest running on here.
     pub timeout: Duration,
-    /// Print each pre-copy round on stderr: its pages, the dirty rate, the
-    /// limit.
-    pub progress: bool,
+    /// Print each pre-copy round on stderr: its pages, the bandwidth, the
+    /// dirty rate, the limit and the downtime a stop now would take.
+    pub progress: Progress,
 }
 
 impl Default for MigrateOptions {
@@ -94,7 +108,7 @@ impl Default for MigrateOptions {
             max_precopy: Duration::from_secs(60),
             dirty_limit: true,
             timeout: Duration::from_secs(300),
-            progress: false,
+            progress: Progress::Off,
         }
     }
 }
@@ -333,6 +347,9 @@ impl Migration {
         let Self { mut copier, target } = self;
         let moved = copier.move_vm(control, target);
         copier.throttle.release();
+        if copier.options.progress == Progress::Json {
+            eprintln!("{}", outcome_json(&moved));
+        }
         if moved.is_err() {
             copier.log.disable();
             // The guest runs on here; one that waits for the move may go on.
@@ -495,19 +512,40 @@ impl Copier {
 
     /// A pre-copy round on stderr, with `progress`.
     fn print_round(&self, report: &MigrationReport, pages: u64, took: Duration) {
-        if !self.options.progress {
-            return;
-        }
-        let limit = match self.throttle.target() {
-            Some(target) => format!(", dirty limit {target:.0} pages/s"),
-            None => String::new(),
+        let ms = took.as_secs_f64() * 1e3;
+        // Pages a second sent, and the time a stop now would take: the
+        // pages dirtied at the current rate over a round like this one,
+        // at this round's bandwidth.
+        let bandwidth = pages as f64 / took.as_secs_f64().max(1e-9);
+        let estimate_ms = match pages {
+            0 => 0.0,
+            _ => report.dirty_rate as f64 * took.as_secs_f64() / bandwidth * 1e3,
         };
-        eprintln!(
-            "round {}: {pages} pages in {:.1} ms, dirtied at {} pages/s{limit}",
-            report.rounds,
-            took.as_secs_f64() * 1e3,
-            report.dirty_rate
-        );
+        let limit = self.throttle.target();
+        match self.options.progress {
+            Progress::Off => {}
+            Progress::Text => eprintln!(
+                "round {}: {pages} pages in {ms:.1} ms ({:.0} MiB/s), dirtied at {} pages/s{}, \
+                 downtime now about {estimate_ms:.1} ms",
+                report.rounds,
+                bandwidth * PAGE_SIZE as f64 / f64::from(1 << 20),
+                report.dirty_rate,
+                limit.map_or(String::new(), |t| format!(", dirty limit {t:.0} pages/s")),
+            ),
+            Progress::Json => eprintln!(
+                "{}",
+                serde_json::json!({
+                    "event": "round",
+                    "round": report.rounds,
+                    "pages": pages,
+                    "ms": ms,
+                    "bandwidth_pages_per_s": bandwidth.round(),
+                    "dirty_rate_pages_per_s": report.dirty_rate,
+                    "dirty_limit_pages_per_s": limit.map(f64::round),
+                    "downtime_estimate_ms": estimate_ms,
+                })
+            ),
+        }
     }
 
     /// The last dirty pages (all memory for a snapshot) and every vCPU's state.
@@ -559,6 +597,25 @@ impl Copier {
             pages += send_pages(&self.memory, out, start, len, &mut buf)?;
         }
         Ok(pages)
+    }
+}
+
+/// A migration's outcome as one JSON object.
+fn outcome_json(moved: &Result<MigrationReport, MigrationError>) -> serde_json::Value {
+    match moved {
+        Ok(r) => serde_json::json!({
+            "event": "migrated",
+            "rounds": r.rounds,
+            "limited_rounds": r.limited_rounds,
+            "converged": r.converged,
+            "pages_sent": r.pages_sent,
+            "final_pages": r.final_pages,
+            "halted_vcpus": r.halted,
+            "dirty_rate_pages_per_s": r.dirty_rate,
+            "total_ms": r.total.as_secs_f64() * 1e3,
+            "downtime_ms": r.downtime.as_secs_f64() * 1e3,
+        }),
+        Err(e) => serde_json::json!({ "event": "failed", "error": e.to_string() }),
     }
 }
 

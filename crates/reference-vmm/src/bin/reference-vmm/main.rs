@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use reference_vmm::conformance::{self, DEFAULT_OPS};
 use reference_vmm::migration::{
     self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, MigrationReport,
-    StreamReader, Target,
+    Progress, StreamReader, Target,
 };
 use reference_vmm::presets::{Boost, Choices, HaltPoll, Presets, TimerAdvance};
 use reference_vmm::{Boot, CpuFeatures, Error, StopHandle, StopReason, Vm, VmConfig};
@@ -221,9 +221,13 @@ struct MigrateArgs {
     #[arg(long, value_name = "MS", default_value_t = 300_000, requires = "migrate_to",
           value_parser = clap::value_parser!(u64).range(1..))]
     migrate_timeout_ms: u64,
-    /// Print each pre-copy round on stderr: pages, dirty rate, limit
-    #[arg(long, requires = "migrate_to")]
-    migrate_progress: bool,
+    /// Print each pre-copy round on stderr: pages, bandwidth, dirty rate,
+    /// limit, the downtime a stop would take; text, or json (a JSON object
+    /// per line, the outcome last)
+    #[arg(long, value_name = "FORMAT", default_value = "off", default_missing_value = "text",
+          num_args = 0..=1, requires = "migrate_to",
+          value_parser = <Progress as FromStr>::from_str)]
+    migrate_progress: Progress,
 }
 
 impl MigrateArgs {
