@@ -70,6 +70,10 @@ pub enum Error {
         #[source]
         source: vm_memory::GuestMemoryError,
     },
+    /// The two hosts of `migrate`'s link could not be used (a namespace
+    /// that cannot be entered, a thread that panicked).
+    #[error("the migration link: {0}")]
+    Link(String),
     /// A process or thread of the bench could not be started.
     #[error("cannot start the {thread}: {source}")]
     Spawn {

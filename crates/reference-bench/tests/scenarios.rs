@@ -67,9 +67,9 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     let sched = bench::sched::run(QUICK, &mut quiet).unwrap();
     all_measured(&sched, 12 + qemu_rows(&sched, 0));
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 8);
-    // Each backend at both rates; the ring without and with the dirty
-    // limit beside two hogs at both rates; TCP in plain text and in TLS.
-    all_measured(&bench::migrate::run(QUICK, &mut quiet).unwrap(), 6 + 4 + 2);
+    // Each backend at both rates; each without and with the dirty limit
+    // over the link beside two hogs at both rates; plain text and TLS.
+    all_measured(&bench::migrate::run(QUICK, &mut quiet).unwrap(), 6 + 12 + 2);
     let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();
     assert_eq!(dirty.rows.len(), 4);
     let report = bench::report(

@@ -5,8 +5,6 @@
 //! and streams or destinations that fail while the source runs on.
 
 mod common;
-#[path = "common/hosts.rs"]
-mod hosts;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -22,6 +20,7 @@ use reference_vmm::migration::{
 };
 use reference_vmm::presets::Choices;
 use reference_vmm::{Boot, CpuFeatures, Vm, VmConfig};
+use test_support::hosts;
 use vm_memory::{Bytes, GuestAddress};
 
 const VCPUS: u32 = 2;
@@ -555,7 +554,12 @@ fn assert_progress_json(stderr: &str) {
     for (i, round) in rounds.iter().enumerate() {
         assert_eq!(round["event"], "round");
         assert_eq!(round["round"], i as u64 + 2, "the full pass is round 1");
-        for field in ["pages", "ms", "bandwidth_pages_per_s", "dirty_rate_pages_per_s"] {
+        for field in [
+            "pages",
+            "ms",
+            "bandwidth_pages_per_s",
+            "dirty_rate_pages_per_s",
+        ] {
             assert!(round[field].is_number(), "{field}: {round}");
         }
         assert!(round["downtime_estimate_ms"].as_f64().unwrap() >= 0.0);

@@ -13,6 +13,7 @@ pub mod affinity;
 pub mod certs;
 pub mod criterion_medians;
 pub mod hogs;
+pub mod hosts;
 pub mod results;
 pub mod summary;
 pub mod traces;

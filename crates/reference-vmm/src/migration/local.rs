@@ -10,8 +10,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::tls::{TlsClient, TlsServer};
 use super::{
-    Address, Incoming, MigrateOptions, Migration, MigrationError, MigrationReport, Target, answer,
-    receive,
+    Address, Incoming, Listener, MigrateOptions, Migration, MigrationError, MigrationReport,
+    Target, answer, receive,
 };
 use crate::error::Error;
 use crate::memory::VmMemory;
@@ -84,10 +84,24 @@ fn move_over(
         Some((client, server)) => (address.listen_tls(server)?, Some(client)),
         None => (address.listen()?, None),
     };
+    move_to_listener(config, program, options, listener, client, compare)
+}
+
+/// [`move_in_process`] to a destination on `listener`, made beforehand (in
+/// another network namespace, say: the source connects from the calling
+/// thread's); in TLS with `client` where the listener takes TLS.
+pub fn move_to_listener(
+    config: &VmConfig,
+    program: &'static GuestProgram,
+    options: MigrateOptions,
+    listener: Listener,
+    client: Option<TlsClient>,
+    compare: bool,
+) -> Result<Moved, MigrationError> {
     let address = listener
         .address()
         .map_err(|source| MigrationError::Connect {
-            what: address.to_string(),
+            what: "the listener".into(),
             source,
         })?;
     // The destination runs the source's mechanisms.

@@ -44,7 +44,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use destination::{Incoming, receive};
-pub use local::{Moved, move_in_process, move_in_process_tls};
+pub use local::{Moved, move_in_process, move_in_process_tls, move_to_listener};
 pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Progress, Target};
 pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};
@@ -386,15 +386,42 @@ pub enum Connection {
 }
 
 impl Connection {
-    /// Blocks until the peer sends something (true) or closes (false),
-    /// without taking it.
-    fn wait_for_data(&self) -> io::Result<bool> {
-        let fd = match self {
+    fn fd(&self) -> std::os::fd::RawFd {
+        match self {
             Self::Unix(s) => s.as_raw_fd(),
             Self::Tcp(s) => s.as_raw_fd(),
             Self::TlsClient(s) => s.sock.as_raw_fd(),
             Self::TlsServer(s) => s.sock.as_raw_fd(),
-        };
+        }
+    }
+
+    /// Bytes written to the socket that the peer has not taken yet (for
+    /// TCP, not acknowledged yet: still in this host's queues or on the
+    /// wire).
+    fn unsent(&self) -> io::Result<usize> {
+        let mut bytes: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ writes one int, into a local, about a socket
+        // this connection owns.
+        match unsafe { libc::ioctl(self.fd(), libc::TIOCOUTQ, &raw mut bytes) } {
+            0 => Ok(usize::try_from(bytes).unwrap_or(0)),
+            _ => Err(io::Error::last_os_error()),
+        }
+    }
+
+    /// Waits, until `deadline` at most, for the peer to have taken all
+    /// that was written to the socket: a pre-copy round's time is then the
+    /// time its pages took to arrive, not to fill the queues on the way.
+    pub(crate) fn wait_delivered(&self, deadline: std::time::Instant) -> io::Result<()> {
+        while self.unsent()? > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        Ok(())
+    }
+
+    /// Blocks until the peer sends something (true) or closes (false),
+    /// without taking it.
+    fn wait_for_data(&self) -> io::Result<bool> {
+        let fd = self.fd();
         let mut byte = 0u8;
         loop {
             // SAFETY: recv(2) into one byte of a local, on a socket this

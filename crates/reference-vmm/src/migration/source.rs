@@ -415,7 +415,7 @@ impl Copier {
 
     /// Sends the whole stream, pre-copy first if given its deadline;
     /// returns with the guest paused, or resumed and an error.
-    fn send<W: Write>(
+    fn send<W: Deliver>(
         &mut self,
         control: &RunControl,
         out: &mut StreamWriter<W>,
@@ -447,7 +447,7 @@ impl Copier {
     /// [`Self::precopy`] beside a thread that kicks the vCPUs while the
     /// dirty limit gives any a pause ([`kick_paused`]); the pauses end with
     /// it.
-    fn precopy_kicking<W: Write>(
+    fn precopy_kicking<W: Deliver>(
         &mut self,
         control: &RunControl,
         out: &mut StreamWriter<W>,
@@ -469,7 +469,7 @@ impl Copier {
     /// Rounds while the guest runs, until one fits the downtime; past the
     /// round or time limit, under a tightening dirty limit where there is
     /// one; an error at `deadline`.
-    fn precopy<W: Write>(
+    fn precopy<W: Deliver>(
         &mut self,
         out: &mut StreamWriter<W>,
         report: &mut MigrationReport,
@@ -478,6 +478,7 @@ impl Copier {
         let began = Instant::now();
         if !self.log.first_round_is_full() {
             report.pages_sent += self.send_all(out)?;
+            out.get_mut().deliver(deadline)?;
             report.rounds += 1;
         }
         loop {
@@ -495,6 +496,7 @@ impl Copier {
             let under_limit = self.throttle.target().is_some();
             let start = Instant::now();
             let pages = self.dirty_round(out)?;
+            out.get_mut().deliver(deadline)?;
             let took = start.elapsed();
             report.rounds += 1;
             report.pages_sent += pages;
@@ -597,6 +599,26 @@ impl Copier {
             pages += send_pages(&self.memory, out, start, len, &mut buf)?;
         }
         Ok(pages)
+    }
+}
+
+/// Where a stream goes, able to say when the other end has it all.
+trait Deliver: Write {
+    /// Flushes, then waits (until `deadline` at most) until the other end
+    /// has taken everything.
+    fn deliver(&mut self, deadline: Instant) -> Result<(), StreamError>;
+}
+
+impl Deliver for BufWriter<Connection> {
+    fn deliver(&mut self, deadline: Instant) -> Result<(), StreamError> {
+        self.flush()?;
+        Ok(self.get_ref().wait_delivered(deadline)?)
+    }
+}
+
+impl Deliver for BufWriter<File> {
+    fn deliver(&mut self, _: Instant) -> Result<(), StreamError> {
+        Ok(self.flush()?)
     }
 }
 

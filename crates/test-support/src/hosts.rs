@@ -1,11 +1,14 @@
-//! Two hosts for the migration tests: two network namespaces joined by a
-//! veth pair, the source's end rate-limited by a token bucket (this kernel
-//! has no netem, so there is no added delay), made by the test and removed
-//! when it drops them.
+//! Two hosts for the migration tests and bench: two network namespaces
+//! joined by a veth pair, the source's end rate-limited by a token bucket
+//! (this kernel has no netem, so there is no added delay), made by the
+//! test and removed when it drops them. A process runs in one with
+//! [`TwoHosts::command`]; a thread of this process enters one with
+//! [`TwoHosts::enter`] (the sockets it makes then belong to it).
 
 use std::process::Command;
 
 /// The source's and the destination's namespaces and addresses.
+#[derive(Debug)]
 pub struct TwoHosts {
     /// The source's namespace.
     pub source: String,
@@ -82,6 +85,21 @@ impl TwoHosts {
             ));
         }
         Ok(hosts)
+    }
+
+    /// Moves the calling thread into namespace `ns`: the sockets it makes
+    /// from then on, and those of the threads it spawns, are that host's.
+    pub fn enter(ns: &str) -> Result<(), String> {
+        let path = format!("/var/run/netns/{ns}");
+        let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+        // SAFETY: setns on a namespace file this function holds open; it
+        // changes only the calling thread's network namespace.
+        let done =
+            unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+        match done {
+            0 => Ok(()),
+            _ => Err(format!("setns {ns}: {}", std::io::Error::last_os_error())),
+        }
     }
 
     /// `program` to run in namespace `ns`.
