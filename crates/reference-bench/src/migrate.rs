@@ -310,7 +310,7 @@ impl Links {
     }
 
     /// Runs `move_it` on a thread of the source's host.
-    fn from_source<T: Send>(&self, move_it: impl FnOnce() -> T + Send) -> Result<T, Error> {
+    fn on_source_host<T: Send>(&self, move_it: impl FnOnce() -> T + Send) -> Result<T, Error> {
         let ns = self.hosts.as_ref().ok().map(|h| h.source.as_str());
         thread::scope(|scope| {
             let moving = scope.spawn(|| {
@@ -512,7 +512,7 @@ fn move_with(
             let tls = variant.link == Link::Tls;
             let listener = links.listen(tls.then_some(server))?;
             let client = tls.then_some(client);
-            links.from_source(|| {
+            links.on_source_host(|| {
                 move_to_listener(&config, program(), options, listener, client, compare)
             })?
         }
