@@ -3,8 +3,8 @@
 //! memory of both compared at the switch-over: over a Unix socket; then
 //! beside two CPU hogs over TCP on a 1 Gbit/s link between two network
 //! namespaces (a third vCPU computing without writing), each backend
-//! without and with the dirty limit; then over that link in plain text and
-//! in TLS.
+//! without and with the dirty limit; then over that link alone, each
+//! backend with the limit, and manual protect in TLS.
 
 use std::thread;
 use std::time::Duration;
@@ -233,9 +233,12 @@ const LOADED: [Variant; 6] = [
         true,
     ),
 ];
-/// Over the link: plain text and TLS.
-const TLS: [Variant; 2] = [
+/// Over the link alone: each backend with the dirty limit, then (at the
+/// lower rate) manual protect in TLS, against its row in plain text.
+const LINKED: [Variant; 4] = [
+    over_link("bitmap + dirty limit, link", DirtyLogBackend::Bitmap, true),
     over_link("manual + dirty limit, link", DirtyLogBackend::Manual, true),
+    over_link("ring + dirty limit, link", DirtyLogBackend::Ring, true),
     Variant {
         link: Link::Tls,
         ..over_link(
@@ -337,8 +340,8 @@ impl Drop for Links {
 /// Runs the scenario: every backend at every rate over a Unix socket,
 /// alternating, median of the repetitions, beside the same guest's longest
 /// stall without a move; then each backend without and with the dirty
-/// limit over the link beside two CPU hogs, and plain text against TLS
-/// over the link.
+/// limit over the link beside two CPU hogs, and each with the limit over
+/// the link alone (TLS against plain text at the lower rate).
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
     let (mem_mib, pages) = match opts.quick {
         true => (64, 2048),
@@ -378,20 +381,23 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             2,
         )?);
     }
-    let (rate, config) = &configs[0];
-    let tls = measure(
-        &mut t,
-        opts,
-        progress,
-        (rate, &linked_config(config)),
-        &TLS,
-        &links,
-        0,
-    )?;
+    let mut linked = Vec::new();
+    for ((rate, config), variants) in configs.iter().zip([&LINKED[..], &LINKED[..3]]) {
+        let config = linked_config(config);
+        linked.push(measure(
+            &mut t,
+            opts,
+            progress,
+            (rate, &config),
+            variants,
+            &links,
+            0,
+        )?);
+    }
     let differing = by_rate
         .iter()
         .chain(&loaded)
-        .chain([&tls])
+        .chain(&linked)
         .flatten()
         .map(|c| c.differing)
         .max()
@@ -419,9 +425,20 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         opts.reps()
     ));
     t.note(downtime_goal(&by_rate[0][1..]));
-    t.note(dirty_limit_goal(&loaded, opts.reps()));
+    t.note(dirty_limit_goal(
+        "over the link",
+        &LINKED,
+        &linked,
+        opts.reps(),
+    ));
+    t.note(dirty_limit_goal(
+        "beside two CPU hogs over the link",
+        &LOADED,
+        &loaded,
+        opts.reps(),
+    ));
     t.note(non_writer_goal(&loaded));
-    t.note(tls_goal(&tls[0], &tls[1]));
+    t.note(tls_goal(&linked[0][1], &linked[0][3]));
     t.note(goal(
         "0 differing bytes in every compared run",
         &format!("at most {differing}"),
@@ -520,18 +537,23 @@ fn move_with(
     Ok(moved?)
 }
 
-/// Beside two CPU hogs over the link, every backend with the dirty limit
-/// converges in every run at both rates, within the stall bounds.
-fn dirty_limit_goal(loaded: &[Vec<Cells>], reps: usize) -> String {
+/// `where_`, every backend with the dirty limit (in plain text) converges
+/// in every run at both rates, within the stall bounds.
+fn dirty_limit_goal(
+    where_: &str,
+    variants: &[Variant],
+    cells: &[Vec<Cells>],
+    reps: usize,
+) -> String {
     let limited = |rate: &[Cells]| -> Vec<(&'static str, usize, f64)> {
-        LOADED
+        variants
             .iter()
             .zip(rate)
-            .filter(|(v, _)| v.dirty_limit)
+            .filter(|(v, _)| v.dirty_limit && v.link != Link::Tls)
             .map(|(v, c)| (v.label, c.converged, c.stall_ms.median()))
             .collect()
     };
-    let (low, flat_out) = (limited(&loaded[0]), limited(&loaded[1]));
+    let (low, flat_out) = (limited(&cells[0]), limited(&cells[1]));
     let met = low.iter().all(|&(_, n, stall)| n == reps && stall <= 20.0)
         && flat_out
             .iter()
@@ -547,9 +569,10 @@ fn dirty_limit_goal(loaded: &[Vec<Cells>], reps: usize) -> String {
             .join("; ")
     };
     goal(
-        "beside two CPU hogs over the link, every backend with the dirty limit converges in \
-         every run at both rates, the guest's longest stall at most 20 ms at the lower rate and \
-         50 ms flat out",
+        &format!(
+            "{where_}, every backend with the dirty limit converges in every run at both rates, \
+             the guest's longest stall at most 20 ms at the lower rate and 50 ms flat out"
+        ),
         &format!("lower rate: {}; flat out: {}", each(&low), each(&flat_out)),
         met,
         &[],

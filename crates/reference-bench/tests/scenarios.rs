@@ -68,8 +68,12 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     all_measured(&sched, 12 + qemu_rows(&sched, 0));
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 8);
     // Each backend at both rates; each without and with the dirty limit
-    // over the link beside two hogs at both rates; plain text and TLS.
-    all_measured(&bench::migrate::run(QUICK, &mut quiet).unwrap(), 6 + 12 + 2);
+    // over the link beside two hogs at both rates; each with the limit over
+    // the link at both rates, and TLS at the lower.
+    all_measured(
+        &bench::migrate::run(QUICK, &mut quiet).unwrap(),
+        6 + 12 + 3 + 1 + 3,
+    );
     let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();
     assert_eq!(dirty.rows.len(), 4);
     let report = bench::report(

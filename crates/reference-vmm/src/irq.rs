@@ -296,6 +296,14 @@ impl Interrupts {
         self.pending.timer(vcpu).is_some()
     }
 
+    /// Kicks vCPU `vcpu` out of the guest, if it is in, so that it looks
+    /// at its requests (a dirty limit's pause due).
+    pub fn kick(&self, vcpu: usize) {
+        if let Some(link) = self.links.get(vcpu) {
+            let _ = link.thread.kick();
+        }
+    }
+
     /// Kicks every vCPU out of the guest and wakes every halted one, so
     /// each looks at its requests (a pause).
     pub fn kick_all(&self) {

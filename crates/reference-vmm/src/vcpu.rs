@@ -130,10 +130,7 @@ impl VcpuRunner {
                 }
             }
             // A dirty limit: this vCPU writes faster than its share.
-            if self
-                .dirty_pauses
-                .take_slice(&shared.moving.dirty_pauses, vcpu)
-            {
+            if self.dirty_pauses.take(&shared.moving.dirty_pauses, vcpu) {
                 continue;
             }
             if self.halted {

@@ -86,7 +86,8 @@ pub struct MigrateOptions {
     pub max_precopy: Duration,
     /// Once pre-copy reaches `max_rounds` or `max_precopy` without fitting
     /// the downtime, go on with a dirty limit (dirty-log's `DirtyLimit`:
-    /// a vCPU above its share pauses after each 20 ms it runs), halving its
+    /// a vCPU above its share pauses after each 20 ms it runs, a strong
+    /// pause as sleeps of at most 10 ms between shorter runs), halving its
     /// target each round until a round fits. With the ring only the vCPUs
     /// that write pause; with a bitmap every vCPU does (auto-converge).
     /// Without this, the stop-and-copy starts there.

@@ -1,11 +1,12 @@
 //! The dirty limit of a pre-copy that does not converge: dirty-log's
 //! [`DirtyRate`] per vCPU and its [`DirtyLimit`]'s pauses, set once per
-//! pre-copy round ([`VcpuPauses`]). A vCPU given a pause takes it after
-//! each [`RUN_SLICE`] it runs, at an exit ([`PauseTaker`]), in slices of at
-//! most [`SLEEP_SLICE`] so that a pause request or a released limit is
-//! seen soon; a kicker thread forces an exit every [`RUN_SLICE`] while any
-//! vCPU has a pause ([`kick_paused`]). A pause once per round would not do:
-//! a round lasts long enough for a flat-out writer to dirty all it writes.
+//! pre-copy round ([`VcpuPauses`]). A vCPU's pause `p` is a duty cycle: it
+//! sleeps `p` after each [`RUN_SLICE`] it runs, but never more than
+//! [`MAX_SLEEP`] at once (the guest sees each sleep as a stall), the run
+//! slice shrinking instead ([`duty`]). It sleeps at an exit
+//! ([`PauseTaker`]); a kicker thread forces one when a slice is up
+//! ([`kick_paused`]). A pause once per round would not do: a round lasts
+//! long enough for a flat-out writer to dirty all it writes.
 //!
 //! With the dirty ring each vCPU's rate is its own ring's count, and only
 //! the vCPUs that write get a pause. A bitmap says which pages were
@@ -35,10 +36,21 @@ const FLOOR_PER_VCPU: f64 = 1024.0;
 /// longest (2 %).
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
-/// How long a vCPU with a pause runs between two.
+/// How long a vCPU with a pause runs between two sleeps, and the longest
+/// sleep: a stronger pause shortens the run instead, down to [`MIN_RUN`].
 pub(crate) const RUN_SLICE: Duration = Duration::from_millis(20);
-/// The longest sleep between two looks at the vCPU's requests.
-const SLEEP_SLICE: Duration = Duration::from_millis(10);
+const MAX_SLEEP: Duration = Duration::from_millis(10);
+const MIN_RUN: Duration = Duration::from_micros(200);
+
+/// A pause `p` per [`RUN_SLICE`] as one sleep and the run before it: the
+/// same share of the time asleep, the sleep at most [`MAX_SLEEP`].
+pub(crate) fn duty(pause: Duration) -> (Duration, Duration) {
+    if pause <= MAX_SLEEP {
+        return (pause, RUN_SLICE);
+    }
+    let run = RUN_SLICE.mul_f64(MAX_SLEEP.as_secs_f64() / pause.as_secs_f64());
+    (MAX_SLEEP, run.max(MIN_RUN))
+}
 
 /// Each vCPU's pause per [`RUN_SLICE`], set by the migration thread and
 /// taken by the vCPU thread.
@@ -58,17 +70,11 @@ impl VcpuPauses {
             .map_or(Duration::ZERO, |w| Duration::from_nanos(w.load(Relaxed)))
     }
 
-    /// Sets each vCPU's pause; whether any is one.
-    fn set(&self, pauses: &[Duration]) -> bool {
+    /// Sets each vCPU's pause.
+    fn set(&self, pauses: &[Duration]) {
         for (word, pause) in self.0.iter().zip(pauses) {
             word.store(u64::try_from(pause.as_nanos()).unwrap_or(u64::MAX), Relaxed);
         }
-        self.any()
-    }
-
-    /// Whether any vCPU has a pause.
-    fn any(&self) -> bool {
-        self.0.iter().any(|w| w.load(Relaxed) != 0)
     }
 
     /// No more pauses.
@@ -77,57 +83,55 @@ impl VcpuPauses {
     }
 }
 
-/// A vCPU thread's side of the dirty limit: the pause it still owes, when
-/// it last paused, and the time it has paused in all.
+/// A vCPU thread's side of the dirty limit: when it last slept, and the
+/// time it has slept in all.
 #[derive(Debug)]
 pub(crate) struct PauseTaker {
-    owed: Duration,
     last: Instant,
     /// Time paused so far.
     pub taken: Duration,
 }
 
 impl PauseTaker {
-    /// Nothing owed or taken yet.
+    /// Nothing taken yet.
     pub fn new() -> Self {
         Self {
-            owed: Duration::ZERO,
             last: Instant::now(),
             taken: Duration::ZERO,
         }
     }
 
-    /// At an exit of vCPU `vcpu`: sleeps a slice of the pause it owes (one
-    /// falls due each [`RUN_SLICE`] it has run while it has a pause);
-    /// whether it slept. A pause no longer set is owed no more.
-    pub fn take_slice(&mut self, pauses: &VcpuPauses, vcpu: usize) -> bool {
+    /// At an exit of vCPU `vcpu`: sleeps its pause's sleep if it has run
+    /// its run slice since the last ([`duty`]); whether it slept.
+    pub fn take(&mut self, pauses: &VcpuPauses, vcpu: usize) -> bool {
         let pause = pauses.pause(vcpu);
         if pause.is_zero() {
-            self.owed = Duration::ZERO;
             return false;
         }
-        if self.owed.is_zero() && self.last.elapsed() >= RUN_SLICE {
-            self.owed = pause;
-        }
-        if self.owed.is_zero() {
+        let (sleep, run) = duty(pause);
+        if self.last.elapsed() < run {
             return false;
         }
-        let slice = self.owed.min(SLEEP_SLICE);
-        thread::sleep(slice);
-        self.owed -= slice;
-        self.taken += slice;
+        thread::sleep(sleep);
+        self.taken += sleep;
         self.last = Instant::now();
         true
     }
 }
 
-/// Kicks every vCPU out of the guest each [`RUN_SLICE`] while any has a
-/// pause, so that it takes it, until the thread is unparked with `stop` set.
+/// Kicks each vCPU with a pause out of the guest as its run slice ends,
+/// so that it sleeps, until the thread is unparked with `stop` set.
 pub(crate) fn kick_paused(pauses: &VcpuPauses, control: &RunControl, stop: &AtomicBool) {
     while !stop.load(Relaxed) {
-        thread::park_timeout(RUN_SLICE);
-        if pauses.any() {
-            control.kick_all();
+        let slices: Vec<_> = (0..pauses.0.len())
+            .map(|v| (v, pauses.pause(v)))
+            .filter(|(_, p)| !p.is_zero())
+            .map(|(v, p)| (v, duty(p).1))
+            .collect();
+        let next = slices.iter().map(|s| s.1).min().unwrap_or(RUN_SLICE);
+        thread::park_timeout(next);
+        for (vcpu, _) in slices {
+            control.kick(vcpu);
         }
     }
 }
@@ -243,7 +247,7 @@ mod tests {
         assert_eq!(throttle.observe(0), 0.0, "the baseline");
         thread::sleep(Duration::from_millis(20));
         assert!(throttle.observe(300_000) > 0.0);
-        assert!(!pauses.any(), "no limit yet");
+        assert!(pauses.pause(0).is_zero(), "no limit yet");
         throttle.tighten();
         thread::sleep(Duration::from_millis(20));
         throttle.observe(300_000);
@@ -251,29 +255,45 @@ mod tests {
         assert!(!set[0].is_zero());
         assert!(set.iter().all(|&p| p == set[0]), "{set:?}");
         throttle.release();
-        assert!(!pauses.any());
+        assert!((0..3).all(|v| pauses.pause(v).is_zero()));
     }
 
-    /// A vCPU with a pause takes it after each run slice, a sleep slice at
-    /// a time, and owes nothing once the pause is gone.
+    /// A vCPU with a pause sleeps after each run slice, and owes nothing
+    /// once the pause is gone.
     #[test]
     fn a_pause_falls_due_after_each_run_slice_and_ends_with_the_limit() {
         let pauses = VcpuPauses::new(2);
         let mut taker = PauseTaker::new();
-        assert!(!taker.take_slice(&pauses, 0), "no pause set");
-        pauses.set(&[SLEEP_SLICE * 3 / 2, Duration::ZERO]);
-        assert!(!taker.take_slice(&pauses, 0), "not run a slice yet");
-        assert!(!taker.take_slice(&pauses, 1), "vCPU 1 has none");
-        assert!(!taker.take_slice(&pauses, 9), "no such vCPU");
+        assert!(!taker.take(&pauses, 0), "no pause set");
+        pauses.set(&[Duration::from_millis(3), Duration::ZERO]);
+        assert!(!taker.take(&pauses, 0), "not run a slice yet");
+        assert!(!taker.take(&pauses, 1), "vCPU 1 has none");
+        assert!(!taker.take(&pauses, 9), "no such vCPU");
         thread::sleep(RUN_SLICE);
-        assert!(taker.take_slice(&pauses, 0));
-        assert_eq!(taker.taken, SLEEP_SLICE);
-        assert!(taker.take_slice(&pauses, 0), "the rest of the pause");
-        assert_eq!(taker.taken, SLEEP_SLICE * 3 / 2);
-        assert!(!taker.take_slice(&pauses, 0), "paid until the next slice");
+        assert!(taker.take(&pauses, 0));
+        assert_eq!(taker.taken, Duration::from_millis(3));
+        assert!(!taker.take(&pauses, 0), "slept until the next slice");
         thread::sleep(RUN_SLICE);
         pauses.clear();
-        assert!(!taker.take_slice(&pauses, 0), "the limit was released");
-        assert_eq!(taker.taken, SLEEP_SLICE * 3 / 2);
+        assert!(!taker.take(&pauses, 0), "the limit was released");
+        assert_eq!(taker.taken, Duration::from_millis(3));
+    }
+
+    /// A long pause becomes short sleeps and shorter runs: the share of
+    /// the time asleep holds, and no sleep is longer than the cap.
+    #[test]
+    fn a_long_pause_shortens_the_run_rather_than_lengthen_the_sleep() {
+        assert_eq!(
+            duty(Duration::from_millis(4)),
+            (Duration::from_millis(4), RUN_SLICE)
+        );
+        let (sleep, run) = duty(Duration::from_millis(100));
+        assert_eq!(sleep, MAX_SLEEP);
+        assert_eq!(
+            run,
+            Duration::from_millis(2),
+            "10 ms asleep per 2 ms run, as 100 per 20"
+        );
+        assert_eq!(duty(MAX_PAUSE * 10), (MAX_SLEEP, MIN_RUN));
     }
 }

@@ -323,10 +323,10 @@ impl RunControl {
         }
     }
 
-    /// Kicks every vCPU out of the guest, so each looks at its requests
-    /// (a dirty limit's pause due) before it enters again.
-    pub(crate) fn kick_all(&self) {
-        self.shared.irqs.kick_all();
+    /// Kicks vCPU `vcpu` out of the guest, so that it looks at its
+    /// requests (a dirty limit's pause due) before it enters again.
+    pub(crate) fn kick(&self, vcpu: usize) {
+        self.shared.irqs.kick(vcpu);
     }
 
     /// What a destination needs to create the VM.
