@@ -68,11 +68,11 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     all_measured(&sched, 12 + qemu_rows(&sched, 0));
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 8);
     // Each backend at both rates; each without and with the dirty limit
-    // over the link beside two hogs at both rates; each with the limit over
-    // the link at both rates, and TLS at the lower.
+    // over the link beside two hogs at both rates; over the link, the ring
+    // without it and each with it at both rates, and TLS at the lower.
     all_measured(
         &bench::migrate::run(QUICK, &mut quiet).unwrap(),
-        6 + 12 + 3 + 1 + 3,
+        6 + 12 + 5 + 4,
     );
     let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();
     assert_eq!(dirty.rows.len(), 4);
