@@ -31,11 +31,14 @@ pub struct Incoming {
 /// timer period's floor); `config` gives the rest, the destination's own:
 /// its policies, timer placement, RCU mode, KVM halt polling and timeout.
 /// Nothing runs until the caller runs the VM, and the caller answers the
-/// source (see [`super::answer`]) in between.
+/// source (see [`super::answer`]) in between. The calling thread reads at
+/// nice -10 where the process may raise it, and gets its own weight back
+/// on return: at the switch-over it must not wait behind other tenants.
 pub fn receive<R: Read>(
     input: &mut StreamReader<R>,
     config: &VmConfig,
 ) -> Result<Incoming, MigrationError> {
+    let _favoured = super::favour::Favoured::this_thread();
     let description = input.config()?;
     let program = guest::find(&description.program)
         .ok_or_else(|| MigrationError::UnknownGuest(description.program.clone()))?;

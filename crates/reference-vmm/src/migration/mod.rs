@@ -25,6 +25,7 @@
 
 mod codec;
 pub mod destination;
+mod favour;
 mod local;
 pub mod pause;
 pub mod source;
