@@ -134,19 +134,20 @@ fn moves_everywhere(backend: DirtyLogBackend) {
     }
 }
 
-/// A test per backend, so that they run in parallel: [`moves_everywhere`].
-macro_rules! moves_everywhere_tests {
-    ($($test:ident: $backend:ident),*) => {$(
+/// A test per backend of `$check(backend)`, so that they run in parallel.
+macro_rules! per_backend_tests {
+    ($check:ident; $($test:ident: $backend:ident),*) => {$(
         #[test]
         fn $test() {
             if kvm_available(stringify!($test)) {
-                moves_everywhere(DirtyLogBackend::$backend);
+                $check(DirtyLogBackend::$backend);
             }
         }
     )*};
 }
 
-moves_everywhere_tests! {
+per_backend_tests! {
+    moves_everywhere;
     the_bitmap_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Bitmap,
     manual_protect_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Manual,
     the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Ring
@@ -202,19 +203,8 @@ fn converges_under_the_dirty_limit(backend: DirtyLogBackend) {
     }
 }
 
-/// A test per backend: [`converges_under_the_dirty_limit`].
-macro_rules! converges_under_the_dirty_limit_tests {
-    ($($test:ident: $backend:ident),*) => {$(
-        #[test]
-        fn $test() {
-            if kvm_available(stringify!($test)) {
-                converges_under_the_dirty_limit(DirtyLogBackend::$backend);
-            }
-        }
-    )*};
-}
-
-converges_under_the_dirty_limit_tests! {
+per_backend_tests! {
+    converges_under_the_dirty_limit;
     the_bitmap_converges_under_the_dirty_limit_pausing_every_vcpu: Bitmap,
     manual_protect_converges_under_the_dirty_limit_pausing_every_vcpu: Manual,
     the_ring_converges_under_the_dirty_limit_pausing_only_writers: Ring
