@@ -6,9 +6,10 @@
 use std::io::Read;
 use std::time::Duration;
 
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::bitmap::Bitmap;
+use vm_memory::{Address as _, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use super::stream::{Record, StreamReader, is_zero};
+use super::stream::{Record, StreamReader};
 use super::{ChipState, MigrationError, VcpuState};
 use crate::memory::VmMemory;
 use crate::policies::Irqchip;
@@ -97,14 +98,17 @@ pub fn receive<R: Read>(
     Ok(Incoming { vm, program, pages })
 }
 
-/// Zeroes `pages` pages at `gpa`, writing only those that are not zero
-/// already: a fresh VM's memory reads as zeros without being allocated,
-/// and stays so.
+/// Zeroes `pages` pages at `gpa`, writing only those an earlier record
+/// wrote: memory's bitmap marks each page this VMM has written, and a fresh
+/// VM's other pages read as zeros. Not reading them matters: a read would
+/// fault each one in, which for a large guest's first pass is most of the
+/// destination's CPU time, taken from whatever else runs on its host.
 fn zero_pages(memory: &VmMemory, gpa: u64, pages: u64) -> Result<(), MigrationError> {
-    let mut page = [0u8; PAGE_SIZE as usize];
     for at in (0..pages).map(|i| GuestAddress(gpa + i * PAGE_SIZE)) {
-        memory.read_slice(&mut page, at)?;
-        if !is_zero(&page) {
+        let written = memory
+            .to_region_addr(at)
+            .is_none_or(|(region, offset)| region.bitmap().dirty_at(offset.raw_value() as usize));
+        if written {
             memory.write_slice(&[0; PAGE_SIZE as usize], at)?;
         }
     }
@@ -118,5 +122,50 @@ fn check_chip(state: &VcpuState, irqchip: Irqchip) -> Result<(), MigrationError>
             vcpu: state.index,
             irqchip,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which of `memory`'s first `pages` pages are resident (mincore).
+    fn resident(memory: &VmMemory, pages: usize) -> Vec<bool> {
+        let host = memory.get_host_address(GuestAddress(0)).unwrap();
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `host` starts a mapping of at least `pages` pages (the
+        // caller's memory), and `vec` holds one byte per page.
+        let rc =
+            unsafe { libc::mincore(host.cast(), pages * PAGE_SIZE as usize, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().map(|b| b & 1 == 1).collect()
+    }
+
+    #[test]
+    fn a_zero_run_clears_the_pages_written_before_and_leaves_the_rest_unmapped() {
+        let memory = VmMemory::from_ranges(&[(GuestAddress(0), 16 * PAGE_SIZE as usize)]).unwrap();
+        let written = GuestAddress(3 * PAGE_SIZE);
+        memory
+            .write_slice(&[0xa5; PAGE_SIZE as usize], written)
+            .unwrap();
+        zero_pages(&memory, 0, 16).unwrap();
+        let mut page = [1u8; PAGE_SIZE as usize];
+        memory.read_slice(&mut page, written).unwrap();
+        assert!(
+            page.iter().all(|&b| b == 0),
+            "the page written before is zeros"
+        );
+        let unwritten: Vec<usize> = (0..16).filter(|&p| p != 3).collect();
+        let mapped = resident(&memory, 16);
+        assert!(
+            unwritten.iter().all(|&p| !mapped[p]),
+            "a zero run faulted in pages nothing wrote: {mapped:?}"
+        );
+    }
+
+    #[test]
+    fn a_zero_run_past_memory_is_an_error() {
+        let memory = VmMemory::from_ranges(&[(GuestAddress(0), 4 * PAGE_SIZE as usize)]).unwrap();
+        assert!(zero_pages(&memory, 3 * PAGE_SIZE, 2).is_err());
     }
 }
