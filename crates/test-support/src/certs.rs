@@ -1,7 +1,9 @@
 //! Certificates for TLS in tests and benchmarks: CAs, and what each signs,
-//! written as PEM files in a fresh directory.
+//! written as PEM files in a fresh directory, removed once both CAs are
+//! dropped.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use rcgen::{BasicConstraints, Certificate, CertificateParams, IsCa, KeyPair};
 
@@ -22,6 +24,16 @@ pub struct Ca {
     cert: Certificate,
     key: KeyPair,
     dir: PathBuf,
+    _scratch: Arc<Scratch>,
+}
+
+/// The directory both CAs of [`cas`] write in, removed with the last.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl std::fmt::Debug for Ca {
@@ -33,7 +45,7 @@ impl std::fmt::Debug for Ca {
 }
 
 impl Ca {
-    fn new(dir: &Path, name: &str) -> Self {
+    fn new(scratch: &Arc<Scratch>, name: &str) -> Self {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -41,7 +53,8 @@ impl Ca {
         let ca = Self {
             cert,
             key,
-            dir: dir.join(name),
+            dir: scratch.0.join(name),
+            _scratch: Arc::clone(scratch),
         };
         std::fs::create_dir_all(&ca.dir).unwrap();
         std::fs::write(ca.dir.join("ca.pem"), ca.cert.pem()).unwrap();
@@ -70,8 +83,10 @@ impl Ca {
 }
 
 /// Two CAs in a fresh directory named after `what`: ours, and another.
+/// Their files stay until both are dropped.
 pub fn cas(what: &str) -> (Ca, Ca) {
     let dir = std::env::temp_dir().join(format!("rvmm-tls-{}-{what}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    (Ca::new(&dir, "ours"), Ca::new(&dir, "other"))
+    let scratch = Arc::new(Scratch(dir));
+    (Ca::new(&scratch, "ours"), Ca::new(&scratch, "other"))
 }

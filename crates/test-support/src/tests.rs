@@ -110,6 +110,7 @@ mod traces {
         assert_eq!(load(&path).unwrap(), ("host-x".to_owned(), values.to_vec()));
         std::fs::write(&path, "# c\n7 # a comment\n\nx\n").unwrap();
         let e = load(&path).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
         assert!(e.to_string().contains("host-x.trace:4"), "{e}");
     }
 
