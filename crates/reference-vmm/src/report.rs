@@ -61,6 +61,9 @@ pub struct VmStats {
     pub boosts: u64,
     /// The longest of them, ns.
     pub longest_boost_ns: u64,
+    /// The latest the booster's revoker woke past a deadline, ns (the
+    /// host's wake-up latency: a boost it ends outlasts its budget by it).
+    pub latest_revoker_wake_ns: u64,
     /// Directed yields attempted (KVM's `directed_yield_attempted`).
     pub directed_yield_attempted: u64,
     /// Guest output bytes that never reached the output: dropped when the
@@ -163,8 +166,9 @@ impl fmt::Display for RunReport {
         if st.boosts > 0 {
             write!(
                 f,
-                " (the longest {:.0} µs)",
-                st.longest_boost_ns as f64 / 1e3
+                " (the longest {:.0} µs; the revoker woke at most {:.0} µs late)",
+                st.longest_boost_ns as f64 / 1e3,
+                st.latest_revoker_wake_ns as f64 / 1e3
             )?;
         }
         if let Some(ns) = st.tuned_window_ns {

@@ -262,7 +262,7 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
     pub fn boost(&self, vcpu: usize) -> io::Result<bool> {
         let s = &*self.shared;
         if self.revokers.is_empty() {
-            s.revoke_expired_at(s.now_ns());
+            let _ = s.revoke_expired_at(s.now_ns());
         }
         let Some(slot) = s.slots.get(vcpu) else {
             return Ok(false);
@@ -320,7 +320,7 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
     /// each deadline; with [`Booster::manual`], the caller does).
     pub fn revoke_expired(&self) {
         let s = &*self.shared;
-        s.revoke_expired_at(s.now_ns());
+        let _ = s.revoke_expired_at(s.now_ns());
     }
 
     /// Reports a directed-yield attempt to the events.
@@ -446,10 +446,11 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
     }
 
     /// Takes back every boost past its deadline at `now`; returns the next
-    /// deadline, if any boost is left.
-    fn revoke_expired_at(&self, now: u64) -> Option<u64> {
+    /// deadline, if any boost is left, and whether it took any back.
+    fn revoke_expired_at(&self, now: u64) -> (Option<u64>, bool) {
         let max = self.max_boost_ns.load(SeqCst);
         let mut next: Option<u64> = None;
+        let mut revoked = false;
         for (vcpu, slot) in self.slots.iter().enumerate() {
             let record = slot.record.load(SeqCst);
             if record == 0 || record & RESTORING != 0 {
@@ -468,14 +469,16 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
                 // and the booster takes the record once it is.
                 let _ = self.restore(vcpu, slot);
                 self.expire(vcpu, slot, record, now);
+                revoked = true;
                 now.saturating_add(max.max(1))
             } else {
                 let _ = self.unboost(vcpu, true);
+                revoked = true;
                 continue;
             };
             next = Some(next.map_or(wake, |n| n.min(wake)));
         }
-        next
+        (next, revoked)
     }
 
     /// Puts the calling thread, revoker `which`, above every boost.
@@ -489,9 +492,18 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
     /// and takes back what expired, until `stop`.
     fn revoke_until(&self, which: usize, stop: &StdAtomicBool) {
         let wakes_at = &self.revoker_wakes_at[which];
+        // The deadline it last slept until.
+        let mut slept_until = None;
         while !stop.load(SeqCst) {
             wakes_at.store(0, SeqCst);
-            let next = self.revoke_expired_at(self.now_ns());
+            let now = self.now_ns();
+            let (next, revoked) = self.revoke_expired_at(now);
+            // How late the host woke it to take a boost back: at most what
+            // that boost ran past its deadline (a new boost wakes it early).
+            if let Some(at) = slept_until.take().filter(|&at| revoked && now > at) {
+                self.events
+                    .revoker_woke_late(Duration::from_nanos(now - at));
+            }
             wakes_at.store(next.unwrap_or(u64::MAX), SeqCst);
             if stop.load(SeqCst) {
                 break;
@@ -499,7 +511,8 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
             match next {
                 None => thread::park(),
                 Some(at) => {
-                    thread::park_timeout(Duration::from_nanos(at.saturating_sub(self.now_ns())))
+                    thread::park_timeout(Duration::from_nanos(at.saturating_sub(self.now_ns())));
+                    slept_until = Some(at);
                 }
             }
         }
@@ -925,6 +938,12 @@ mod tests {
         assert_eq!(after, before, "restored");
         assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
         assert_eq!(stats.revoker_errors.load(Relaxed), 0);
+        // It slept until the deadline: the host woke it some time after,
+        // and the boost outlasted its budget by about that.
+        let late = stats.latest_revoker_wake_ns.load(Relaxed);
+        let held = stats.longest_boost_ns.load(Relaxed);
+        assert!(late > 0, "the revoker's wake-up was reported");
+        assert!(held >= late, "held {held} ns, woke {late} ns late");
     }
 
     #[test]

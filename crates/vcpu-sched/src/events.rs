@@ -22,6 +22,10 @@ pub trait SchedEvents: Send + Sync {
     /// ([`crate::ThreadControl::prepare_revoker`]): it may wait behind a
     /// boosted thread on a crowded CPU, so boosts can outlast `max_boost`.
     fn revoker_failed(&self, _error: &std::io::Error) {}
+    /// A revoker that took a boost back woke `late` past the deadline it
+    /// slept until: the host's timer and wake-up latency, which that boost
+    /// outlasted `max_boost` by at most.
+    fn revoker_woke_late(&self, _late: Duration) {}
 }
 
 /// No metrics, at no cost.
@@ -50,6 +54,9 @@ macro_rules! forward_events {
             }
             fn revoker_failed(&self, error: &std::io::Error) {
                 (**self).revoker_failed(error)
+            }
+            fn revoker_woke_late(&self, late: Duration) {
+                (**self).revoker_woke_late(late)
             }
         }
     )*};
@@ -81,6 +88,10 @@ pub struct SchedStats {
     pub restore_errors: AtomicU64,
     /// Revoker threads that could not be raised above the boosts.
     pub revoker_errors: AtomicU64,
+    /// The latest a revoker that took a boost back woke past the deadline
+    /// it slept until, ns: the host's wake-up latency, the most it let that
+    /// boost run past `max_boost`.
+    pub latest_revoker_wake_ns: AtomicU64,
 }
 
 impl SchedEvents for SchedStats {
@@ -112,6 +123,11 @@ impl SchedEvents for SchedStats {
     fn revoker_failed(&self, _: &std::io::Error) {
         self.revoker_errors.fetch_add(1, Relaxed);
     }
+
+    fn revoker_woke_late(&self, late: Duration) {
+        self.latest_revoker_wake_ns
+            .fetch_max(late.as_nanos() as u64, Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -128,7 +144,10 @@ mod tests {
         s.boost_failed(1, &std::io::Error::other("refused"));
         s.restore_failed(1, &std::io::Error::other("refused"));
         s.revoker_failed(&std::io::Error::other("refused"));
+        s.revoker_woke_late(Duration::from_micros(40));
+        s.revoker_woke_late(Duration::from_micros(7));
         let get = |a: &AtomicU64| a.load(Relaxed);
+        assert_eq!(get(&s.latest_revoker_wake_ns), 40_000);
         assert_eq!((get(&s.restore_errors), get(&s.revoker_errors)), (1, 1));
         assert_eq!(
             (get(&s.boosts), get(&s.boost_ns), get(&s.boosts_revoked)),
