@@ -61,8 +61,9 @@ pub struct VmStats {
     pub boosts: u64,
     /// The longest of them, ns.
     pub longest_boost_ns: u64,
-    /// The latest the booster's revoker woke past a deadline, ns (the
-    /// host's wake-up latency: a boost it ends outlasts its budget by it).
+    /// The latest the booster's revoker, taking a boost back, woke past the
+    /// deadline it slept until, ns: the host's wake-up latency, the most
+    /// that boost outlasted its budget by.
     pub latest_revoker_wake_ns: u64,
     /// Directed yields attempted (KVM's `directed_yield_attempted`).
     pub directed_yield_attempted: u64,
