@@ -938,12 +938,12 @@ mod tests {
         assert_eq!(after, before, "restored");
         assert_eq!(stats.boosts_revoked.load(Relaxed), 1);
         assert_eq!(stats.revoker_errors.load(Relaxed), 0);
-        // It slept until the deadline: the host woke it some time after,
-        // and the boost outlasted its budget by about that.
+        // It took the boost back after sleeping until a deadline, which
+        // the host woke it past: how late is reported. (Only an upper
+        // bound on the boost's overrun: under qemu-user a revoker woke
+        // 10.9 ms late for a boost held 2.0 ms, so no tighter check.)
         let late = stats.latest_revoker_wake_ns.load(Relaxed);
-        let held = stats.longest_boost_ns.load(Relaxed);
         assert!(late > 0, "the revoker's wake-up was reported");
-        assert!(held >= late, "held {held} ns, woke {late} ns late");
     }
 
     #[test]
