@@ -114,7 +114,7 @@ impl WakeSource for FutexWake {
 
 fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|t| libc::timespec {
-        tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_sec: t.as_secs().min(i64::MAX as u64) as _,
         tv_nsec: t.subsec_nanos() as libc::c_long,
     });
     let ts_ptr = ts
@@ -190,7 +190,7 @@ impl EventFdWake {
             })
             .collect();
         let ts = timeout.map(|t| libc::timespec {
-            tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_sec: t.as_secs().min(i64::MAX as u64) as _,
             tv_nsec: t.subsec_nanos() as libc::c_long,
         });
         let ts_ptr = ts

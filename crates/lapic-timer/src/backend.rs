@@ -301,7 +301,7 @@ pub(crate) fn itimerspec_at(at_ns: u64) -> libc::itimerspec {
             tv_nsec: 0,
         },
         it_value: libc::timespec {
-            tv_sec: (at_ns / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
+            tv_sec: (at_ns / 1_000_000_000).min(i64::MAX as u64) as _,
             tv_nsec: (at_ns % 1_000_000_000) as libc::c_long,
         },
     }

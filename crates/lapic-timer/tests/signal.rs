@@ -36,7 +36,7 @@ fn mask(how: c_int, sig: c_int) {
 /// Waits up to `timeout` for `sig` (blocked) and returns its `si_code`.
 fn wait_for(sig: c_int, timeout: Duration) -> Option<c_int> {
     let spec = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_sec: timeout.as_secs() as _,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
     };
     // SAFETY: siginfo_t is plain data that sigtimedwait fills.
