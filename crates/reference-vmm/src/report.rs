@@ -65,6 +65,9 @@ pub struct VmStats {
     /// deadline it slept until, ns: the host's wake-up latency, the most
     /// that boost outlasted its budget by.
     pub latest_revoker_wake_ns: u64,
+    /// The most CPU time a vCPU thread ran in one boost, ns (its own CPU
+    /// clock): what a boost took from other threads, however long it lasted.
+    pub most_boost_cpu_ns: u64,
     /// Directed yields attempted (KVM's `directed_yield_attempted`).
     pub directed_yield_attempted: u64,
     /// Guest output bytes that never reached the output: dropped when the
@@ -167,8 +170,10 @@ impl fmt::Display for RunReport {
         if st.boosts > 0 {
             write!(
                 f,
-                " (the longest {:.0} µs; the revoker woke at most {:.0} µs late)",
+                " (the longest {:.0} µs, the most CPU in one {:.0} µs; the revoker woke at most \
+                 {:.0} µs late)",
                 st.longest_boost_ns as f64 / 1e3,
+                st.most_boost_cpu_ns as f64 / 1e3,
                 st.latest_revoker_wake_ns as f64 / 1e3
             )?;
         }

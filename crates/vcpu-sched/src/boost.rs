@@ -94,6 +94,8 @@ struct Slot {
     record: AtomicU64,
     period_start: AtomicU64,
     used: AtomicU64,
+    /// The thread's CPU time when its boost began, ns + 1; 0: none to report.
+    cpu_at_boost: AtomicU64,
 }
 
 impl Slot {
@@ -289,7 +291,11 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
             return Ok(false); // a concurrent caller boosts it; its record stands
         }
         self.wake_revoker_by(now.saturating_add(s.max_boost_ns.load(SeqCst)));
+        if let Some(cpu) = s.control.cpu_time(tid) {
+            slot.cpu_at_boost.store(cpu.as_nanos() as u64 + 1, SeqCst);
+        }
         if let Err(e) = s.control.boost(tid) {
+            slot.cpu_at_boost.store(0, SeqCst);
             slot.record.store(0, SeqCst);
             s.events.boost_failed(vcpu, &e);
             return Err(e);
@@ -439,10 +445,25 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
         restored
     }
 
+    /// Restores vCPU `vcpu`'s thread; the first restore of a boost reports
+    /// the CPU time the thread ran since it began.
     fn restore(&self, vcpu: usize, slot: &Slot) -> io::Result<()> {
-        self.control
-            .restore(slot.tid.load(SeqCst))
-            .inspect_err(|e| self.events.restore_failed(vcpu, e))
+        let tid = slot.tid.load(SeqCst);
+        let restored = self
+            .control
+            .restore(tid)
+            .inspect_err(|e| self.events.restore_failed(vcpu, e));
+        let at_boost = match slot.cpu_at_boost.load(SeqCst) {
+            0 => 0,
+            _ => slot.cpu_at_boost.swap(0, SeqCst),
+        };
+        if at_boost != 0 {
+            if let Some(now) = self.control.cpu_time(tid) {
+                let ran = (now.as_nanos() as u64).saturating_sub(at_boost - 1);
+                self.events.boost_ran(vcpu, Duration::from_nanos(ran));
+            }
+        }
+        restored
     }
 
     /// Takes back every boost past its deadline at `now`; returns the next
@@ -574,6 +595,8 @@ mod tests {
         revokers: usize,
         /// The revokers raised, by index.
         raised: Mutex<Vec<usize>>,
+        /// The CPU time every thread has run (`None`: cannot tell).
+        cpu: Mutex<Option<Duration>>,
     }
 
     impl ThreadControl for Fake {
@@ -600,6 +623,9 @@ mod tests {
         fn prepare_revoker(&self, _tid: Tid, revoker: usize) -> io::Result<()> {
             self.raised.lock().unwrap().push(revoker);
             Ok(())
+        }
+        fn cpu_time(&self, _tid: Tid) -> Option<Duration> {
+            *self.cpu.lock().unwrap()
         }
     }
 
@@ -650,6 +676,38 @@ mod tests {
         assert_eq!(calls(&b), [("boost", 100), ("restore", 100)]);
         assert!(!b.is_boosted(0));
         assert_eq!(stats.boosts.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn each_boost_reports_the_cpu_time_its_thread_ran_once() {
+        let (b, clock, stats) = booster(Fake::default());
+        let most_cpu = || Duration::from_nanos(stats.most_boost_cpu_ns.load(Relaxed));
+        let set_cpu = |us| *b.control().cpu.lock().unwrap() = Some(Duration::from_micros(us));
+        // Ended by the vCPU's run.
+        set_cpu(10);
+        assert!(b.boost(0).unwrap());
+        set_cpu(45);
+        b.ran(0).unwrap();
+        assert_eq!(most_cpu(), Duration::from_micros(35));
+        // Taken back by the revoker.
+        assert!(b.boost(1).unwrap());
+        set_cpu(145);
+        clock.advance(MAX + Duration::from_nanos(1));
+        b.revoke_expired();
+        assert_eq!(most_cpu(), Duration::from_micros(100));
+        // A booster stalled past the deadline while applying: the revoker's
+        // restore reports; the booster's second restore adds nothing.
+        let (weak, clock2) = (Arc::downgrade(&b), clock.clone());
+        *b.control().during_boost.lock().unwrap() = Some(Box::new(move || {
+            let b = weak.upgrade().unwrap();
+            clock2.advance(MAX + Duration::from_nanos(1));
+            *b.control().cpu.lock().unwrap() = Some(Duration::from_micros(265));
+            b.revoke_expired();
+            *b.control().cpu.lock().unwrap() = Some(Duration::from_micros(900));
+        }));
+        assert!(b.boost(0).unwrap(), "revoked while applied");
+        assert!(!b.is_boosted(0));
+        assert_eq!(most_cpu(), Duration::from_micros(120));
     }
 
     #[test]
@@ -944,6 +1002,15 @@ mod tests {
         // 10.9 ms late for a boost held 2.0 ms, so no tighter check.)
         let late = stats.latest_revoker_wake_ns.load(Relaxed);
         assert!(late > 0, "the revoker's wake-up was reported");
+        // The CPU time the spinner ran while boosted, from its own clock:
+        // some, and no more than the boost lasted (which is read just
+        // before the restore; the margin is for the restore itself).
+        let cpu = Duration::from_nanos(stats.most_boost_cpu_ns.load(Relaxed));
+        let held = Duration::from_nanos(stats.longest_boost_ns.load(Relaxed));
+        assert!(
+            cpu > Duration::ZERO && cpu <= held + Duration::from_millis(1),
+            "ran {cpu:?} in a boost held {held:?}"
+        );
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub trait SchedEvents: Send + Sync {
     /// slept until: the host's timer and wake-up latency, which that boost
     /// outlasted `max_boost` by at most.
     fn revoker_woke_late(&self, _late: Duration) {}
+    /// vCPU `vcpu`'s thread ran `cpu` of CPU time while boosted, from its
+    /// boost to its first restore, by the thread control's
+    /// [`crate::ThreadControl::cpu_time`] (not reported where it has none).
+    fn boost_ran(&self, _vcpu: usize, _cpu: Duration) {}
 }
 
 /// No metrics, at no cost.
@@ -57,6 +61,9 @@ macro_rules! forward_events {
             }
             fn revoker_woke_late(&self, late: Duration) {
                 (**self).revoker_woke_late(late)
+            }
+            fn boost_ran(&self, vcpu: usize, cpu: Duration) {
+                (**self).boost_ran(vcpu, cpu)
             }
         }
     )*};
@@ -92,6 +99,10 @@ pub struct SchedStats {
     /// it slept until, ns: the host's wake-up latency, the most it let that
     /// boost run past `max_boost`.
     pub latest_revoker_wake_ns: AtomicU64,
+    /// The most CPU time a thread ran in one boost, ns: what a boost took
+    /// from other threads. A boost can last longer than it runs, where the
+    /// host takes the CPU away (which also delays the revoker).
+    pub most_boost_cpu_ns: AtomicU64,
 }
 
 impl SchedEvents for SchedStats {
@@ -128,6 +139,11 @@ impl SchedEvents for SchedStats {
         self.latest_revoker_wake_ns
             .fetch_max(late.as_nanos() as u64, Relaxed);
     }
+
+    fn boost_ran(&self, _: usize, cpu: Duration) {
+        self.most_boost_cpu_ns
+            .fetch_max(cpu.as_nanos() as u64, Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -146,8 +162,11 @@ mod tests {
         s.revoker_failed(&std::io::Error::other("refused"));
         s.revoker_woke_late(Duration::from_micros(40));
         s.revoker_woke_late(Duration::from_micros(7));
+        s.boost_ran(1, Duration::from_micros(90));
+        s.boost_ran(2, Duration::from_micros(30));
         let get = |a: &AtomicU64| a.load(Relaxed);
         assert_eq!(get(&s.latest_revoker_wake_ns), 40_000);
+        assert_eq!(get(&s.most_boost_cpu_ns), 90_000);
         assert_eq!((get(&s.restore_errors), get(&s.revoker_errors)), (1, 1));
         assert_eq!(
             (get(&s.boosts), get(&s.boost_ns), get(&s.boosts_revoked)),

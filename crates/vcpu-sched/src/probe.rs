@@ -133,15 +133,7 @@ impl ThreadProbe {
 
     /// The CPU time the thread has used.
     pub fn cpu_time(&self) -> io::Result<Duration> {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid timespec for the call to write.
-        if unsafe { libc::clock_gettime(self.cpu_clock, &mut ts) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+        read_cpu_clock(self.cpu_clock)
     }
 
     /// Whether the stat file says `R` (running or runnable).
@@ -163,6 +155,24 @@ fn state_letter(stat: &[u8]) -> Option<u8> {
         [b' ', state] => Some(*state),
         _ => None,
     }
+}
+
+/// The CPU time thread `tid` of this process has used (one
+/// `clock_gettime`).
+pub(crate) fn thread_cpu_time(tid: Tid) -> io::Result<Duration> {
+    read_cpu_clock(thread_cpu_clock(tid))
+}
+
+fn read_cpu_clock(clock: libc::clockid_t) -> io::Result<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to write.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// The CPU clock of thread `tid` (the kernel's `MAKE_THREAD_CPUCLOCK(tid,

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -107,6 +108,14 @@ pub trait ThreadControl: Send + Sync {
     fn prepare_revoker(&self, _tid: Tid, _revoker: usize) -> io::Result<()> {
         Ok(())
     }
+    /// The CPU time thread `tid` has run so far, if this control can tell.
+    /// The booster reads it at each boost's two ends to report how much CPU
+    /// the boost ran ([`crate::SchedEvents::boost_ran`]): what it took from
+    /// other threads, which a host that takes the CPU away does not add to.
+    /// `None` (the default): not reported.
+    fn cpu_time(&self, _tid: Tid) -> Option<Duration> {
+        None
+    }
 }
 
 impl<T: ThreadControl + ?Sized> ThreadControl for std::sync::Arc<T> {
@@ -124,6 +133,9 @@ impl<T: ThreadControl + ?Sized> ThreadControl for std::sync::Arc<T> {
     }
     fn yield_now(&self) {
         (**self).yield_now()
+    }
+    fn cpu_time(&self, tid: Tid) -> Option<Duration> {
+        (**self).cpu_time(tid)
     }
 }
 
@@ -302,6 +314,11 @@ impl ThreadControl for FifoBoost {
             Some(Err(e)) if !exited(&e) => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// From the thread's CPU clock (one `clock_gettime`).
+    fn cpu_time(&self, tid: Tid) -> Option<Duration> {
+        crate::probe::thread_cpu_time(tid).ok()
     }
 }
 

@@ -295,6 +295,7 @@ fn stats(shared: &VmShared, output_lost: u64) -> VmStats {
         boosts: s.boosts.load(Relaxed),
         longest_boost_ns: s.longest_boost_ns.load(Relaxed),
         latest_revoker_wake_ns: s.latest_revoker_wake_ns.load(Relaxed),
+        most_boost_cpu_ns: s.most_boost_cpu_ns.load(Relaxed),
         directed_yield_attempted: s.directed_yield_attempted.load(Relaxed),
         output_lost,
         bus_lookups: lookups.count.load(Relaxed),
