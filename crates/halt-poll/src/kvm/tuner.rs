@@ -64,8 +64,11 @@
 //!    (`halt_poll_success_ns` + `halt_poll_fail_ns`), faded as the
 //!    histogram is, exceeded the budget, or the last interval's alone
 //!    exceeded twice the budget, the window shrinks at once, whatever the
-//!    hold: to the budget's window, and at least one power of two below the
-//!    current one, since the estimate just proved too low. Single intervals
+//!    hold: one power of two below the current one (KVM's default before the
+//!    first), at each interval that breaks it. Not further at once: KVM
+//!    drops a vCPU's own window to 0 when its halts outlast the maximum and
+//!    grows it back only on a halt shorter than it, which a vCPU whose
+//!    halts all block may never have again. Single intervals
 //!    of a load at the budget's edge cross it both ways; the faded history
 //!    does not, so such a load keeps its window.
 //!
@@ -85,6 +88,10 @@ use crate::stats::HIST_BUCKETS;
 /// a maximum below it never polls. The tuner sets such windows as 0, which
 /// says so.
 pub const HALT_POLL_NS_GROW_START: Duration = Duration::from_micros(10);
+
+/// KVM's default window on x86 (the `halt_poll_ns` module parameter's
+/// default), which applies until the tuner first sets one.
+const KVM_DEFAULT_WINDOW: Duration = Duration::from_micros(200);
 
 /// The share of the budget a wider window must fit before the tuner grows
 /// to it (a narrower one shrinks as soon as the current one no longer fits
@@ -346,14 +353,15 @@ impl WindowTuner {
         }
     }
 
-    /// The window after the last interval broke the budget: the budget's,
-    /// at least one power of two below the current one.
+    /// The window after polling broke the budget: one power of two below
+    /// the current one (KVM's default before the first), at each interval
+    /// that breaks it. Not straight to the estimate's window: KVM shrinks a
+    /// vCPU's own window to 0 when a halt outlasts the maximum and grows it
+    /// back only on a halt shorter than the maximum, so a deep cut leaves
+    /// vCPUs whose halts then all block (and last longer for it) polling
+    /// nothing long after the window widens again.
     fn shrunk(&self) -> Duration {
-        let fits = self.chosen().unwrap_or(Duration::ZERO);
-        match self.window {
-            Some(current) => fits.min(below(current)),
-            None => fits,
-        }
+        below(self.window.unwrap_or(KVM_DEFAULT_WINDOW))
     }
 
     /// The windows considered, as `(k, window)`: 0 (`k` = 0), then `2^k` ns
@@ -931,6 +939,26 @@ mod tests {
         assert!(t.update(TICK, std::slice::from_ref(&now)) < Some(Duration::from_micros(262)));
     }
 
+    /// The windows a tuner with `budget` sets over `intervals` intervals of
+    /// 200 halts of 40 µs each, which KVM polls as its window says: through
+    /// where the window is wider (its default's, 200 µs, before the first),
+    /// for the whole window before blocking otherwise.
+    fn windows_over_40us_halts(budget: f64, intervals: usize) -> Vec<u128> {
+        let mut t = budgeted(budget);
+        let mut now = stats(&[], &[]);
+        let mut window = KVM_DEFAULT_WINDOW;
+        let mut windows = Vec::new();
+        for _ in 0..intervals {
+            now = match window >= Duration::from_micros(40) {
+                true => more(&now, &[40 * US; 200], &[]),
+                false => with_window(&now, &[40 * US; 200], Some(window)),
+            };
+            window = t.update(TICK, std::slice::from_ref(&now)).unwrap();
+            windows.push(window.as_micros());
+        }
+        windows
+    }
+
     #[test]
     fn a_workload_whose_polling_would_break_the_budget_gets_a_smaller_window() {
         // 200 halts of 40 µs per 10 ms: the cost model polls them all (65.5
@@ -938,13 +966,12 @@ mod tests {
         let short = || stats(&[40 * US; 200], &[]);
         let cheapest = WindowTuner::default().update(TICK, &[short()]);
         assert_eq!(cheapest, Some(Duration::from_nanos(1 << 16)));
+        // A budget broken comes down a power of two per interval from
+        // KVM's default window, never further at once, to the budget's.
+        assert_eq!(windows_over_40us_halts(0.05, 6), [131, 65, 32, 16, 0, 0]);
         assert_eq!(
-            budgeted(0.5).update(TICK, &[short()]),
-            Some(Duration::from_nanos(1 << 14))
-        );
-        assert_eq!(
-            budgeted(0.05).update(TICK, &[short()]),
-            Some(Duration::ZERO)
+            windows_over_40us_halts(0.5, 40).last(),
+            Some(&Duration::from_nanos(1 << 14).as_micros())
         );
         // No time to spread a budget over: nothing chosen yet.
         assert_eq!(budgeted(0.5).update(Duration::ZERO, &[short()]), None);
