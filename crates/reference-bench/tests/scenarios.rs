@@ -69,10 +69,11 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 8);
     // Each backend at both rates; each without and with the dirty limit
     // over the link beside two hogs at both rates; over the link, the ring
-    // without it and each with it at both rates, and TLS at the lower.
+    // without it and each with it at both rates; manual protect in plain
+    // text and in TLS at the lower.
     all_measured(
         &bench::migrate::run(QUICK, &mut quiet).unwrap(),
-        6 + 12 + 5 + 4,
+        6 + 12 + 8 + 2,
     );
     let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();
     assert_eq!(dirty.rows.len(), 4);
