@@ -22,6 +22,7 @@ pub mod runs;
 pub mod sched;
 pub mod table;
 pub mod timer;
+pub mod wake_probe;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

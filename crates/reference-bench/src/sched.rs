@@ -14,6 +14,7 @@ use test_support::Hogs;
 use crate::Error;
 use crate::peer::{PeerSeen, goal_against_qemu, run_image};
 use crate::qemu::{Qemu, QemuApic};
+use crate::wake_probe::WakeProbe;
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
 use reference_vmm::Irqchip;
 use reference_vmm::presets::{Boost, Choices, DELIVERY_BOOST};
@@ -226,20 +227,23 @@ fn run_once(
 }
 
 /// Whether every variant's `runs` (µs per boost, the most of each run)
-/// stayed within two of its budgets in every run, as a goal line `what`.
-fn within_two_budgets(runs: &[Runs], what: &str) -> String {
-    // The row nearest its bound: (most / bound, the row, most, bound).
+/// stayed within two of its budgets, plus `allowance_us` of the same run
+/// where given, in every run, as a goal line `what`.
+fn within_two_budgets(runs: &[Runs], allowance_us: Option<&[Runs]>, what: &str) -> String {
+    // The run nearest its bound: (most / bound, the row, most, bound).
     let mut worst: Option<(f64, Variant, f64, f64)> = None;
     let mut runs_meeting = Vec::new();
-    for (runs, variant) in runs.iter().zip(VARIANTS) {
+    for (i, (runs, variant)) in runs.iter().zip(VARIANTS).enumerate() {
         let Some(budget) = variant.max_boost() else {
             continue;
         };
-        let bound_us = 2.0 * budget.as_secs_f64() * 1e6;
-        runs_meeting.extend(runs.each(|us| us <= bound_us));
-        let most = runs.0.iter().copied().fold(0.0, f64::max);
-        if worst.is_none_or(|(share, ..)| most / bound_us > share) {
-            worst = Some((most / bound_us, variant, most, bound_us));
+        for (run, &most) in runs.0.iter().enumerate() {
+            let allowance = allowance_us.and_then(|a| a[i].0.get(run).copied());
+            let bound_us = 2.0 * budget.as_secs_f64() * 1e6 + allowance.unwrap_or(0.0);
+            runs_meeting.push(most <= bound_us);
+            if worst.is_none_or(|(share, ..)| most / bound_us > share) {
+                worst = Some((most / bound_us, variant, most, bound_us));
+            }
         }
     }
     let measured = match worst {
@@ -257,27 +261,54 @@ fn within_two_budgets(runs: &[Runs], what: &str) -> String {
     )
 }
 
+/// [`within_two_budgets`] past the host's latest real-time wake-up in each
+/// run (`host_late_us`): what a revoker can hold wherever the host itself
+/// is late; not measured without the probe.
+fn past_host_goal(runs: &[Runs], host_late_us: &[Runs], what: &str) -> String {
+    match host_late_us.iter().all(|r| r.0.is_empty()) {
+        true => format!("Goal: {what}. Not measured: no probe of the host's wake-up."),
+        false => within_two_budgets(runs, Some(host_late_us), what),
+    }
+}
+
 /// Every variant's longest boost in every run at most two of its budgets:
 /// the revoker's lag bounded by one more.
 fn longest_boost_goal(longest_boost_us: &[Runs]) -> String {
     let verdict = within_two_budgets(
         longest_boost_us,
+        None,
         "every longest boost, in every run, at most two budgets",
     );
     format!(
-        "{verdict} A record includes the revoker's wake-up, as late as the last column says (the latest past any deadline in any run: the host's timer and wake-up latency, which two {} µs budgets of --boost on-delivery do not always cover, and during which the host may hold the boosted thread's CPU too); what such boosts take from other threads is the CPU their threads ran, the column before, held to the same bound below.",
+        "{verdict} A record includes the revoker's wake-up, as late as its column says (the latest past any deadline in any run), which two {} µs budgets of --boost on-delivery cannot cover where the host itself wakes its real-time threads later than that, as the last column says; the next two goals hold each boost's length and the CPU its thread ran to two budgets past that, run by run.",
         DELIVERY_BOOST.as_micros(),
     )
 }
 
-/// Every variant's most CPU time in one boost, in every run, at most two of
-/// its budgets: what a boost takes from other threads, whatever the host
-/// adds to its wall time.
-fn boost_cpu_goal(boost_cpu_us: &[Runs]) -> String {
-    within_two_budgets(
-        boost_cpu_us,
-        "every boost's CPU time (the vCPU thread's own CPU clock, read as its boost begins and once it is taken back), in every run, at most two budgets",
-    )
+/// Every variant's longest boost, and the most CPU time in one, in every
+/// run at most two of its budgets past the host's latest real-time wake-up
+/// in the same run: what the booster adds, the host aside.
+fn past_host_goals(
+    longest_boost_us: &[Runs],
+    boost_cpu_us: &[Runs],
+    host_late_us: &[Runs],
+) -> [String; 2] {
+    let past_host =
+        " in every run, at most two budgets past the host's latest real-time wake-up in that run";
+    [
+        past_host_goal(
+            longest_boost_us,
+            host_late_us,
+            &format!("every longest boost,{past_host}"),
+        ),
+        past_host_goal(
+            boost_cpu_us,
+            host_late_us,
+            &format!(
+                "every boost's CPU time (the vCPU thread's own CPU clock, read as its boost begins and once it is taken back),{past_host}"
+            ),
+        ),
+    ]
 }
 
 /// One run of `lock-holders` on KVM's irqchip with `io`: rounds per
@@ -307,8 +338,10 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     let mut longest_boost_us = vec![Runs::new(); VARIANTS.len()];
     let mut boost_cpu_us = vec![Runs::new(); VARIANTS.len()];
     let mut revoker_late_us = vec![Runs::new(); VARIANTS.len()];
+    let mut host_late_us = vec![Runs::new(); VARIANTS.len()];
     let mut failures: Vec<(Variant, String)> = Vec::new();
     let hogs = Hogs::start(1);
+    let probe = WakeProbe::start();
     for rep in 0..opts.reps() {
         for (i, &variant) in VARIANTS.iter().enumerate() {
             if failures.iter().any(|(v, _)| *v == variant) {
@@ -321,6 +354,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 opts.reps()
             ));
             let before = hogs.iterations();
+            if let Ok(probe) = &probe {
+                probe.take_latest();
+            }
             let rounds = match variant {
                 Variant::KernelLocks {
                     io: LockIo::AfterRound,
@@ -345,6 +381,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             longest_boost_us[i].push(sample.longest_boost_us);
             boost_cpu_us[i].push(sample.boost_cpu_us);
             revoker_late_us[i].push(sample.revoker_late_us);
+            if let Ok(probe) = &probe {
+                host_late_us[i].push(probe.take_latest().as_secs_f64() * 1e6);
+            }
         }
     }
     drop(hogs);
@@ -361,6 +400,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             "longest boost, µs",
             "most CPU in one boost, µs",
             "revoker's latest wake-up, µs",
+            "host's latest real-time wake-up, µs",
         ],
     );
     for (i, variant) in VARIANTS.iter().enumerate() {
@@ -387,6 +427,10 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 true => Cell::num(revoker_late_us[i].range().1, 0),
                 false => Cell::text("-"),
             },
+            match host_late_us[i].0.is_empty() {
+                true => Cell::text("-"),
+                false => Cell::num(host_late_us[i].range().1, 0),
+            },
         ]);
     }
     t.better("more rounds per second for the VM, with the hog keeping its iterations");
@@ -396,8 +440,14 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         Boost::None.budget().max_boost.as_micros(),
         DELIVERY_BOOST.as_micros(),
     ));
+    t.note(match &probe {
+        Ok(_) => format!("Host's latest real-time wake-up: the latest that a SCHED_FIFO 99 thread pinned to each CPU, sleeping to a deadline every {} ms beside the runs, woke past it (cyclictest's method; the bench's wake_probe): no thread of this host, a revoker included, is sure to run sooner.", crate::wake_probe::PERIOD.as_millis()),
+        Err(why) => format!("Host's latest real-time wake-up: not measured: {why}."),
+    });
     t.note(longest_boost_goal(&longest_boost_us));
-    t.note(boost_cpu_goal(&boost_cpu_us));
+    for line in past_host_goals(&longest_boost_us, &boost_cpu_us, &host_late_us) {
+        t.note(line);
+    }
     let index = |v: Variant| VARIANTS.iter().position(|&x| x == v).unwrap_or(0);
     let directed_yield = rate[index(Variant::Vmm(Boost::DirectedYield))].ratio_to(&rate[0]);
     t.note(goal(
@@ -478,14 +528,36 @@ mod tests {
     }
 
     #[test]
-    fn the_boost_cpu_goal_holds_each_row_to_two_of_its_own_budgets() {
-        // 150 µs: within two delivery boosts (100 µs each); 250 µs is not.
-        let line = boost_cpu_goal(&longest(|_| 150.0));
-        assert!(line.contains(": met."), "{line}");
-        assert!(line.contains("CPU time"), "{line}");
-        let line = boost_cpu_goal(&longest(|_| 250.0));
-        assert!(line.contains(": not met."), "{line}");
-        assert!(line.contains("250 µs, against 200 µs"), "{line}");
+    fn the_past_host_goals_allow_each_run_the_host_s_own_lateness() {
+        // 250 µs against two delivery boosts (200 µs): within them past a
+        // host 60 µs late in every run, not past one 40 µs late in one.
+        let host = |late: [f64; 3]| -> Vec<Runs> {
+            VARIANTS.iter().map(|_| Runs(late.to_vec())).collect()
+        };
+        let [length, cpu] =
+            past_host_goals(&longest(|_| 250.0), &longest(|_| 250.0), &host([60.0; 3]));
+        assert!(
+            length.contains("every longest boost") && length.contains(": met."),
+            "{length}"
+        );
+        assert!(cpu.contains("CPU time") && cpu.contains(": met."), "{cpu}");
+        let [length, _] = past_host_goals(
+            &longest(|_| 250.0),
+            &longest(|_| 0.0),
+            &host([60.0, 40.0, 60.0]),
+        );
+        assert!(length.contains(": not met."), "{length}");
+        assert!(length.contains("250 µs, against 240 µs"), "{length}");
+        // Without the probe the goals say so rather than judge.
+        let [length, cpu] = past_host_goals(
+            &longest(|_| 0.0),
+            &longest(|_| 0.0),
+            &vec![Runs::new(); VARIANTS.len()],
+        );
+        assert!(
+            length.contains("Not measured") && cpu.contains("Not measured"),
+            "{length}"
+        );
     }
 
     #[test]

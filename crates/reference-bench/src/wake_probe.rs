@@ -1,0 +1,158 @@
+//! The host's own real-time wake-up latency, measured beside a benchmark:
+//! one `SCHED_FIFO` 99 thread per CPU, pinned there, sleeping to an
+//! absolute deadline every millisecond and recording how late it ran
+//! (cyclictest's method).
+//!
+//! A boost's revoker can take a boost back no sooner than the host lets
+//! its highest-priority thread run. Where the host itself is late (a
+//! kernel that does not preempt, a hypervisor below it that holds the
+//! CPU), no userspace revoker keeps a boost to its budget, and this probe
+//! shows by how much in the same runs, independently of the booster.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// How often each probe thread wakes.
+pub const PERIOD: Duration = Duration::from_millis(1);
+
+/// The probe threads; see the [module docs](self).
+pub struct WakeProbe {
+    stop: Arc<AtomicBool>,
+    latest_ns: Arc<AtomicU64>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl WakeProbe {
+    /// Starts a probe thread on each of this process's CPUs, or says why
+    /// it cannot (no real-time priority for this process, no CPU list).
+    pub fn start() -> Result<Self, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let latest_ns = Arc::new(AtomicU64::new(0));
+        let mut probe = Self {
+            stop: stop.clone(),
+            latest_ns: latest_ns.clone(),
+            threads: Vec::new(),
+        };
+        for cpu in allowed_cpus()? {
+            let (ready, started) = std::sync::mpsc::channel();
+            let (stop, latest_ns) = (stop.clone(), latest_ns.clone());
+            let thread = thread::Builder::new()
+                .name(format!("wake-probe-{cpu}"))
+                .spawn(move || match make_real_time(cpu) {
+                    Ok(()) => {
+                        let _ = ready.send(Ok(()));
+                        sleep_and_measure(&stop, &latest_ns);
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
+                })
+                .map_err(|e| format!("cannot start a probe thread: {e}"))?;
+            probe.threads.push(thread);
+            started
+                .recv()
+                .map_err(|_| "a probe thread ended before starting".to_string())??;
+        }
+        Ok(probe)
+    }
+
+    /// The latest any probe thread woke past its deadline since the last
+    /// call (or the start); starts the next interval.
+    pub fn take_latest(&self) -> Duration {
+        Duration::from_nanos(self.latest_ns.swap(0, Relaxed))
+    }
+}
+
+impl Drop for WakeProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Result<Vec<usize>, String> {
+    // SAFETY: a zeroed cpu_set_t is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a cpu_set_t of the size given, written by the call.
+    let ret = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+    if ret != 0 {
+        return Err(format!(
+            "cannot read the CPUs: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: CPU_ISSET reads the set within its size.
+    Ok((0..libc::CPU_SETSIZE as usize)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+/// Pins the calling thread to `cpu` at `SCHED_FIFO` 99.
+fn make_real_time(cpu: usize) -> Result<(), String> {
+    // SAFETY: a zeroed cpu_set_t is a valid, empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (it came from a set).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: sets the calling thread's affinity from a valid set.
+    if unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(format!(
+            "cannot pin a probe thread to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let param = libc::sched_param { sched_priority: 99 };
+    // SAFETY: sets the calling thread's policy from a valid parameter.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(format!(
+            "no SCHED_FIFO 99 for a probe thread ({}): the host's real-time wake-up is not measured",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Sleeps to a deadline each [`PERIOD`] until `stop`, raising `latest_ns`
+/// to each wake-up's lateness.
+fn sleep_and_measure(stop: &AtomicBool, latest_ns: &AtomicU64) {
+    let mut deadline = now_ns() + PERIOD.as_nanos() as u64;
+    while !stop.load(Relaxed) {
+        let at = libc::timespec {
+            tv_sec: (deadline / 1_000_000_000) as _,
+            tv_nsec: (deadline % 1_000_000_000) as _,
+        };
+        // SAFETY: sleeps to an absolute time on the monotonic clock; no
+        // remaining time is asked for with TIMER_ABSTIME.
+        let ret = unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &at,
+                std::ptr::null_mut(),
+            )
+        };
+        if ret != 0 {
+            continue; // interrupted: sleep to the same deadline
+        }
+        let woke = now_ns();
+        latest_ns.fetch_max(woke.saturating_sub(deadline), Relaxed);
+        // After a long stall, the next deadline is a period from now, not
+        // a run of deadlines already past.
+        deadline = (deadline + PERIOD.as_nanos() as u64).max(woke + 1);
+    }
+}
+
+/// The monotonic clock, ns.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the monotonic time into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
