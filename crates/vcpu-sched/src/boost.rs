@@ -96,6 +96,8 @@ struct Slot {
     used: AtomicU64,
     /// The thread's CPU time when its boost began, ns + 1; 0: none to report.
     cpu_at_boost: AtomicU64,
+    /// When the boost whose CPU time is to report began, ns on the clock.
+    began_ns: AtomicU64,
 }
 
 impl Slot {
@@ -292,6 +294,7 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
         }
         self.wake_revoker_by(now.saturating_add(s.max_boost_ns.load(SeqCst)));
         if let Some(cpu) = s.control.cpu_time(tid) {
+            slot.began_ns.store(now, SeqCst);
             slot.cpu_at_boost.store(cpu.as_nanos() as u64 + 1, SeqCst);
         }
         if let Err(e) = s.control.boost(tid) {
@@ -446,9 +449,12 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
     }
 
     /// Restores vCPU `vcpu`'s thread; the first restore of a boost reports
-    /// the CPU time the thread ran since it began.
+    /// the CPU time the thread ran since it began: read after the restore,
+    /// at most the wall time from the boost to the restore (a restorer kept
+    /// off its CPU between the two would count what the thread ran after).
     fn restore(&self, vcpu: usize, slot: &Slot) -> io::Result<()> {
         let tid = slot.tid.load(SeqCst);
+        let ended = self.now_ns();
         let restored = self
             .control
             .restore(tid)
@@ -459,7 +465,9 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
         };
         if at_boost != 0 {
             if let Some(now) = self.control.cpu_time(tid) {
-                let ran = (now.as_nanos() as u64).saturating_sub(at_boost - 1);
+                let ran = (now.as_nanos() as u64)
+                    .saturating_sub(at_boost - 1)
+                    .min(ended.saturating_sub(slot.began_ns.load(SeqCst)));
                 self.events.boost_ran(vcpu, Duration::from_nanos(ran));
             }
         }
@@ -687,6 +695,7 @@ mod tests {
         set_cpu(10);
         assert!(b.boost(0).unwrap());
         set_cpu(45);
+        clock.advance(Duration::from_micros(50));
         b.ran(0).unwrap();
         assert_eq!(most_cpu(), Duration::from_micros(35));
         // Taken back by the revoker.
@@ -708,6 +717,20 @@ mod tests {
         assert!(b.boost(0).unwrap(), "revoked while applied");
         assert!(!b.is_boosted(0));
         assert_eq!(most_cpu(), Duration::from_micros(120));
+    }
+
+    #[test]
+    fn a_boost_s_cpu_time_is_at_most_its_wall_time() {
+        // The thread's clock read after the restore also counts what it ran
+        // since, where the restorer was kept off its CPU in between: 500 µs
+        // of CPU in a boost of 100 µs reports 100 µs.
+        let (b, clock, stats) = booster(Fake::default());
+        *b.control().cpu.lock().unwrap() = Some(Duration::from_micros(10));
+        assert!(b.boost(0).unwrap());
+        clock.advance(Duration::from_micros(100));
+        *b.control().cpu.lock().unwrap() = Some(Duration::from_micros(510));
+        b.ran(0).unwrap();
+        assert_eq!(stats.most_boost_cpu_ns.load(Relaxed), 100_000);
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub trait SchedEvents: Send + Sync {
     fn revoker_woke_late(&self, _late: Duration) {}
     /// vCPU `vcpu`'s thread ran `cpu` of CPU time while boosted, from its
     /// boost to its first restore, by the thread control's
-    /// [`crate::ThreadControl::cpu_time`] (not reported where it has none).
+    /// [`crate::ThreadControl::cpu_time`] (not reported where it has none),
+    /// at most the wall time from the boost to the restore.
     fn boost_ran(&self, _vcpu: usize, _cpu: Duration) {}
 }
 
