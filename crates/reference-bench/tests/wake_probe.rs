@@ -4,13 +4,13 @@
 #[allow(dead_code)]
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reference_bench::wake_probe::WakeProbe;
 
 #[test]
-fn the_probe_reports_how_late_it_woke_and_stops_when_dropped() {
-    let test = "the_probe_reports_how_late_it_woke_and_stops_when_dropped";
+fn the_probe_reports_how_late_it_woke() {
+    let test = "the_probe_reports_how_late_it_woke";
     let probe = match WakeProbe::start() {
         Ok(probe) => probe,
         Err(why) => {
@@ -22,10 +22,7 @@ fn the_probe_reports_how_late_it_woke_and_stops_when_dropped() {
     // Every wake-up comes at or after its deadline: after 20 periods the
     // latest is above 0 on a nanosecond clock.
     assert!(probe.take_latest() > Duration::ZERO);
-    let stopping = Instant::now();
+    // Dropping joins every probe thread: one that did not stop would hang
+    // the test here.
     drop(probe);
-    assert!(
-        stopping.elapsed() < Duration::from_secs(1),
-        "the probe threads stopped"
-    );
 }

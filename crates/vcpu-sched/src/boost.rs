@@ -454,7 +454,9 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
     /// off its CPU between the two would count what the thread ran after).
     fn restore(&self, vcpu: usize, slot: &Slot) -> io::Result<()> {
         let tid = slot.tid.load(SeqCst);
-        let ended = self.now_ns();
+        // Before the restore: a restorer kept off its CPU after it must not
+        // widen the cap.
+        let ended = (slot.cpu_at_boost.load(SeqCst) != 0).then(|| self.now_ns());
         let restored = self
             .control
             .restore(tid)
@@ -465,9 +467,11 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
         };
         if at_boost != 0 {
             if let Some(now) = self.control.cpu_time(tid) {
-                let ran = (now.as_nanos() as u64)
-                    .saturating_sub(at_boost - 1)
-                    .min(ended.saturating_sub(slot.began_ns.load(SeqCst)));
+                let ran = (now.as_nanos() as u64).saturating_sub(at_boost - 1).min(
+                    ended
+                        .unwrap_or(u64::MAX)
+                        .saturating_sub(slot.began_ns.load(SeqCst)),
+                );
                 self.events.boost_ran(vcpu, Duration::from_nanos(ran));
             }
         }
