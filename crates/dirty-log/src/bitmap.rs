@@ -314,6 +314,40 @@ mod tests {
     }
 
     #[test]
+    fn kvm_words_merged_into_a_word_keep_the_bits_already_set_in_it() {
+        // A harvest ORs KVM's words and the VMM's writes into one bitmap:
+        // pages 3 and 64 dirty already, KVM's words say 5 (word 0) and
+        // nothing in word 1; all three stay dirty.
+        let mut b = DirtyBitmap::new(130);
+        b.set(3).unwrap();
+        b.set(64).unwrap();
+        b.merge_kvm_words(&[1 << 5, 0, 0]).unwrap();
+        assert_eq!(
+            b.as_kvm_words(),
+            &[1 << 3 | 1 << 5, 1, 0],
+            "a merge adds to each word, it does not overwrite it"
+        );
+        assert!(b.is_dirty(3) && b.is_dirty(5) && b.is_dirty(64));
+        assert_eq!(b.count(), 3);
+    }
+
+    #[test]
+    fn a_bitmap_merged_into_a_word_keeps_the_bits_already_set_in_it() {
+        let mut a = DirtyBitmap::new(130);
+        a.set(3).unwrap();
+        a.set(64).unwrap();
+        let mut b = DirtyBitmap::new(130);
+        b.set(5).unwrap();
+        a.merge(&b).unwrap();
+        assert_eq!(
+            a.as_kvm_words(),
+            &[1 << 3 | 1 << 5, 1, 0],
+            "a merge adds to each word, it does not overwrite it"
+        );
+        assert_eq!(a.count(), 3);
+    }
+
+    #[test]
     fn merge_is_a_union_of_equal_sized_slots() {
         let mut a = DirtyBitmap::new(100);
         let mut b = DirtyBitmap::new(100);

@@ -154,3 +154,32 @@ fn slot<B: VmmWrites>(
         host_addr: host as u64,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[test]
+    fn the_vmm_s_writes_are_added_to_the_pages_a_harvest_found_in_the_same_word() {
+        // KVM's log said page 1 and 64; the VMM wrote page 2, in the same
+        // word as page 1, through vm-memory. All three stay dirty.
+        let memory = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(
+            GuestAddress(0),
+            (128 * PAGE_SIZE) as usize,
+        )])
+        .unwrap();
+        let slots = Slots::new(&memory).unwrap();
+        let mut set = DirtySet::new(&slots);
+        set.bitmap_mut(0).merge_kvm_words(&[1 << 1, 1]).unwrap();
+        memory.write_obj(7u8, GuestAddress(2 * PAGE_SIZE)).unwrap();
+        slots.merge_vmm_writes(&mut set).unwrap();
+        assert_eq!(
+            set.get(0).unwrap().as_kvm_words(),
+            &[1 << 1 | 1 << 2, 1],
+            "the VMM's writes are ORed into the harvest, not written over it"
+        );
+        slots.merge_vmm_writes(&mut set).unwrap();
+        assert_eq!(set.count(), 3, "taken once, and nothing lost after");
+    }
+}

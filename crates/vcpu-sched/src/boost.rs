@@ -838,6 +838,62 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_spent_to_the_nanosecond_refuses_a_boost_until_the_next_period() {
+        // The budget is spent once `used >= per_period`: spent exactly, no
+        // further boost in this period; 1 ns short, one more; and the next
+        // period grants again.
+        const PERIOD: Duration = Duration::from_millis(10);
+        let (b, clock, _) = booster(Fake::default());
+        let b = Arc::into_inner(b).unwrap().with_budget(BoostBudget::new(
+            MAX,
+            Duration::from_micros(10),
+            PERIOD,
+        ));
+        let used = |vcpu: usize| b.shared.slots[vcpu].used.load(SeqCst);
+        // vCPU 0 spends 4 µs + 6 µs in two boosts; vCPU 1 1 ns less in one.
+        assert!(b.boost(0).unwrap());
+        assert!(b.boost(1).unwrap());
+        clock.advance(Duration::from_micros(4));
+        b.ran(0).unwrap();
+        assert!(b.boost(0).unwrap(), "4 of 10 µs spent");
+        clock.advance(Duration::from_nanos(5_999));
+        b.ran(1).unwrap();
+        clock.advance(Duration::from_nanos(1));
+        b.ran(0).unwrap();
+        assert_eq!((used(0), used(1)), (10_000, 9_999));
+        assert!(
+            !b.boost(0).unwrap(),
+            "a budget spent to the nanosecond grants no boost in this period"
+        );
+        assert!(!b.is_boosted(0));
+        assert!(b.boost(1).unwrap(), "1 ns of budget left: one more boost");
+        b.ran(1).unwrap();
+        // The last nanosecond of the period is still this period.
+        clock.set(PERIOD - Duration::from_nanos(1));
+        assert!(!b.boost(0).unwrap(), "still spent in this period");
+        clock.advance(Duration::from_nanos(1));
+        assert!(b.boost(0).unwrap(), "a new period grants a boost again");
+        assert_eq!(used(0), 0, "a new period starts unspent");
+        b.ran(0).unwrap();
+        assert_eq!(
+            calls(&b),
+            [
+                ("boost", 100),
+                ("boost", 101),
+                ("restore", 100),
+                ("boost", 100),
+                ("restore", 101),
+                ("restore", 100),
+                ("boost", 101),
+                ("restore", 101),
+                ("boost", 100),
+                ("restore", 100),
+            ],
+            "no thread boosted while its budget was spent"
+        );
+    }
+
+    #[test]
     fn unknown_and_unregistered_vcpus_are_not_boosted() {
         let b = Booster::manual(2, Fake::default(), NoEvents, FakeClock::default());
         assert!(!b.boost(0).unwrap(), "no thread registered");
