@@ -226,13 +226,14 @@ fn a_migration_past_its_time_limit_aborts_and_the_guest_runs_on_here() {
     };
     let mut config = flat_out(Irqchip::Kernel);
     config.params[4] = 0; // the run's length from its start: no move ends
-    config.params[1] /= 2;
+    config.params[1] *= 2; // 1 s: the guest outlives the limit
     let mut vm = Vm::new(&config).unwrap();
     let listener = socket("timeout").listen().unwrap();
     let address = listener.address().unwrap();
     let sink = std::thread::spawn(move || {
         // Reads what comes until the source stops sending.
-        let mut input = listener.accept_stream().unwrap();
+        let limits = migration::AcceptLimits::default();
+        let mut input = listener.accept_source(&limits, &mut |_| {}).unwrap();
         if input.config().is_ok() {
             while !matches!(input.next_record(), Ok(migration::Record::End) | Err(_)) {}
         }
@@ -705,20 +706,18 @@ fn a_destination_that_fails_leaves_the_guest_running_at_the_source() {
         let Address::Unix(path) = socket(name) else {
             unreachable!()
         };
-        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let listener = Address::Unix(path.clone()).listen().unwrap();
         let fake = thread::spawn(move || {
-            let (mut conn, _) = listener.accept().unwrap();
+            let mut input = listener.accept().unwrap();
             let mut buf = vec![0; 1 << 20];
             match refuse {
                 false => {
-                    conn.read_exact(&mut buf).unwrap();
+                    input.get_mut().read_exact(&mut buf).unwrap();
                 }
                 true => {
-                    let mut input = StreamReader::new(&mut conn).unwrap();
                     input.config().unwrap();
                     while !matches!(input.next_record().unwrap(), migration::Record::End) {}
-                    migration::answer(&mut conn, Err("no room here")).unwrap();
-                    conn.flush().unwrap();
+                    migration::answer(input.get_mut(), Err("no room here")).unwrap();
                 }
             }
         });
@@ -738,19 +737,22 @@ fn a_destination_that_fails_leaves_the_guest_running_at_the_source() {
             "{name}: {stdout}"
         );
         fake.join().unwrap();
-        std::fs::remove_file(path).unwrap();
+        assert!(!path.exists(), "the listener's socket outlived it");
     }
 }
 
 /// Forwards a connection from a source to a destination, both ways, with
 /// the source's byte `at` flipped or, with `cut`, nothing from it on.
 fn damaging_proxy(listen: &Address, to: &str, at: usize, cut: bool) -> thread::JoinHandle<()> {
-    let listener = listen.listen().unwrap();
+    let Address::Unix(path) = listen else {
+        panic!("a unix: address")
+    };
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    let path = path.clone();
     let to = to.strip_prefix("unix:").unwrap().to_owned();
     thread::spawn(move || {
-        let migration::Connection::Unix(mut from_source) = listener.accept().unwrap() else {
-            panic!("a Unix connection")
-        };
+        let (mut from_source, _) = listener.accept().unwrap();
+        let _ = std::fs::remove_file(path);
         let mut to_destination = std::os::unix::net::UnixStream::connect(&to).unwrap();
         let (mut answer_in, mut answer_out) = (
             to_destination.try_clone().unwrap(),
@@ -1199,11 +1201,12 @@ fn a_migration_that_cannot_start_leaves_the_guest_to_finish_here() {
     let Address::Unix(path) = socket("ends-first") else {
         unreachable!()
     };
-    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let listener = Address::Unix(path.clone()).listen().unwrap();
     let destination = thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
+        // The source is taken (its header), then sends no record.
+        let mut input = listener.accept().unwrap();
         let mut rest = Vec::new();
-        conn.read_to_end(&mut rest).unwrap();
+        input.get_mut().read_to_end(&mut rest).unwrap();
         rest.len()
     });
     let out = run_migrate(&format!("256,{short},100,0"))
@@ -1224,7 +1227,6 @@ fn a_migration_that_cannot_start_leaves_the_guest_to_finish_here() {
         0,
         "the destination got a stream"
     );
-    std::fs::remove_file(path).unwrap();
     let out = vmm()
         .args(["restore", "/nonexistent/snap"])
         .output()

@@ -4,15 +4,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::thread;
 
 use common::kvm_available;
 use reference_vmm::migration::tls::{TlsClient, TlsFiles, TlsServer};
-use reference_vmm::migration::{
-    Address, DirtyLogBackend, MigrateOptions, MigrationError, StreamReader, answer,
-    move_in_process_tls,
-};
+use reference_vmm::migration::{Address, DirtyLogBackend, MigrateOptions, move_in_process_tls};
 use reference_vmm::{Irqchip, VmConfig};
 use test_support::certs::{Ca, CertFiles, cas};
 
@@ -77,10 +74,10 @@ fn accept_one(
     listener: reference_vmm::migration::Listener,
 ) -> thread::JoinHandle<Result<(), String>> {
     thread::spawn(move || {
-        let mut connection = listener.accept().map_err(|e| e.to_string())?;
+        let mut source = listener.accept().map_err(|e| e.to_string())?;
         // An accepted source: read what it sends until it hangs up.
         let mut rest = Vec::new();
-        let _ = connection.read_to_end(&mut rest);
+        let _ = source.get_mut().read_to_end(&mut rest);
         Ok(())
     })
 }
@@ -122,7 +119,7 @@ fn sources_and_destinations_not_trusted_are_refused_saying_why() {
         );
         let destination_side = destination_side.unwrap_err();
         assert!(
-            destination_side.contains("refused a source"),
+            destination_side.contains("the source's certificate"),
             "{what}: {destination_side}"
         );
     }
@@ -145,13 +142,10 @@ fn sources_and_destinations_not_trusted_are_refused_saying_why() {
     let listener = listen();
     let address = listener.address().unwrap();
     let accepted = accept_one(listener);
-    let mut plain = address.connect().unwrap();
-    plain.write_all(b"RVMMSTRM").unwrap();
-    let mut refusal = Vec::new();
-    let _ = plain.read_to_end(&mut refusal);
-    assert!(
-        String::from_utf8_lossy(&refusal).contains("this destination takes TLS sources only"),
-        "{refusal:?}"
+    let refusal = address.connect().unwrap_err().to_string();
+    assert_eq!(
+        refusal,
+        "the destination turned this source away: this destination takes TLS sources only"
     );
     let refused = accepted.join().unwrap().unwrap_err();
     assert!(refused.contains("does not speak TLS"), "{refused}");
@@ -162,25 +156,17 @@ fn a_tls_source_against_a_plaintext_destination_is_told_so() {
     let (ours, _) = cas("plaintext");
     let listener = tcp().listen().unwrap();
     let address = listener.address().unwrap();
-    let destination = thread::spawn(move || {
-        // What `receive` does with a stream it cannot read: answer why.
-        let mut connection = listener.accept().unwrap();
-        let mut header = [0u8; 12];
-        let _ = connection.read_exact(&mut header);
-        let read = StreamReader::new(&header[..]).map(|_| ());
-        let why = read.map_err(|e| MigrationError::from(e).to_string());
-        let _ = answer(
-            &mut connection,
-            why.as_ref().map(|_| ()).map_err(String::as_str),
-        );
-        why
-    });
+    // A TLS ClientHello is no stream header: the destination says so, in
+    // plain text.
+    let destination =
+        thread::spawn(move || listener.accept().map(|_| ()).map_err(|e| e.to_string()));
     let client = tls(ours.files("source.example", &ours)).client().unwrap();
     let e = address.connect_tls(&client).unwrap_err().to_string();
     assert!(e.contains("does not speak TLS"), "{e}");
+    let refused = destination.join().unwrap().unwrap_err();
     assert!(
-        destination.join().unwrap().is_err(),
-        "not a stream it can read"
+        refused.contains("not a reference-vmm migration stream"),
+        "{refused}"
     );
 }
 

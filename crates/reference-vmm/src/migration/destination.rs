@@ -3,14 +3,14 @@
 //! all before the source is answered; the vCPU threads restore their
 //! interrupt controllers when the VM runs.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::time::Duration;
 
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{Address as _, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::stream::{Record, StreamReader};
-use super::{ChipState, MigrationError, VcpuState};
+use super::{ChipState, MigrationError, VcpuState, handover};
 use crate::memory::VmMemory;
 use crate::policies::Irqchip;
 use crate::vm::{Boot, Vm, VmConfig};
@@ -96,6 +96,33 @@ pub fn receive<R: Read>(
     }
     vm.set_incoming(states.into_iter().map(|s| (s.chip, s.halted)).collect());
     Ok(Incoming { vm, program, pages })
+}
+
+/// The destination's half of the hand-over ([`handover`]): answers the
+/// source (READY, or why not), waits for its commit (each read bounded by
+/// the connection's timeout), and tells it the guest runs here. Only what
+/// this returns `Ok` may run: a source that did not commit runs the guest
+/// on, or lost it (see [`handover`]).
+///
+/// # Errors
+/// `received`'s error, after telling the source; or
+/// [`MigrationError::NotCommitted`].
+pub fn hand_over<C: Read + Write>(
+    link: &mut C,
+    received: Result<Incoming, MigrationError>,
+) -> Result<Incoming, MigrationError> {
+    let incoming = match received {
+        Ok(incoming) => incoming,
+        Err(e) => {
+            let _ = handover::answer(link, Err(&e.to_string()));
+            return Err(e);
+        }
+    };
+    handover::answer(link, Ok(()))
+        .map_err(|e| MigrationError::NotCommitted(format!("the answer did not reach it: {e}")))?;
+    handover::read_commit(link)?;
+    handover::running(link);
+    Ok(incoming)
 }
 
 /// Zeroes `pages` pages at `gpa`, writing only those an earlier record

@@ -10,8 +10,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::tls::{TlsClient, TlsServer};
 use super::{
-    Address, Incoming, Listener, MigrateOptions, Migration, MigrationError, MigrationReport,
-    Target, answer, receive,
+    AcceptLimits, Address, Incoming, Listener, MigrateOptions, Migration, MigrationError,
+    MigrationReport, Target, hand_over, receive,
 };
 use crate::error::Error;
 use crate::memory::VmMemory;
@@ -107,9 +107,10 @@ pub fn move_to_listener(
     // The destination runs the source's mechanisms.
     let mechanisms = config.clone();
     let destination = thread::spawn(move || {
-        let mut input = listener.accept_stream()?;
-        let incoming = receive(&mut input, &mechanisms)?;
-        answer(input.get_mut(), Ok(())).map_err(|e| MigrationError::Stream(e.into()))?;
+        let mut input =
+            listener.accept_source(&AcceptLimits::default(), &mut |line| eprintln!("{line}"))?;
+        let received = receive(&mut input, &mechanisms);
+        let incoming = hand_over(input.get_mut(), received)?;
         match compare {
             true => Ok(Err(incoming)),
             false => Ok(Ok(incoming.vm.run(program, Box::new(std::io::sink()))?)),

@@ -20,7 +20,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
 use super::throttle::{Counts, Throttle, kick_paused};
-use super::{Address, Connection, MigrationError, VcpuState, read_answer};
+use super::watch::{Limit, Watch, watching};
+use super::{Address, Connection, HANDOVER_MARGIN, MigrationError, VcpuState, handover};
 use crate::memory::VmMemory;
 use crate::vm::{RunControl, Vm};
 use test_guests::abi::note_migration_ended;
@@ -76,7 +77,9 @@ pub struct MigrateOptions {
     /// How long the guest runs before the migration starts.
     pub after: Duration,
     /// Pre-copy stops once a round's pages would take no longer than this
-    /// to send at the bandwidth measured.
+    /// to send at the bandwidth measured; and the guest stands paused at
+    /// most this plus [`HANDOVER_MARGIN`] waiting for the destination's
+    /// answer, then runs on here.
     pub downtime: Duration,
     /// Pre-copy stops after this many rounds (the full pass counts as one).
     pub max_rounds: u32,
@@ -92,7 +95,8 @@ pub struct MigrateOptions {
     /// that write pause; with a bitmap every vCPU does (auto-converge).
     /// Without this, the stop-and-copy starts there.
     pub dirty_limit: bool,
-    /// The migration gives up after this long, the guest running on here.
+    /// The migration gives up after this long (unless it has committed the
+    /// hand-over), the guest running on here.
     pub timeout: Duration,
     /// Print each pre-copy round on stderr: its pages, the bandwidth, the
     /// dirty rate, the limit and the downtime a stop now would take.
@@ -343,7 +347,9 @@ impl Migration {
 
     /// Runs the migration beside the guest: waits `after`, sends the VM,
     /// and hands it over. On failure the guest runs on here, without
-    /// dirty logging.
+    /// dirty logging; except [`MigrationError::Unconfirmed`], where the
+    /// hand-over was committed and the guest no longer runs here. The
+    /// guest's end or a stop ends it at once.
     pub fn run(self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
         let Self { mut copier, target } = self;
         let moved = copier.move_vm(control, target);
@@ -373,30 +379,64 @@ impl Copier {
             return Err(super::pause::PauseError::Ended(control.ended_vcpu()).into());
         }
         let start = Instant::now();
-        let (mut report, paused, answered) = match target {
+        let mut report = match target {
             Opened::Peer(connection) => {
-                let mut out =
-                    StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, connection))?;
-                let precopy = Some(start + self.options.timeout);
-                let (report, paused) = self.send(control, &mut out, precopy)?;
-                let answered = read_answer(out.get_mut().get_mut());
-                (report, paused, answered)
+                let cutter = connection.cutter().map_err(StreamError::Io)?;
+                let deadline = start + self.options.timeout;
+                let limit = Limit::Migration(self.options.timeout);
+                watching(control, cutter, deadline, limit, |watch| {
+                    self.hand_over(control, connection, deadline, watch)
+                })?
             }
             Opened::File(file, path) => {
                 let saved = self.save(control, file);
                 if !matches!(saved, Ok((_, _, Ok(())))) {
                     let _ = std::fs::remove_file(&path);
                 }
-                saved?
+                let (mut report, paused, synced) = saved?;
+                if let Err(e) = synced {
+                    control.resume();
+                    return Err(e);
+                }
+                control.hand_over();
+                report.downtime = paused.elapsed();
+                report
             }
         };
-        if let Err(e) = answered {
-            control.resume();
-            return Err(e);
-        }
-        control.hand_over();
-        report.downtime = paused.elapsed();
         report.total = start.elapsed();
+        Ok(report)
+    }
+
+    /// Sends the VM to the destination and hands it over ([`handover`]):
+    /// until the commit is sent any failure resumes the guest here; after
+    /// it, nothing does.
+    fn hand_over(
+        &mut self,
+        control: &RunControl,
+        connection: Connection,
+        deadline: Instant,
+        watch: &Watch,
+    ) -> Result<MigrationReport, MigrationError> {
+        let mut out =
+            StreamWriter::after_header(BufWriter::with_capacity(MAX_PAGES_BYTES, connection));
+        let (mut report, paused) = self
+            .send(control, &mut out, Some((deadline, watch)))
+            .map_err(|e| watch.explain(e))?;
+        let connection = out.get_mut().get_mut();
+        let committed = handover::read_answer(connection)
+            .and_then(|()| handover::commit(connection).map_err(MigrationError::NoAnswer));
+        if let Err(e) = committed {
+            handover::abort(connection);
+            control.resume();
+            return Err(watch.explain(e));
+        }
+        report.downtime = paused.elapsed();
+        watch.committed();
+        control.hand_over();
+        handover::read_running(connection).map_err(|e| match watch.explain(e) {
+            e @ MigrationError::Unconfirmed(_) => e,
+            other => MigrationError::Unconfirmed(other.to_string()),
+        })?;
         Ok(report)
     }
 
@@ -414,23 +454,29 @@ impl Copier {
         Ok((report, paused, synced.map_err(MigrationError::from)))
     }
 
-    /// Sends the whole stream, pre-copy first if given its deadline;
-    /// returns with the guest paused, or resumed and an error.
+    /// Sends the whole stream, pre-copy first if given its deadline and
+    /// watch (whose deadline the pause then brings forward to the downtime
+    /// limit and [`HANDOVER_MARGIN`]); returns with the guest paused, or
+    /// resumed and an error.
     fn send<W: Deliver>(
         &mut self,
         control: &RunControl,
         out: &mut StreamWriter<W>,
-        precopy: Option<Instant>,
+        precopy: Option<(Instant, &Watch)>,
     ) -> Result<(MigrationReport, Instant), MigrationError> {
         out.config(control.description())?;
         let mut report = MigrationReport::default();
-        if let Some(deadline) = precopy {
+        if let Some((deadline, _)) = precopy {
             self.log.enable()?;
             self.precopy_kicking(control, out, &mut report, deadline)?;
         }
-        let precopy = precopy.is_some();
         let states = control.pause(PAUSE_TIMEOUT)?;
         let paused = Instant::now();
+        if let Some((_, watch)) = precopy {
+            let downtime = self.options.downtime;
+            watch.tighten(paused + downtime + HANDOVER_MARGIN, Limit::Pause(downtime));
+        }
+        let precopy = precopy.is_some();
         report.halted = states.iter().filter(|s| s.is_halted()).count();
         match self.stop_and_copy(out, &states, precopy) {
             Ok(pages) => {

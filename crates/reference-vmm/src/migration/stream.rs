@@ -167,9 +167,14 @@ pub struct StreamWriter<W: Write> {
 impl<W: Write> StreamWriter<W> {
     /// Starts a stream on `out` (writes the header).
     pub fn new(mut out: W) -> Result<Self, StreamError> {
-        out.write_all(&MAGIC)?;
-        out.write_all(&VERSION.to_le_bytes())?;
-        Ok(Self { out, seq: 0 })
+        out.write_all(&header())?;
+        Ok(Self::after_header(out))
+    }
+
+    /// Goes on with a stream on `out` whose header was written already (a
+    /// source sends it when it connects: [`super::handover`]).
+    pub fn after_header(out: W) -> Self {
+        Self { out, seq: 0 }
     }
 
     /// The VM's description.
@@ -278,24 +283,43 @@ struct Order {
     ended: bool,
 }
 
+/// The first bytes of a stream: [`MAGIC`] and [`VERSION`].
+pub fn header() -> [u8; 12] {
+    let mut header = [0u8; 12];
+    header[..8].copy_from_slice(&MAGIC);
+    header[8..].copy_from_slice(&VERSION.to_le_bytes());
+    header
+}
+
+/// Reads a stream's header from `input` and checks it.
+pub fn read_header(input: &mut impl Read) -> Result<(), StreamError> {
+    let mut header = [0u8; 12];
+    read_exact(input, &mut header, "the header")?.ok_or(StreamError::Incomplete)?;
+    let magic: [u8; 8] = header[..8].try_into().expect("8 bytes");
+    if magic != MAGIC {
+        return Err(StreamError::Magic(magic));
+    }
+    let found = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
+    if found != VERSION {
+        return Err(StreamError::Version { found });
+    }
+    Ok(())
+}
+
 impl<R: Read> StreamReader<R> {
     /// Reads and checks the header.
     pub fn new(mut input: R) -> Result<Self, StreamError> {
-        let mut header = [0u8; 12];
-        read_exact(&mut input, &mut header, "the header")?.ok_or(StreamError::Incomplete)?;
-        let magic: [u8; 8] = header[..8].try_into().expect("8 bytes");
-        if magic != MAGIC {
-            return Err(StreamError::Magic(magic));
-        }
-        let found = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
-        if found != VERSION {
-            return Err(StreamError::Version { found });
-        }
-        Ok(Self {
+        read_header(&mut input)?;
+        Ok(Self::after_header(input))
+    }
+
+    /// Reads the records of a stream whose header was read already.
+    pub fn after_header(input: R) -> Self {
+        Self {
             input,
             seq: 0,
             order: Order::default(),
-        })
+        }
     }
 
     /// The first record, the VM's description, checked.

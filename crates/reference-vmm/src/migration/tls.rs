@@ -10,7 +10,7 @@
 //! `openssl x509 -req` write them.
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,10 +30,6 @@ use super::MigrationError;
 
 /// The first byte of a TLS handshake record: what a TLS client sends first.
 const TLS_HANDSHAKE: u8 = 0x16;
-/// The destination's byte once it took the source's certificate: the
-/// source reads it before its guest starts, so that a refusal (an alert)
-/// comes then, not in the middle of the stream.
-const ACCEPTED: u8 = 0xA5;
 
 /// One side's certificate chain, its private key, and the CA that signs
 /// the other side's certificate: PEM files.
@@ -196,9 +192,10 @@ impl TlsClient {
         Ok(self)
     }
 
-    /// Runs the handshake on `sock` (connected to `peer`), and waits for
-    /// the destination to take this source's certificate.
-    pub(crate) fn connect(
+    /// A TLS client on `sock` (connected to `peer`): the handshake runs
+    /// with its first write, the stream's header, and a refusal comes back
+    /// on the first read ([`super::handover`]).
+    pub(crate) fn client_on(
         &self,
         sock: TcpStream,
         peer: std::net::SocketAddr,
@@ -208,47 +205,48 @@ impl TlsClient {
             .clone()
             .unwrap_or_else(|| ServerName::IpAddress(peer.ip().into()));
         let connection = ClientConnection::new(self.config.clone(), name).map_err(tls_error)?;
-        let mut stream = StreamOwned::new(connection, sock);
-        let mut byte = [0u8];
-        match stream.read_exact(&mut byte) {
-            Ok(()) if byte[0] == ACCEPTED => Ok(stream),
-            Ok(()) => Err(tls_error(
-                "the destination answered what no TLS destination does",
-            )),
-            Err(e) => Err(tls_error(handshake_failure(&e, "the destination"))),
-        }
+        Ok(StreamOwned::new(connection, sock))
     }
 }
 
 impl TlsServer {
-    /// Takes a source on `sock`: refuses, in plain text, one that does not
-    /// speak TLS; runs the handshake (the source's certificate checked,
-    /// its name allowed); says it took it.
-    pub(crate) fn accept(
+    /// Runs the server's side of the handshake on `sock` (its timeouts
+    /// bound each step): refuses, in plain text, a peer that does not
+    /// speak TLS; checks the source's certificate and its name.
+    pub(crate) fn handshake(
         &self,
         sock: TcpStream,
     ) -> Result<StreamOwned<ServerConnection, TcpStream>, MigrationError> {
         let mut first = [0u8];
         let mut sock = sock;
-        if sock.peek(&mut first).map_err(tls_error)? == 1 && first[0] != TLS_HANDSHAKE {
-            let _ = super::answer(&mut sock, Err("this destination takes TLS sources only"));
-            return Err(tls_error("refused a source that does not speak TLS"));
+        let peeked = sock
+            .peek(&mut first)
+            .map_err(|e| tls_error(format!("nothing came: {e}")))?;
+        match (peeked, first[0]) {
+            (0, _) => return Err(tls_error("it closed before a handshake")),
+            (_, TLS_HANDSHAKE) => {}
+            _ => {
+                let _ = super::handover::turn_away(
+                    &mut sock,
+                    "this destination takes TLS sources only",
+                );
+                return Err(tls_error(
+                    "it does not speak TLS (turned away in plain text)",
+                ));
+            }
         }
-        let connection = ServerConnection::new(self.config.clone()).map_err(tls_error)?;
-        let mut stream = StreamOwned::new(connection, sock);
-        let accepted = stream.write_all(&[ACCEPTED]).and_then(|()| stream.flush());
-        match accepted {
-            Ok(()) => Ok(stream),
-            Err(e) => Err(tls_error(format!(
-                "refused a source: {}",
-                handshake_failure(&e, "the source")
-            ))),
+        let mut connection = ServerConnection::new(self.config.clone()).map_err(tls_error)?;
+        while connection.is_handshaking() {
+            if let Err(e) = connection.complete_io(&mut sock) {
+                return Err(tls_error(handshake_failure(&e, "the source")));
+            }
         }
+        Ok(StreamOwned::new(connection, sock))
     }
 }
 
 /// What a failed handshake means, for `peer`.
-fn handshake_failure(e: &io::Error, peer: &str) -> String {
+pub(crate) fn handshake_failure(e: &io::Error, peer: &str) -> String {
     match e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())

@@ -342,6 +342,12 @@ impl RunControl {
         self.shared.moving.pause.wait_for_end(timeout)
     }
 
+    /// Whether the run was asked to stop (a signal, its timeout, a vCPU's
+    /// failure): its vCPUs are leaving.
+    pub fn stopping(&self) -> bool {
+        self.shared.stop_requested()
+    }
+
     /// The first vCPU whose run ended (0 if none has).
     pub fn ended_vcpu(&self) -> u32 {
         self.shared.moving.pause.first_ended().unwrap_or(0)

@@ -11,8 +11,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use reference_vmm::conformance::{self, DEFAULT_OPS};
 use reference_vmm::migration::{
-    self, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, MigrationReport,
-    Progress, StreamReader, Target,
+    self, AcceptLimits, Address, DirtyLogBackend, HANDSHAKE_TIMEOUT, MAX_HANDSHAKES,
+    MigrateOptions, Migration, MigrationError, MigrationReport, Progress, StreamReader, Target,
 };
 use reference_vmm::presets::{Boost, Choices, HaltPoll, Presets, TimerAdvance};
 use reference_vmm::{Boot, CpuFeatures, Error, StopHandle, StopReason, Vm, VmConfig};
@@ -281,8 +281,40 @@ struct ReceiveArgs {
     /// address; repeat for more); with --tls-cert
     #[arg(long, value_name = "NAME", requires = "tls_cert")]
     tls_allow: Vec<String>,
+    /// How long to wait for a source to connect and begin its stream
+    /// [default: until one does; SIGINT or SIGTERM ends the wait]
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    wait_ms: Option<u64>,
+    /// How long each connection has for its TLS handshake and the stream's
+    /// header before it is dropped; each connection runs its own, beside
+    /// the others
+    #[arg(long, value_name = "MS", default_value_t = HANDSHAKE_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    handshake_timeout_ms: u64,
+    /// Connections in handshake at once; one more drops the oldest
+    #[arg(long, value_name = "N", default_value_t = MAX_HANDSHAKES,
+          value_parser = parse_max_handshakes)]
+    max_handshakes: usize,
     #[command(flatten)]
     output: OutputArgs,
+}
+
+impl ReceiveArgs {
+    fn limits(&self) -> AcceptLimits {
+        AcceptLimits {
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+            max_handshakes: self.max_handshakes,
+            wait: self.wait_ms.map(Duration::from_millis),
+        }
+    }
+}
+
+fn parse_max_handshakes(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=4096) => Ok(n),
+        Ok(n) => Err(format!("{n} is not within 1..=4096")),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
 }
 
 /// The migration stream's TLS (TCP only): this side's certificate and key,
@@ -702,13 +734,23 @@ fn run_vm(
     let result = vm.run(program, serial_out);
     // The run waits for its controller: the result is in the channel.
     let migration = migrated.and_then(|rx| rx.try_recv().ok());
+    let handed_over = match &result {
+        Ok(report) => report.handed_over,
+        Err(Error::Stopped { partial, .. }) => partial.handed_over,
+        Err(_) => false,
+    };
+    match &migration {
+        Some(Err(e)) if handed_over => eprintln!("error: migration: {e}"),
+        Some(Err(e)) => eprintln!("error: migration failed: {e}; the guest ran on here"),
+        _ => {}
+    }
+    let failed = matches!(migration, Some(Err(_)));
     match (result, migration) {
-        (Ok(report), None) => print_or_fail(&format!("{report}\n")),
         (Ok(report), Some(Ok(m))) => print_or_fail(&format!("{report}\n{m}\n")),
-        (Ok(report), Some(Err(e))) => {
-            let _ = print_or_fail(&format!("{report}\n"));
-            fail(&format!("migration failed: {e}; the guest ran on here"))
-        }
+        (Ok(report), _) => match (print_or_fail(&format!("{report}\n")), failed) {
+            (_, true) => ExitCode::FAILURE,
+            (printed, false) => printed,
+        },
         // A signal's conventional status: 128 + its number.
         (
             Err(
@@ -749,33 +791,19 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         .address()
         .map_or(args.listen.to_string(), |a| a.to_string());
     eprintln!("listening on {address}");
-    let mut input = loop {
-        match listener.accept_stream() {
-            Ok(input) => break input,
-            // A source refused is no reason to stop waiting for the real one.
-            Err(e @ MigrationError::Tls(_)) => eprintln!("{e}"),
-            Err(e) => return fail(&format!("the migration stream: {e}")),
-        }
+    let mut input = match listener.accept_source(&args.limits(), &mut |line| eprintln!("{line}")) {
+        Ok(input) => input,
+        Err(e) => return fail(&format!("the migration stream: {e}")),
     };
+    eprintln!("receiving from {}", input.get_mut().peer());
     // Nobody else is taken: the socket goes.
     drop(listener);
     let start = std::time::Instant::now();
     let received = migration::receive(&mut input, &args.output.destination());
-    // The source hands the VM over only on this answer, and resumes it on
-    // any other (or none).
-    let answer = received.as_ref().map(|_| ()).map_err(ToString::to_string);
-    let answered = migration::answer(
-        input.get_mut(),
-        answer.as_ref().map_err(String::as_str).copied(),
-    );
-    let incoming = match (received, answered) {
-        (Ok(incoming), Ok(())) => incoming,
-        (Err(e), _) => return fail(&format!("the migration failed: {e}")),
-        (Ok(_), Err(e)) => {
-            return fail(&format!(
-                "cannot confirm the hand-over to the source, which runs the guest on: {e}"
-            ));
-        }
+    // The VM runs only once the source has committed the hand-over.
+    let incoming = match migration::hand_over(input.get_mut(), received) {
+        Ok(incoming) => incoming,
+        Err(e) => return fail(&format!("the migration failed: {e}")),
     };
     eprintln!(
         "received {} pages of {}: {} vCPU(s), restored in {:.1} ms",
