@@ -4,14 +4,17 @@
 //! dirty-log backend, both interrupt controllers, Unix and TCP; snapshots;
 //! and streams or destinations that fail while the source runs on.
 
+#[path = "common/cli.rs"]
+mod cli;
 mod common;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Stdio;
 use std::thread;
 use std::time::Duration;
 
+use cli::*;
 use common::kvm_available;
 use reference_vmm::Irqchip;
 use reference_vmm::migration::{
@@ -26,27 +29,20 @@ use vm_memory::{Bytes, GuestAddress};
 const VCPUS: u32 = 2;
 /// The smallest memory with room for the guest's pages (from 32 MiB on).
 const MEM_MIB: u64 = 64;
-/// The guest: 256 pages per vCPU rewritten 10 µs apart, a 1 ms timer,
-/// until the VMM says the move ended (params[4] = 1; at the destination, or
-/// at the source when it failed), then for 500 ms more: a move never races
-/// the guest's run time, however slow the host.
-const PAGES: u64 = 256;
-const AFTER_THE_MOVE: Duration = Duration::from_millis(500);
 /// Pre-copy's time limit.
 const MAX_PRECOPY: Duration = Duration::from_secs(1);
 
-/// The `migrate` guest on `irqchip`: [`PAGES`] per vCPU rewritten 10 µs
-/// apart, a 1 ms timer on vCPU 0, [`AFTER_THE_MOVE`] once the move ended.
+/// The `migrate` guest on `irqchip` ([`migrate_params`]): the guest waits
+/// for the move to end, so that a move never races its run time, however
+/// slow the host.
 fn config(irqchip: Irqchip) -> VmConfig {
-    let ms = lapic_timer::TscClock::shared().tsc_khz();
-    let after = AFTER_THE_MOVE.as_millis() as u64 * ms;
     let mut config = VmConfig {
         vcpus: VCPUS,
         mem_mib: MEM_MIB,
         timeout: Some(Duration::from_secs(300)),
         ..VmConfig::default()
     };
-    config.params[..5].copy_from_slice(&[PAGES, after, ms / 100, ms, 1]);
+    config.params[..5].copy_from_slice(&migrate_params());
     Choices::on(irqchip).config(config)
 }
 
@@ -111,11 +107,6 @@ fn check(moved: &Moved, what: &str) {
         "{what}: {m}"
     );
     assert!(m.downtime <= m.total, "{what}: {m}");
-}
-
-fn socket(name: &str) -> Address {
-    let path = std::env::temp_dir().join(format!("rvmm-{}-{name}.sock", std::process::id()));
-    Address::Unix(path)
 }
 
 /// Loopback TCP on a port the kernel picks.
@@ -279,118 +270,6 @@ fn a_halted_vcpu_moves_halted_and_wakes_on_an_ipi_sent_after_the_move() {
         assert!(d.vcpus.iter().all(|v| v.finished), "{irqchip}: {d}");
         assert_eq!(d.value(0, "irqs"), Some(1), "{irqchip}: {d}");
     }
-}
-
-// The command line, as a user runs it.
-
-fn vmm() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_reference-vmm"))
-}
-
-/// The VMM in network namespace `ns` (a host of [`hosts::TwoHosts`]).
-fn vmm_in(ns: &str) -> Command {
-    hosts::TwoHosts::command(ns, env!("CARGO_BIN_EXE_reference-vmm"))
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// `run` of the migration guest on 2 vCPUs and 64 MiB with `params`.
-fn run_migrate(params: &str) -> Command {
-    migrate_with(vmm(), params)
-}
-
-/// `run` of the migration guest on 2 vCPUs and 64 MiB with `params`, by
-/// `run` (the VMM, maybe in a namespace).
-fn migrate_with(mut run: Command, params: &str) -> Command {
-    run.args([
-        "run",
-        "--guest",
-        "migrate",
-        "--vcpus",
-        "2",
-        "--mem-mib",
-        "64",
-    ])
-    .args(["--params", params]);
-    run
-}
-
-/// `run --guest migrate` with `extra` arguments, in the background.
-fn source(extra: &[&str]) -> Child {
-    source_by(vmm(), extra)
-}
-
-/// [`source`], by `vmm` (maybe in a namespace).
-fn source_by(vmm: Command, extra: &[&str]) -> Child {
-    let params = config(Irqchip::User).params[..5]
-        .iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    migrate_with(vmm, &params)
-        .args(["--migrate-after-ms", "50"])
-        .args(extra)
-        .args(
-            extra
-                .contains(&"--migrate-to")
-                .then_some(["--max-precopy-ms", "1000"])
-                .iter()
-                .flatten(),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn assert_guest_checked(out: &Output, what: &str) {
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}",
-        stdout,
-        text(&out.stderr)
-    );
-    assert!(stdout.contains("finished"), "{what}: {stdout}");
-    assert_eq!(
-        stdout.matches("pages_checked = 256").count(),
-        2,
-        "{what}: {stdout}"
-    );
-}
-
-/// `receive`'s and `run`'s TLS arguments: the destination's certificate
-/// for `destination`, the source's for `source.example`, which the
-/// destination allows.
-fn tls_args(ca: &test_support::certs::Ca, destination: &str) -> (Vec<String>, Vec<String>) {
-    let args = |files: test_support::certs::CertFiles| {
-        [
-            ("--tls-cert", files.cert),
-            ("--tls-key", files.key),
-            ("--tls-ca", files.ca),
-        ]
-        .into_iter()
-        .flat_map(|(flag, path)| [flag.to_string(), path.to_string_lossy().into_owned()])
-        .collect::<Vec<String>>()
-    };
-    let mut receive = args(ca.files(destination, ca));
-    receive.extend(["--tls-allow".into(), "source.example".into()]);
-    (receive, args(ca.files("source.example", ca)))
-}
-
-/// A `receive` in namespace `ns` listening at `listen` with `tls`.
-fn receive_in(ns: &str, listen: &str, tls: &[String]) -> Background {
-    Background(
-        vmm_in(ns)
-            .args(["receive", "--listen", listen])
-            .args(tls)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    )
 }
 
 /// Two hosts (network namespaces joined by a veth pair at 1 Gbit/s): the
@@ -557,54 +436,6 @@ fn assert_progress_json(stderr: &str) {
     }
     assert_eq!(outcome["rounds"], rounds.len() as u64 + 1, "{stderr}");
     assert!(outcome["downtime_ms"].as_f64().unwrap() > 0.0);
-}
-
-/// A process the test waits for, killed if the test fails first (a
-/// destination whose source never came would wait for ever).
-struct Background(Child);
-
-impl Background {
-    /// The address a `receive` prints first.
-    fn listening_on(&mut self) -> String {
-        let mut line = Vec::new();
-        let mut byte = [0u8];
-        let stderr = self.0.stderr.as_mut().unwrap();
-        while stderr.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
-            line.push(byte[0]);
-        }
-        let line = text(&line);
-        line.strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("{line}"))
-            .to_owned()
-    }
-
-    fn output(&mut self) -> Output {
-        let mut out = Output {
-            status: self.0.wait().unwrap(),
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-        };
-        self.0
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_end(&mut out.stdout)
-            .unwrap();
-        self.0
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_end(&mut out.stderr)
-            .unwrap();
-        out
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn snapshot_file(name: &str) -> PathBuf {

@@ -391,3 +391,141 @@ fn handshake(
         .map_err(StreamError::Io)?;
     Ok(StreamReader::after_header(connection))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::TcpStream;
+
+    use super::*;
+
+    fn tcp_listener() -> (Listener, std::net::SocketAddr) {
+        let listener = "tcp:127.0.0.1:0"
+            .parse::<Address>()
+            .unwrap()
+            .listen()
+            .unwrap();
+        let Ok(Address::Tcp(at)) = listener.address() else {
+            panic!("a TCP listener")
+        };
+        (listener, at)
+    }
+
+    /// `n` connections that never send a byte.
+    fn silent(at: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+        (0..n).map(|_| TcpStream::connect(at).unwrap()).collect()
+    }
+
+    #[test]
+    fn silent_connections_hold_up_no_source_and_are_dropped_once_it_is_taken() {
+        let (listener, at) = tcp_listener();
+        let held = silent(at, 100);
+        let source = thread::spawn(move || {
+            let mut c = Address::Tcp(at).connect().unwrap();
+            std::io::Write::write_all(&mut c, b"first record").unwrap();
+            c
+        });
+        let mut log = Vec::new();
+        let mut taken = listener
+            .accept_source(&AcceptLimits::default(), &mut |l| log.push(l.to_owned()))
+            .unwrap();
+        let mut first = [0u8; 12];
+        taken.get_mut().read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"first record");
+        let dropped: Vec<_> = log
+            .iter()
+            .filter(|l| l.ends_with(": the destination has its source"))
+            .collect();
+        assert_eq!(dropped.len(), 100, "{log:?}");
+        for (line, conn) in dropped.iter().zip(&held) {
+            let peer = conn.local_addr().unwrap();
+            assert!(line.starts_with("dropped tcp:127.0.0.1:"), "{line}");
+            assert!(
+                log.iter().any(|l| l.contains(&format!("tcp:{peer}:"))),
+                "{peer}"
+            );
+        }
+        // Each silent connection was closed by the destination.
+        for mut conn in held {
+            assert_eq!(conn.read(&mut [0u8]).unwrap_or(0), 0);
+        }
+        drop(source.join().unwrap());
+    }
+
+    #[test]
+    fn a_connection_silent_past_its_deadline_is_dropped_and_logged() {
+        let (listener, at) = tcp_listener();
+        let held = silent(at, 3);
+        let limits = AcceptLimits {
+            handshake_timeout: Duration::from_millis(100),
+            wait: Some(Duration::from_millis(400)),
+            ..AcceptLimits::default()
+        };
+        let mut log = Vec::new();
+        let e = listener
+            .accept_source(&limits, &mut |l| log.push(l.to_owned()))
+            .unwrap_err();
+        assert_eq!(e.to_string(), "no source began its stream within 400 ms");
+        assert_eq!(log.len(), 3, "{log:?}");
+        for (line, conn) in log.iter().zip(&held) {
+            let peer = conn.local_addr().unwrap();
+            assert_eq!(
+                line,
+                &format!("dropped tcp:{peer}: no handshake and stream header within 100 ms")
+            );
+        }
+    }
+
+    #[test]
+    fn past_the_cap_the_oldest_handshake_goes() {
+        let (listener, at) = tcp_listener();
+        let held = silent(at, 6);
+        let limits = AcceptLimits {
+            max_handshakes: 4,
+            wait: Some(Duration::from_millis(300)),
+            ..AcceptLimits::default()
+        };
+        let mut log = Vec::new();
+        listener
+            .accept_source(&limits, &mut |l| log.push(l.to_owned()))
+            .unwrap_err();
+        let capped: Vec<_> = log
+            .iter()
+            .filter(|l| l.ends_with("more than 4 connections in handshake"))
+            .collect();
+        let oldest = [&held[0], &held[1]].map(|c| c.local_addr().unwrap());
+        assert_eq!(capped.len(), 2, "{log:?}");
+        for (line, peer) in capped.iter().zip(oldest) {
+            assert!(line.starts_with(&format!("dropped tcp:{peer}:")), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_peer_that_sends_no_stream_header_is_told_why_and_logged() {
+        let (listener, at) = tcp_listener();
+        let mut stranger = TcpStream::connect(at).unwrap();
+        std::io::Write::write_all(&mut stranger, b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let limits = AcceptLimits {
+            wait: Some(Duration::from_millis(300)),
+            ..AcceptLimits::default()
+        };
+        let mut log = Vec::new();
+        listener
+            .accept_source(&limits, &mut |l| log.push(l.to_owned()))
+            .unwrap_err();
+        let peer = stranger.local_addr().unwrap();
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert!(
+            log[0].starts_with(&format!(
+                "refused tcp:{peer}: not a reference-vmm migration stream"
+            )),
+            "{log:?}"
+        );
+        let mut reply = Vec::new();
+        let _ = stranger.read_to_end(&mut reply);
+        assert!(
+            String::from_utf8_lossy(&reply).contains("not a reference-vmm migration stream"),
+            "{reply:?}"
+        );
+    }
+}
