@@ -102,7 +102,9 @@ pub fn receive<R: Read>(
 /// source (READY, or why not), waits for its commit (each read bounded by
 /// the connection's timeout), and tells it the guest runs here. Only what
 /// this returns `Ok` may run: a source that did not commit runs the guest
-/// on, or lost it (see [`handover`]).
+/// on, or lost it (see [`handover`]). The calling thread reads at nice -10
+/// meanwhile, as [`receive`] does: the guest stands still, here and at the
+/// source, until the commit is read.
 ///
 /// # Errors
 /// `received`'s error, after telling the source; or
@@ -111,6 +113,7 @@ pub fn hand_over<C: Read + Write>(
     link: &mut C,
     received: Result<Incoming, MigrationError>,
 ) -> Result<Incoming, MigrationError> {
+    let _favoured = super::favour::Favoured::this_thread();
     let incoming = match received {
         Ok(incoming) => incoming,
         Err(e) => {
