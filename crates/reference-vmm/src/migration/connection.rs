@@ -224,36 +224,37 @@ fn set_tcp_timeouts(s: &TcpStream, limit: Option<Duration>) -> io::Result<()> {
     s.set_nodelay(true)
 }
 
+/// A socket, maybe in TLS, to read and write.
+trait Stream: Read + Write {}
+
+impl<T: Read + Write> Stream for T {}
+
+impl Transport {
+    fn stream(&mut self) -> &mut dyn Stream {
+        match self {
+            Self::Unix(s) => s,
+            Self::Tcp(s) => s,
+            Self::TlsClient(s) => s.as_mut(),
+            Self::TlsServer(s) => s.as_mut(),
+        }
+    }
+}
+
 impl Read for Connection {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let read = match &mut self.transport {
-            Transport::Unix(s) => s.read(buf),
-            Transport::Tcp(s) => s.read(buf),
-            Transport::TlsClient(s) => s.read(buf),
-            Transport::TlsServer(s) => s.read(buf),
-        };
+        let read = self.transport.stream().read(buf);
         read.map_err(|e| self.named(e, "nothing came from"))
     }
 }
 
 impl Write for Connection {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let written = match &mut self.transport {
-            Transport::Unix(s) => s.write(buf),
-            Transport::Tcp(s) => s.write(buf),
-            Transport::TlsClient(s) => s.write(buf),
-            Transport::TlsServer(s) => s.write(buf),
-        };
+        let written = self.transport.stream().write(buf);
         written.map_err(|e| self.named(e, "nothing was taken by"))
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let flushed = match &mut self.transport {
-            Transport::Unix(s) => s.flush(),
-            Transport::Tcp(s) => s.flush(),
-            Transport::TlsClient(s) => s.flush(),
-            Transport::TlsServer(s) => s.flush(),
-        };
+        let flushed = self.transport.stream().flush();
         flushed.map_err(|e| self.named(e, "nothing was taken by"))
     }
 }

@@ -411,6 +411,20 @@ mod tests {
         (listener, at)
     }
 
+    /// What `listener` logged until it gave up, `limits.wait` in.
+    fn log_until_it_gives_up(listener: &Listener, limits: &AcceptLimits) -> Vec<String> {
+        let mut log = Vec::new();
+        let e = listener
+            .accept_source(limits, &mut |l| log.push(l.to_owned()))
+            .unwrap_err();
+        let wait = limits.wait.unwrap().as_millis();
+        assert_eq!(
+            e.to_string(),
+            format!("no source began its stream within {wait} ms")
+        );
+        log
+    }
+
     /// `n` connections that never send a byte.
     fn silent(at: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
         (0..n).map(|_| TcpStream::connect(at).unwrap()).collect()
@@ -461,11 +475,7 @@ mod tests {
             wait: Some(Duration::from_millis(400)),
             ..AcceptLimits::default()
         };
-        let mut log = Vec::new();
-        let e = listener
-            .accept_source(&limits, &mut |l| log.push(l.to_owned()))
-            .unwrap_err();
-        assert_eq!(e.to_string(), "no source began its stream within 400 ms");
+        let log = log_until_it_gives_up(&listener, &limits);
         assert_eq!(log.len(), 3, "{log:?}");
         for (line, conn) in log.iter().zip(&held) {
             let peer = conn.local_addr().unwrap();
@@ -485,10 +495,7 @@ mod tests {
             wait: Some(Duration::from_millis(300)),
             ..AcceptLimits::default()
         };
-        let mut log = Vec::new();
-        listener
-            .accept_source(&limits, &mut |l| log.push(l.to_owned()))
-            .unwrap_err();
+        let log = log_until_it_gives_up(&listener, &limits);
         let capped: Vec<_> = log
             .iter()
             .filter(|l| l.ends_with("more than 4 connections in handshake"))
@@ -509,10 +516,7 @@ mod tests {
             wait: Some(Duration::from_millis(300)),
             ..AcceptLimits::default()
         };
-        let mut log = Vec::new();
-        listener
-            .accept_source(&limits, &mut |l| log.push(l.to_owned()))
-            .unwrap_err();
+        let log = log_until_it_gives_up(&listener, &limits);
         let peer = stranger.local_addr().unwrap();
         assert_eq!(log.len(), 1, "{log:?}");
         assert!(
