@@ -796,6 +796,105 @@ mod tests {
         assert!(Destination::All.reaches(2, 2, x2apic));
     }
 
+    /// `vcpus` vCPUs with their APICs software-enabled, all in x2APIC mode
+    /// or all in xAPIC mode, and the VM's delivery ([`crate::irq`]) told so,
+    /// as each vCPU's thread tells it after a register write.
+    fn vm(vcpus: u32, x2apic: bool) -> (Vec<LocalApic>, crate::irq::Interrupts) {
+        let policy = Box::new(vcpu_sched::NoBoost);
+        let irqs = crate::irq::Interrupts::new(vcpus as usize, policy, Default::default());
+        let apics = (0..vcpus)
+            .map(|id| {
+                let mut a = LocalApic::new(id, TIME);
+                if x2apic {
+                    let base = XAPIC_BASE | APIC_BASE_EN | APIC_BASE_EXTD;
+                    assert_eq!(a.write(MSR_APIC_BASE, base, 0), Ok(Action::None));
+                    a.write(SVR, 0x1FF, 0).unwrap();
+                } else {
+                    a.mmio_write(0xF0, 0x1FF, 0).unwrap();
+                }
+                irqs.set_apic_state(id as usize, a.enabled(), a.x2apic());
+                a
+            })
+            .collect();
+        (apics, irqs)
+    }
+
+    /// The vCPUs that the IPI `action` from vCPU `from` makes pending, as
+    /// the VMM delivers it (`Interrupts::ipi`); their IRRs are cleared.
+    fn receivers(
+        irqs: &crate::irq::Interrupts,
+        vcpus: usize,
+        from: usize,
+        action: Action,
+    ) -> Vec<usize> {
+        let Action::Ipi { vector, to } = action else {
+            panic!("{action:?} sends no IPI");
+        };
+        irqs.ipi(from, vector, to);
+        let got = |v: usize| irqs.pending(v)[usize::from(vector / 64)] & 1 << (vector % 64) != 0;
+        let reached: Vec<usize> = (0..vcpus).filter(|&v| got(v)).collect();
+        for &v in &reached {
+            irqs.take(v, vector);
+        }
+        reached
+    }
+
+    /// An x2APIC physical destination is the ICR's whole bits 63:32: an ID
+    /// of 256 or more names no vCPU of a small VM (it must not wrap to
+    /// `id % 256`), and all ones alone is the broadcast (SDM 10.12.9).
+    #[test]
+    fn an_x2apic_physical_destination_is_32_bits_and_only_all_ones_broadcasts() {
+        const VCPUS: u32 = 4;
+        let (mut apics, irqs) = vm(VCPUS, true);
+        let mut send = |dest: u32| {
+            let action = apics[0].write(ICR, u64::from(dest) << 32 | 0x40, 0);
+            receivers(&irqs, VCPUS as usize, 0, action.unwrap())
+        };
+        for n in 0..VCPUS {
+            assert_eq!(send(n), [n as usize], "x2APIC ID {n} is vCPU {n}");
+        }
+        let none: [usize; 0] = [];
+        let beyond_8_bits = (0..VCPUS).flat_map(|n| [0x100 + n, 0x1_0000 + n, 0xFFFF_FF00 + n]);
+        for dest in beyond_8_bits.chain([0x1FF, 0xFFFF_FFFE, 0xFF, 0xFE]) {
+            assert_eq!(
+                send(dest),
+                none,
+                "x2APIC ID {dest:#x} names no vCPU of {VCPUS} (none has ID {:#x})",
+                dest & 0xFF
+            );
+        }
+        assert_eq!(send(u32::MAX), [0, 1, 2, 3], "0xFFFFFFFF: the broadcast");
+        let dropped = irqs.stats.dropped.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(dropped, 16, "each IPI that named no vCPU counts as dropped");
+    }
+
+    /// In xAPIC mode the destination is 8 bits (ICR bits 63:56) and 0xFF is
+    /// the broadcast: what the x2APIC test above rules out for x2APIC IDs
+    /// holds here.
+    #[test]
+    fn an_xapic_physical_destination_is_8_bits_and_0xff_broadcasts() {
+        const VCPUS: u32 = 4;
+        let (mut apics, irqs) = vm(VCPUS, false);
+        let mut send = |high: u32| {
+            assert_eq!(
+                apics[0].mmio_write(XAPIC_ICR_HIGH, high, 0),
+                Ok(Action::None)
+            );
+            let action = apics[0].mmio_write(XAPIC_ICR_LOW, 0x40, 0);
+            receivers(&irqs, VCPUS as usize, 0, action.unwrap())
+        };
+        for n in 0..VCPUS {
+            assert_eq!(send(n << 24), [n as usize], "xAPIC ID {n} is vCPU {n}");
+        }
+        assert_eq!(send(0xFF << 24), [0, 1, 2, 3], "0xFF: xAPIC's broadcast");
+        assert_eq!(send(0xFE << 24), [0usize; 0], "no vCPU has ID 0xFE");
+        assert_eq!(
+            send(1 << 24 | 0xFF_FFFF),
+            [1],
+            "bits 55:32 are no part of it"
+        );
+    }
+
     #[test]
     fn icr_reserved_bits_fault_in_x2apic_mode_and_are_kept_in_xapic_mode() {
         let busy = 1 << 12;

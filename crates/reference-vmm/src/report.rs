@@ -17,6 +17,10 @@ pub struct VcpuSummary {
     pub exits: u64,
     /// Time the vCPU paused under a migration's dirty limit.
     pub dirty_paused: Duration,
+    /// The longest pause per run slice a migration's dirty limit gave the
+    /// vCPU, whether or not it reached an exit to take it before the limit
+    /// ended (zero: it was never given one).
+    pub dirty_pause_given: Duration,
     /// Named values the program reported, in order.
     pub reports: Vec<Report>,
 }
@@ -146,8 +150,12 @@ impl fmt::Display for RunReport {
         }
         for s in &self.vcpus {
             write!(f, "\n  vcpu {}: {} exits", s.index, s.exits)?;
-            if !s.dirty_paused.is_zero() {
-                write!(f, ", {:.1?} paused by the dirty limit", s.dirty_paused)?;
+            if !s.dirty_pause_given.is_zero() {
+                write!(
+                    f,
+                    ", {:.1?} paused by the dirty limit (given up to {:.1?} a slice)",
+                    s.dirty_paused, s.dirty_pause_given
+                )?;
             }
             for Report { name, value } in &s.reports {
                 write!(f, ", {name} = {value}")?;
@@ -228,6 +236,7 @@ mod tests {
                 finished: true,
                 exits: 3,
                 dirty_paused: Duration::ZERO,
+                dirty_pause_given: Duration::ZERO,
                 reports: vec![Report {
                     name: "apic_id".into(),
                     value: 1,

@@ -218,6 +218,7 @@ impl VcpuRunner {
             finished,
             exits: self.exits,
             dirty_paused: self.dirty_pauses.taken,
+            dirty_pause_given: self.shared.moving.dirty_pauses.given(self.index as usize),
             reports: self.reports,
         }
     }

@@ -160,8 +160,18 @@ fn flat_out(irqchip: Irqchip) -> VmConfig {
 
 /// Past its rounds, pre-copy goes on under the dirty limit (the vCPUs
 /// pause at their next exit) until a round fits the downtime, and the
-/// guest moves byte for byte. With the ring only the writers pause; with
-/// a bitmap every vCPU pauses alike.
+/// guest moves byte for byte. With the ring only the writers are given
+/// pauses; with a bitmap every vCPU alike.
+///
+/// Whether a vCPU reached an exit to sleep before pre-copy converged, and
+/// whether the guest wrote faster than the limit at all, are the host's
+/// doing: beside other jobs a starved guest may dirty little enough to
+/// converge before any pause falls due (each vCPU's rate is its ring's
+/// distinct pages per wall-clock second). So the pauses expected come from
+/// the run's own measurements: each time the limit found the guest at 1.5
+/// times its target or more (`limit_exceeded`), some vCPU was that far
+/// above its share and must have been given a pause; a vCPU slept only on
+/// a pause it was given; the ring gives the non-writer none, ever.
 fn converges_under_the_dirty_limit(backend: DirtyLogBackend) {
     let options = MigrateOptions {
         backend,
@@ -186,11 +196,37 @@ fn converges_under_the_dirty_limit(backend: DirtyLogBackend) {
     assert_eq!(moved.differing, Some(0), "{m}");
     assert!(moved.destination.vcpus.iter().all(|v| v.finished));
     assert!(moved.destination.value(2, "computes").unwrap() > 0);
-    let paused: Vec<_> = moved.source.vcpus.iter().map(|v| v.dirty_paused).collect();
-    assert!(!paused[0].is_zero() && !paused[1].is_zero(), "{paused:?}");
+    let vcpus = &moved.source.vcpus;
+    let given: Vec<_> = vcpus.iter().map(|v| v.dirty_pause_given).collect();
+    let paused: Vec<_> = vcpus.iter().map(|v| v.dirty_paused).collect();
+    let state = format!("{m}; given {given:?}, paused {paused:?}");
+    for (given, paused) in given.iter().zip(&paused) {
+        assert!(
+            !given.is_zero() || paused.is_zero(),
+            "slept ungiven: {state}"
+        );
+    }
+    let exceeded = m.limit_exceeded > 0;
     match backend {
-        DirtyLogBackend::Ring => assert!(paused[2].is_zero(), "a non-writer paused: {paused:?}"),
-        _ => assert!(!paused[2].is_zero(), "{paused:?}"),
+        DirtyLogBackend::Ring => {
+            assert!(
+                given[2].is_zero(),
+                "the non-writer was given a pause: {state}"
+            );
+            let writer = !given[0].is_zero() || !given[1].is_zero();
+            assert!(
+                writer || !exceeded,
+                "exceeded, no writer given a pause: {state}"
+            );
+        }
+        _ => {
+            let alike = given.iter().all(|&g| g == given[0]);
+            assert!(alike, "a bitmap's vCPUs are given pauses alike: {state}");
+            assert!(
+                !given[0].is_zero() || !exceeded,
+                "exceeded, no pause: {state}"
+            );
+        }
     }
 }
 

@@ -151,6 +151,12 @@ pub struct MigrationReport {
     pub converged: bool,
     /// Pre-copy rounds run under the dirty limit.
     pub limited_rounds: u32,
+    /// How many times the dirty limit, as it engaged or after a round under
+    /// it, found the guest dirtying memory at 1.5 times its target or more:
+    /// each time it gave the vCPUs furthest above their share a pause. Zero
+    /// where the limit never had to pause anyone (the guest, slowed by a
+    /// busy host, kept under it).
+    pub limit_exceeded: u32,
     /// The guest's dirty rate at the last pre-copy round, pages per second
     /// (the ring's per-vCPU counts, else the round's pages over its time).
     pub dirty_rate: u64,
@@ -180,9 +186,10 @@ impl fmt::Display for MigrationReport {
             "migration: {} round(s){}{}, {} pages sent ({} with the guest paused, {} vCPU(s) \
              halted), dirtied at {} pages/s, {:.1} ms in all, downtime {:.3} ms",
             self.rounds,
-            match self.limited_rounds {
-                0 => String::new(),
-                n => format!(" ({n} under the dirty limit)"),
+            match (self.limited_rounds, self.limit_exceeded) {
+                (0, _) => String::new(),
+                (n, 0) => format!(" ({n} under the dirty limit)"),
+                (n, e) => format!(" ({n} under the dirty limit, exceeded {e} time(s))"),
             },
             if self.converged {
                 ""
@@ -539,6 +546,7 @@ impl Copier {
             }
             if limited {
                 self.throttle.tighten();
+                report.limit_exceeded = self.throttle.exceeded();
             }
             let under_limit = self.throttle.target().is_some();
             let start = Instant::now();
@@ -549,6 +557,7 @@ impl Copier {
             report.pages_sent += pages;
             report.limited_rounds += u32::from(under_limit);
             report.dirty_rate = self.throttle.observe(pages) as u64;
+            report.limit_exceeded = self.throttle.exceeded();
             self.print_round(report, pages, took);
             // The final round, with the guest paused, will be about as big
             // as this one: once this one fit the downtime, so will that.
@@ -676,6 +685,7 @@ fn outcome_json(moved: &Result<MigrationReport, MigrationError>) -> serde_json::
             "event": "migrated",
             "rounds": r.rounds,
             "limited_rounds": r.limited_rounds,
+            "limit_exceeded": r.limit_exceeded,
             "converged": r.converged,
             "pages_sent": r.pages_sent,
             "final_pages": r.final_pages,

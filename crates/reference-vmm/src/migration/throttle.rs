@@ -1,11 +1,11 @@
 //! The dirty limit of a pre-copy that does not converge: dirty-log's
-//! [`DirtyRate`] per vCPU and its [`DirtyLimit`]'s pauses, set once per
-//! pre-copy round ([`VcpuPauses`]). A vCPU's pause `p` is a duty cycle: it
-//! sleeps `p` after each [`RUN_SLICE`] it runs, but never more than
-//! [`MAX_SLEEP`] at once (the guest sees each sleep as a stall), the run
-//! slice shrinking instead ([`duty`]). It sleeps at an exit
-//! ([`PauseTaker`]); a kicker thread forces one when a slice is up
-//! ([`kick_paused`]). A pause once per round would not do: a round lasts
+//! [`DirtyRate`] per vCPU and its [`DirtyLimit`]'s pauses, set as it
+//! engages and then once per pre-copy round ([`VcpuPauses`]). A vCPU's
+//! pause `p` is a duty cycle: it sleeps `p` after each [`RUN_SLICE`] it
+//! runs, but never more than [`MAX_SLEEP`] at once (the guest sees each
+//! sleep as a stall), the run slice shrinking instead ([`duty`]). It sleeps
+//! at an exit ([`PauseTaker`]); a kicker thread forces one when a slice is
+//! up ([`kick_paused`]). A pause once per round would not do: a round lasts
 //! long enough for a flat-out writer to dirty all it writes.
 //!
 //! With the dirty ring each vCPU's rate is its own ring's count, and only
@@ -41,6 +41,11 @@ const MAX_PAUSE: Duration = Duration::from_secs(1);
 pub(crate) const RUN_SLICE: Duration = Duration::from_millis(20);
 const MAX_SLEEP: Duration = Duration::from_millis(10);
 const MIN_RUN: Duration = Duration::from_micros(200);
+/// How far above the target the VM's rate must be for the limit to count
+/// it as exceeded: then some vCPU is as far above its share (water-filling
+/// gives the rest what they write), beyond the limit's tolerance, so it
+/// gets a pause.
+const EXCEEDED: f64 = 1.5;
 
 /// A pause `p` per [`RUN_SLICE`] as one sleep and the run before it: the
 /// same share of the time asleep, the sleep at most [`MAX_SLEEP`].
@@ -53,34 +58,54 @@ pub(crate) fn duty(pause: Duration) -> (Duration, Duration) {
 }
 
 /// Each vCPU's pause per [`RUN_SLICE`], set by the migration thread and
-/// taken by the vCPU thread.
+/// taken by the vCPU thread, and the longest each was given.
 #[derive(Debug, Default)]
-pub(crate) struct VcpuPauses(Vec<AtomicU64>);
+pub(crate) struct VcpuPauses {
+    pauses: Vec<AtomicU64>,
+    given: Vec<AtomicU64>,
+}
 
 impl VcpuPauses {
     /// No pause for any of `vcpus` vCPUs.
     pub fn new(vcpus: usize) -> Self {
-        Self((0..vcpus).map(|_| AtomicU64::new(0)).collect())
+        let words = || (0..vcpus).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            pauses: words(),
+            given: words(),
+        }
     }
 
     /// vCPU `vcpu`'s pause per run slice (zero for none).
     fn pause(&self, vcpu: usize) -> Duration {
-        self.0
-            .get(vcpu)
-            .map_or(Duration::ZERO, |w| Duration::from_nanos(w.load(Relaxed)))
+        nanos(&self.pauses, vcpu)
+    }
+
+    /// The longest pause vCPU `vcpu` was given (zero for none), whether or
+    /// not it reached an exit to take it before the limit ended.
+    pub fn given(&self, vcpu: usize) -> Duration {
+        nanos(&self.given, vcpu)
     }
 
     /// Sets each vCPU's pause.
     fn set(&self, pauses: &[Duration]) {
-        for (word, pause) in self.0.iter().zip(pauses) {
-            word.store(u64::try_from(pause.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        for ((word, given), pause) in self.pauses.iter().zip(&self.given).zip(pauses) {
+            let ns = u64::try_from(pause.as_nanos()).unwrap_or(u64::MAX);
+            word.store(ns, Relaxed);
+            given.fetch_max(ns, Relaxed);
         }
     }
 
     /// No more pauses.
     pub fn clear(&self) {
-        self.0.iter().for_each(|p| p.store(0, Relaxed));
+        self.pauses.iter().for_each(|p| p.store(0, Relaxed));
     }
+}
+
+/// `words[index]` as nanoseconds (zero for no such word).
+fn nanos(words: &[AtomicU64], index: usize) -> Duration {
+    words
+        .get(index)
+        .map_or(Duration::ZERO, |w| Duration::from_nanos(w.load(Relaxed)))
 }
 
 /// A vCPU thread's side of the dirty limit: when it last slept, and the
@@ -123,7 +148,7 @@ impl PauseTaker {
 /// so that it sleeps, until the thread is unparked with `stop` set.
 pub(crate) fn kick_paused(pauses: &VcpuPauses, control: &RunControl, stop: &AtomicBool) {
     while !stop.load(Relaxed) {
-        let slices: Vec<_> = (0..pauses.0.len())
+        let slices: Vec<_> = (0..pauses.pauses.len())
             .map(|v| (v, pauses.pause(v)))
             .filter(|(_, p)| !p.is_zero())
             .map(|(v, p)| (v, duty(p).1))
@@ -171,18 +196,22 @@ pub(crate) struct Throttle {
     pauses: std::sync::Arc<VcpuPauses>,
     rate: DirtyRate,
     limit: Option<DirtyLimit>,
+    /// Updates of the limit that found the VM's rate [`EXCEEDED`] times its
+    /// target or more.
+    exceeded: u32,
     epoch: Instant,
 }
 
 impl Throttle {
     /// Follows the vCPUs' `counts`, setting `pauses`.
     pub fn new(counts: Counts, pauses: std::sync::Arc<VcpuPauses>) -> Self {
-        let vcpus = pauses.0.len();
+        let vcpus = pauses.pauses.len();
         Self {
             counts,
             pauses,
             rate: DirtyRate::new(vcpus, HALF_LIFE),
             limit: None,
+            exceeded: 0,
             epoch: Instant::now(),
         }
     }
@@ -193,12 +222,29 @@ impl Throttle {
         let counts = self.counts.by_vcpu(self.rate.rates().len(), pages);
         // The lengths match by construction.
         let _ = self.rate.observe(self.epoch.elapsed(), &counts);
-        if let Some(limit) = &mut self.limit {
-            if limit.update(self.rate.rates()).is_ok() {
-                self.pauses.set(limit.pauses());
-            }
-        }
+        self.apply();
         self.rate.total()
+    }
+
+    /// Under the limit, moves each vCPU's pause toward its share of the
+    /// target from the rates last observed.
+    fn apply(&mut self) {
+        let Some(limit) = &mut self.limit else {
+            return;
+        };
+        if self.rate.total() >= limit.target() * EXCEEDED {
+            self.exceeded += 1;
+        }
+        if limit.update(self.rate.rates()).is_ok() {
+            self.pauses.set(limit.pauses());
+        }
+    }
+
+    /// How many times the limit found the VM's rate [`EXCEEDED`] times its
+    /// target or more, when it engaged or after a round under it: each time
+    /// the vCPUs furthest above their share were given a pause.
+    pub fn exceeded(&self) -> u32 {
+        self.exceeded
     }
 
     /// The target now, if the limit is engaged.
@@ -206,8 +252,9 @@ impl Throttle {
         self.limit.as_ref().map(DirtyLimit::target)
     }
 
-    /// Engages the limit at half the rate last observed, or halves its
-    /// target; nothing before a rate was observed.
+    /// Engages the limit at half the rate last observed, pausing at once
+    /// the vCPUs above their share (the next round is the first under it),
+    /// or halves its target; nothing before a rate was observed.
     pub fn tighten(&mut self) {
         let total = self.rate.total();
         let vcpus = self.rate.rates().len();
@@ -218,6 +265,7 @@ impl Throttle {
                 let limit = DirtyLimit::new(vcpus, (total * TIGHTEN).max(floor));
                 let limit = limit.with_max_pause(MAX_PAUSE);
                 self.limit = Some(limit.with_first_pause(FIRST_PAUSE));
+                self.apply();
             }
             None => {}
         }
@@ -239,23 +287,38 @@ mod tests {
     use super::*;
 
     /// Without a ring, a round's pages count alike for every vCPU: under
-    /// the limit every vCPU gets the same pause.
+    /// the limit every vCPU gets the same pause, from the moment it engages
+    /// (at half the rate: exceeded), not only after a round under it.
     #[test]
     fn rounds_spread_their_pages_evenly_over_the_vcpus() {
         let pauses = std::sync::Arc::new(VcpuPauses::new(3));
         let mut throttle = Throttle::new(Counts::Rounds(0), pauses.clone());
+        let set = || (0..3).map(|v| pauses.pause(v)).collect::<Vec<_>>();
         assert_eq!(throttle.observe(0), 0.0, "the baseline");
         thread::sleep(Duration::from_millis(20));
         assert!(throttle.observe(300_000) > 0.0);
         assert!(pauses.pause(0).is_zero(), "no limit yet");
         throttle.tighten();
+        let engaged = set();
+        assert!(!engaged[0].is_zero(), "paused as the limit engages");
+        assert!(engaged.iter().all(|&p| p == engaged[0]), "{engaged:?}");
+        assert_eq!(throttle.exceeded(), 1, "the rate is twice the target");
         thread::sleep(Duration::from_millis(20));
         throttle.observe(300_000);
-        let set: Vec<_> = (0..3).map(|v| pauses.pause(v)).collect();
-        assert!(!set[0].is_zero());
-        assert!(set.iter().all(|&p| p == set[0]), "{set:?}");
+        let after = set();
+        assert!(!after[0].is_zero());
+        assert!(after.iter().all(|&p| p == after[0]), "{after:?}");
+        // Eight half-lives writing nothing: the rate falls far under the
+        // target, however late the sleeps end.
+        let exceeded = throttle.exceeded();
+        thread::sleep(Duration::from_millis(400));
+        throttle.observe(0);
+        assert_eq!(throttle.exceeded(), exceeded, "not exceeded");
+        assert!(set()[0] < after[0], "shorter below its share");
         throttle.release();
         assert!((0..3).all(|v| pauses.pause(v).is_zero()));
+        let longest = engaged[0].max(after[0]);
+        assert!((0..3).all(|v| pauses.given(v) == longest), "kept");
     }
 
     /// A vCPU with a pause sleeps after each run slice, and owes nothing
