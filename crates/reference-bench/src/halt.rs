@@ -415,7 +415,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 match variant.run(workload, qemu.as_ref(), opts) {
                     Some(Ok(sample)) => cells[w].push(i, sample),
                     // The peer's failure is a finding, not the bench's.
-                    Some(Err(Error::Qemu(e))) => {
+                    Some(Err(Error::Peer(e))) => {
                         qemu_failures.push((workload, variant, e.to_string()))
                     }
                     Some(Err(e)) => return Err(e),

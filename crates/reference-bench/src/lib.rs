@@ -11,11 +11,14 @@
 // would say nothing; the Debug requirement is for the five published crates.
 #![allow(missing_debug_implementations)]
 
+pub mod cloud_hypervisor;
 pub mod dirty;
+pub mod firecracker;
 pub mod halt;
 pub mod host;
 pub mod migrate;
 pub mod peer;
+pub mod peer_run;
 pub mod qemu;
 pub mod rcu;
 pub mod runs;
@@ -42,9 +45,9 @@ pub enum Error {
     /// A migration failed.
     #[error(transparent)]
     Migration(#[from] reference_vmm::migration::MigrationError),
-    /// QEMU, the peer VMM, gave no result.
+    /// A peer VMM gave no result.
     #[error(transparent)]
-    Qemu(#[from] qemu::QemuError),
+    Peer(#[from] peer_run::PeerError),
     /// An image file could not be built.
     #[error(transparent)]
     Image(#[from] test_guests::ImageError),

@@ -6,7 +6,8 @@ use std::time::Duration;
 use crate::Error;
 use crate::{Options, Runs, goal};
 
-use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuRun};
+use crate::peer_run::PeerRun;
+use crate::qemu::{INSTALL_HINT, Qemu, QemuApic};
 use test_guests::layout::PARAMS;
 use test_guests::pvh::Image;
 
@@ -25,7 +26,7 @@ pub fn run_image(
     params: &[u64],
     apic: QemuApic,
     opts: Options,
-) -> Result<QemuRun, Error> {
+) -> Result<PeerRun, Error> {
     const MEM_MIB: u64 = 64;
     let mut all = [0; PARAMS];
     all[..params.len().min(PARAMS)].copy_from_slice(&params[..params.len().min(PARAMS)]);

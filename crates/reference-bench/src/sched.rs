@@ -368,7 +368,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             let sample = match run_once(variant, vcpus, rounds, qemu.as_ref(), opts) {
                 Some(Ok(sample)) => sample,
                 // The peer's failure is a finding, not the bench's.
-                Some(Err(Error::Qemu(e))) => {
+                Some(Err(Error::Peer(e))) => {
                     failures.push((variant, e.to_string()));
                     continue;
                 }

@@ -11,7 +11,8 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::Error;
 use crate::peer::run_image;
-use crate::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuError};
+use crate::peer_run::PeerError;
+use crate::qemu::{INSTALL_HINT, Qemu, QemuApic};
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
 use reference_vmm::MAX_LEAD;
 use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
@@ -312,11 +313,11 @@ fn qemu_lateness(
         .map(|ticks| ticks as i64 as f64 / us)
         .collect();
     if lateness.len() as u64 != samples {
-        return Err(QemuError::Guest(format!(
+        let what = format!(
             "cyclictest reported {} of its {samples} timers",
             lateness.len()
-        ))
-        .into());
+        );
+        return Err(PeerError::Guest { vmm: "QEMU", what }.into());
     }
     Ok(lateness)
 }

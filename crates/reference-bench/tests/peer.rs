@@ -1,15 +1,18 @@
-//! QEMU, the peer VMM, boots the guest kit's images on the same KVM and
-//! reports what the guests did.
+//! The peer VMMs, QEMU, Cloud Hypervisor and Firecracker, boot the guest
+//! kit's images on the same KVM and report what the guests did; the guest
+//! ends each run through the exit its VMM honours.
 
 #[path = "../../reference-vmm/tests/common/mod.rs"]
-#[allow(dead_code)] // the KVM check: QEMU needs no /dev/kvm of its own here
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::skip;
-use reference_bench::qemu::{INSTALL_HINT, Qemu, QemuApic, QemuError};
+use reference_bench::cloud_hypervisor::{self, CloudHypervisor};
+use reference_bench::firecracker::{self, Firecracker};
+use reference_bench::peer_run::{PeerError, PeerRun};
+use reference_bench::qemu::{INSTALL_HINT, Qemu, QemuApic};
 use test_guests::Image;
 use test_guests::layout::PARAMS;
 
@@ -71,7 +74,124 @@ fn a_guest_failure_under_qemu_ends_the_run_with_its_exception() {
         .run(&path, 1, 64, QemuApic::User, QEMU_TIMEOUT)
         .unwrap_err();
     assert!(
-        matches!(&err, QemuError::Guest(what) if what.contains("vector: 13")),
+        matches!(&err, PeerError::Guest { what, .. } if what.contains("vector: 13")),
         "{err}"
     );
+}
+
+/// The Rust VMMs that adopters run, each found on `PATH` or in the peers'
+/// folder; a skip, saying how to get it, where it is not.
+fn rust_peers(test: &str) -> Vec<(&'static str, RustPeer)> {
+    let mut found = Vec::new();
+    match CloudHypervisor::find() {
+        Some(ch) => found.push(("Cloud Hypervisor", RustPeer::Ch(ch))),
+        None => {
+            skip(
+                test,
+                &format!("no cloud-hypervisor ({})", cloud_hypervisor::HINT),
+            );
+        }
+    }
+    match Firecracker::find() {
+        Some(fc) => found.push(("Firecracker", RustPeer::Fc(fc))),
+        None => {
+            skip(test, &format!("no firecracker ({})", firecracker::HINT));
+        }
+    }
+    found
+}
+
+enum RustPeer {
+    Ch(CloudHypervisor),
+    Fc(Firecracker),
+}
+
+impl RustPeer {
+    fn run(&self, image: &Path, vcpus: u32, timeout: Duration) -> Result<PeerRun, PeerError> {
+        match self {
+            Self::Ch(ch) => ch.run(image, vcpus, 64, timeout),
+            Self::Fc(fc) => fc.run(image, vcpus, 64, timeout),
+        }
+    }
+}
+
+#[test]
+fn cloud_hypervisor_and_firecracker_boot_the_same_image_and_the_guest_ends_them() {
+    let test = "cloud_hypervisor_and_firecracker_boot_the_same_image_and_the_guest_ends_them";
+    if !common::kvm_available(test) {
+        return;
+    }
+    let path = image_file(test, &image("hello", 3));
+    for (name, peer) in rust_peers(test) {
+        let run = peer.run(&path, 3, QEMU_TIMEOUT).unwrap();
+        for vcpu in 0..3 {
+            let greeting = format!("hello from vcpu {vcpu}\n");
+            assert!(run.serial.contains(&greeting), "{name}: {run:?}");
+            assert_eq!(run.value(vcpu, "apic_id"), Some(u64::from(vcpu)), "{name}");
+        }
+        assert!(
+            run.cpu_time > Duration::ZERO,
+            "{name}: its CPU time read back"
+        );
+    }
+}
+
+#[test]
+fn a_guest_failure_under_a_rust_peer_ends_the_run_with_its_exception() {
+    let test = "a_guest_failure_under_a_rust_peer_ends_the_run_with_its_exception";
+    if !common::kvm_available(test) {
+        return;
+    }
+    let path = image_file(test, &image("gp-fault", 1));
+    for (name, peer) in rust_peers(test) {
+        let err = peer.run(&path, 1, QEMU_TIMEOUT).unwrap_err();
+        assert!(
+            matches!(&err, PeerError::Guest { what, .. } if what.contains("vector: 13")),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_guest_that_never_ends_is_stopped_at_the_timeout() {
+    let test = "a_guest_that_never_ends_is_stopped_at_the_timeout";
+    if !common::kvm_available(test) {
+        return;
+    }
+    // The migration guest waits for a move that never comes.
+    let mut params = [0; PARAMS];
+    params[..5].copy_from_slice(&[16, 1, 0, 1 << 20, 1]);
+    let program = test_guests::find("migrate").unwrap();
+    let path = image_file(test, &Image::build(program, 1, 64, params).unwrap());
+    for (name, peer) in rust_peers(test) {
+        let err = peer.run(&path, 1, Duration::from_secs(2)).unwrap_err();
+        assert!(
+            matches!(&err, PeerError::Timeout { timeout, .. } if *timeout == Duration::from_secs(2)),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_rust_peer_that_is_not_there_is_a_clear_error() {
+    let path = Path::new("/nonexistent/image.elf");
+    let err = CloudHypervisor::at("/nonexistent/cloud-hypervisor")
+        .run(path, 1, 64, QEMU_TIMEOUT)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("cannot start Cloud Hypervisor (/nonexistent/cloud-hypervisor)")
+            && err.contains("VM_LATENCY_PEERS"),
+        "{err}"
+    );
+    let err = Firecracker::at("/nonexistent/firecracker")
+        .run(
+            &std::env::temp_dir().join("rb-absent.elf"),
+            1,
+            64,
+            QEMU_TIMEOUT,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("cannot start Firecracker"), "{err}");
 }

@@ -15,7 +15,8 @@
 //! | interrupt record | [`IRQ_RECORD_SIZE`](crate::layout::IRQ_RECORD_SIZE) bytes at [`irq_record`](crate::layout::irq_record)`(vcpu)` | its interrupt entry writes the TSC it ran at and a count | learns how long delivery takes |
 //! | migration count | a u64 at [`MIGRATIONS_OFFSET`] in the shared page | `migrate` and `halt-wake` can wait for it to change, so that a move never races a fixed run time | adds one where the guest runs on after a migration ([`note_migration_ended`]) |
 //! | mailbox | 256 bytes at [`mailbox`](crate::layout::mailbox)`(vcpu)`: +0 the window in TSC ticks, +8 state, +16 count, +32 a ring of outcomes | polls for the window before it halts; writes each wait's outcome | learns from the outcomes and writes the next window |
-//! | debug exit | `out` to [`DEBUG_EXIT_PORT`] (QEMU's `isa-debug-exit`) | ends the run under a VMM without the ucall port | |
+//! | debug exit | `out` to [`DEBUG_EXIT_PORT`] (QEMU's `isa-debug-exit`), then [`ACPI_S5`] to [`ACPI_SHUTDOWN_PORT`] (Cloud Hypervisor's), then [`I8042_RESET`] to [`I8042_COMMAND_PORT`] (Firecracker's) | ends the run under a VMM without the ucall port, whichever it is | |
+//! | legacy PIC | [`PIC_MASTER_DATA`], [`PIC_SLAVE_DATA`] | masks every line at its start, without the ucall port, as a kernel does: a legacy interrupt (Firecracker's on restore) never reaches an exception vector | |
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
@@ -46,6 +47,21 @@ pub const COMPLETION_VECTOR: u8 = 0x42;
 /// isa-debug-exit,iobase=0xf4,iosize=4`): a write of `v` ends QEMU with
 /// status `2 * v + 1`.
 pub const DEBUG_EXIT_PORT: u16 = 0xf4;
+/// Cloud Hypervisor's ACPI shutdown device (x86): a write of [`ACPI_S5`]
+/// ends the VM.
+pub const ACPI_SHUTDOWN_PORT: u16 = 0x600;
+/// Sleep state S5 (soft off) with its enable bit, as Cloud Hypervisor's
+/// DSDT gives it: `5 << 2 | 1 << 5`.
+pub const ACPI_S5: u8 = 0x34;
+/// The i8042 keyboard controller's command port.
+pub const I8042_COMMAND_PORT: u16 = 0x64;
+/// The i8042 command that pulses the CPU reset line: Firecracker stops its
+/// VM on it.
+pub const I8042_RESET: u8 = 0xfe;
+/// The master 8259 PIC's data port: a write there sets its interrupt mask.
+pub const PIC_MASTER_DATA: u16 = 0x21;
+/// The slave 8259 PIC's data port.
+pub const PIC_SLAVE_DATA: u16 = 0xa1;
 
 /// Adds one to the guest's migration count: call it where the guest runs on
 /// after a migration or snapshot (at the destination before its vCPUs

@@ -18,9 +18,12 @@
 //!
 //! How results come back: where a read of the ucall port returns
 //! [`UCALL_PROBE`] (a VMM with the ucall port), as ucalls; anywhere else as text lines on COM1
-//! ([`TEXT_TAG`](crate::ucall::TEXT_TAG)), and the guest ends the run through
-//! QEMU's `isa-debug-exit` device at [`DEBUG_EXIT_PORT`]: 0 once every vCPU
-//! has finished, 1 at the first failure.
+//! ([`TEXT_TAG`](crate::ucall::TEXT_TAG)), and the guest ends the run once
+//! every vCPU has finished or at the first failure: through QEMU's
+//! `isa-debug-exit` device at [`DEBUG_EXIT_PORT`] (0, or 1 on a failure),
+//! else Cloud Hypervisor's ACPI shutdown, else the i8042's reset, which
+//! Firecracker takes as the end ([`crate::abi`]). There the boot vCPU masks
+//! the legacy PICs first, as a kernel does.
 //!
 //! The PVH protocol starts the boot vCPU only. A VMM may start every vCPU at
 //! the entry (the reference VMM does); otherwise the boot vCPU starts the others with INIT and

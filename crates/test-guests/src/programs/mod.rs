@@ -16,7 +16,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::abi::{
-    COMPLETION_PORT, DEBUG_EXIT_PORT, GATE_PORT, PAUSE_PORT, POST_PORT, SERIAL_PORT, UCALL_PORT,
+    ACPI_S5, ACPI_SHUTDOWN_PORT, COMPLETION_PORT, DEBUG_EXIT_PORT, GATE_PORT, I8042_COMMAND_PORT,
+    I8042_RESET, PAUSE_PORT, PIC_MASTER_DATA, PIC_SLAVE_DATA, POST_PORT, SERIAL_PORT, UCALL_PORT,
     YIELD_PORT,
 };
 use crate::layout::{
@@ -121,6 +122,12 @@ core::arch::global_asm!(
     boot_table = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET,
     boot_vcpus = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET + 16,
     debug_exit_port = const DEBUG_EXIT_PORT,
+    acpi_shutdown_port = const ACPI_SHUTDOWN_PORT,
+    acpi_s5 = const ACPI_S5,
+    i8042_command_port = const I8042_COMMAND_PORT,
+    i8042_reset = const I8042_RESET,
+    pic_master_data = const PIC_MASTER_DATA,
+    pic_slave_data = const PIC_SLAVE_DATA,
     ucall_probe = const ucall::UCALL_PROBE,
     vcpu_area_base = const VCPU_AREA_BASE,
     image_addr = const IMAGE_ADDR,

@@ -4,7 +4,8 @@
 // protected mode, paging off, at CPL0. In a few instructions this does what a
 // direct boot does with KVM_SET_SREGS (x86/boot.rs): long mode on the image's
 // page tables, its GDT, the vCPU's TSS and IDT; then it probes for the ucall
-// port, and enters the program at CPL3 with the program ABI's registers.
+// port (without it, the legacy PICs are masked), and enters the program at
+// CPL3 with the program ABI's registers.
 // A VMM with the ucall port starts every vCPU here; elsewhere the boot vCPU starts the others
 // with INIT and start-up IPIs through a real-mode trampoline (below).
 // CPL0 code is emulated on PVM: keep it short. The image always lives at
@@ -69,7 +70,10 @@ rt_pvh_long_mode:
     jrcxz 1f                    // that VMM starts every vCPU itself
     test ebx, ebx
     jnz 1f
-    push rsi                    // elsewhere the boot vCPU starts the others
+    mov al, 0xff                // elsewhere the boot vCPU masks the legacy
+    out {pic_master_data}, al   // PICs, as a kernel does (a VMM may raise
+    out {pic_slave_data}, al    // their lines: Firecracker on a restore)
+    push rsi                    // and starts the others
     call rt_pvh_start_aps
     pop rsi
 1:  push {user_ds}              // iretq to the program at CPL3

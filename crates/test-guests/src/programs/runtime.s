@@ -299,9 +299,18 @@ rt_ucall_text:
     cmp [rax], rcx
     jb 4b
     xor eax, eax
-// rt_debug_exit(al): QEMU's isa-debug-exit ends QEMU with status al * 2 + 1.
+// rt_debug_exit(al): QEMU's isa-debug-exit ends QEMU with status al * 2 + 1;
+// a VMM without it goes on to the next: Cloud Hypervisor's ACPI shutdown
+// (S5), then the i8042's reset, which Firecracker takes as the end. The
+// status is then in the lines on COM1.
 rt_debug_exit:
     mov dx, {debug_exit_port}
+    out dx, al
+    mov al, {acpi_s5}
+    mov dx, {acpi_shutdown_port}
+    out dx, al
+    mov al, {i8042_reset}
+    mov dx, {i8042_command_port}
     out dx, al
     ret
 

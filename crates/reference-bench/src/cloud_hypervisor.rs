@@ -1,0 +1,86 @@
+//! Cloud Hypervisor, a peer VMM: boots an image file ([`test_guests::pvh`])
+//! with `--kernel`, the guest's COM1 on its standard output; the guest ends
+//! it through its ACPI shutdown device
+//! ([`ACPI_SHUTDOWN_PORT`](test_guests::abi::ACPI_SHUTDOWN_PORT)).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::peer_run::{self, Launch, PeerError, PeerRun};
+
+/// Its binary's name.
+pub const BINARY: &str = "cloud-hypervisor";
+
+/// Where to get it.
+pub const HINT: &str = "build it from its source, or set VM_LATENCY_PEERS to a folder holding \
+                        it (this project's machines: ../shared/peers)";
+
+/// A Cloud Hypervisor binary to run images with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudHypervisor {
+    binary: PathBuf,
+}
+
+impl CloudHypervisor {
+    /// `cloud-hypervisor` from `PATH`, else from the peers' folder
+    /// ([`PEERS_DIR`](peer_run::PEERS_DIR)), if either has it.
+    pub fn find() -> Option<Self> {
+        peer_run::find_binary(BINARY).map(Self::at)
+    }
+
+    /// The binary at `binary`.
+    pub fn at(binary: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+        }
+    }
+
+    /// The command line that boots `image` with `vcpus` vCPUs and
+    /// `mem_mib` MiB: its serial port on standard output, no console.
+    pub fn command(&self, image: &Path, vcpus: u32, mem_mib: u64) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--kernel")
+            .arg(image)
+            .args(["--cpus", &format!("boot={vcpus}")])
+            .args(["--memory", &format!("size={mem_mib}M")])
+            .args(["--serial", "tty", "--console", "off"]);
+        cmd
+    }
+
+    /// Boots `image` and waits for the guest to finish, at most `timeout`.
+    pub fn run(
+        &self,
+        image: &Path,
+        vcpus: u32,
+        mem_mib: u64,
+        timeout: Duration,
+    ) -> Result<PeerRun, PeerError> {
+        peer_run::run(Launch {
+            vmm: "Cloud Hypervisor",
+            hint: HINT,
+            command: self.command(image, vcpus, mem_mib),
+            exit_status: 0,
+            vcpus,
+            timeout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_boots_the_image_with_its_serial_on_stdout() {
+        let cmd = CloudHypervisor::at("/ch").command(Path::new("g.elf"), 2, 64);
+        let line: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            line.join(" "),
+            "--kernel g.elf --cpus boot=2 --memory size=64M --serial tty --console off"
+        );
+    }
+}
