@@ -12,7 +12,7 @@
 
 use std::process::{Child, Command, Stdio};
 
-use crate::peer::{PeerSeen, goal_against_qemu, run_image};
+use crate::peer::{PeerSeen, PeerVmm, goal_against_qemu, run_image};
 use crate::timer::cyclictest;
 use halt_poll::kvm::TunerConfig;
 
@@ -173,7 +173,8 @@ fn qemu_pingpong(
 ) -> Result<Sample, Error> {
     let rounds = opts.rounds(ROUNDS);
     let params = |rounds| workload.xapic_params(rounds);
-    let run = |rounds| run_image(qemu, "pingpong", 2, &params(rounds), apic, opts);
+    let vmm = PeerVmm::Qemu(qemu, apic);
+    let run = |rounds| run_image(vmm, "pingpong", 2, &params(rounds), opts);
     let start_up = run(1)?;
     let measured = run(rounds)?;
     let per_round = |v: f64| v / rounds as f64;

@@ -92,6 +92,8 @@ pub enum Error {
     ThreadPanicked(&'static str),
 }
 
+use crate::cloud_hypervisor::CloudHypervisor;
+use crate::firecracker::Firecracker;
 use crate::qemu::Qemu;
 use reference_vmm::presets::Choices;
 use reference_vmm::{RunReport, Vm, VmConfig};
@@ -106,6 +108,11 @@ pub struct Options<'a> {
     /// The QEMU binary for the peer rows; `None`: `qemu-system-x86_64` on
     /// `PATH`, if there is one.
     pub qemu: Option<&'a Path>,
+    /// The Cloud Hypervisor binary for its rows; `None`: `cloud-hypervisor`
+    /// on `PATH` or in the folder `VM_LATENCY_PEERS` names, if either has it.
+    pub cloud_hypervisor: Option<&'a Path>,
+    /// The Firecracker binary for its rows; `None`: as Cloud Hypervisor's.
+    pub firecracker: Option<&'a Path>,
 }
 
 impl Options<'_> {
@@ -114,6 +121,20 @@ impl Options<'_> {
     /// install it.
     pub fn qemu(&self) -> Option<Qemu> {
         self.qemu.map(Qemu::at).or_else(Qemu::find)
+    }
+
+    /// Cloud Hypervisor for its rows: the binary given, else one found;
+    /// without either the rows are skipped, with a note saying how to get it.
+    pub fn cloud_hypervisor(&self) -> Option<CloudHypervisor> {
+        let given = self.cloud_hypervisor.map(CloudHypervisor::at);
+        given.or_else(CloudHypervisor::find)
+    }
+
+    /// Firecracker for its rows, as [`cloud_hypervisor`](Self::cloud_hypervisor).
+    pub fn firecracker(&self) -> Option<Firecracker> {
+        self.firecracker
+            .map(Firecracker::at)
+            .or_else(Firecracker::find)
     }
 
     /// Repetitions of each variant.

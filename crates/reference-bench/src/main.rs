@@ -34,6 +34,14 @@ struct BenchArgs {
     /// PATH; without it those rows are skipped, saying how to install it].
     #[arg(long, value_name = "PATH")]
     qemu: Option<PathBuf>,
+    /// The Cloud Hypervisor binary for its rows [default: cloud-hypervisor on
+    /// PATH, else in the folder VM_LATENCY_PEERS names; without it those rows
+    /// are skipped, saying how to get it].
+    #[arg(long, value_name = "PATH")]
+    cloud_hypervisor: Option<PathBuf>,
+    /// The Firecracker binary for its rows [default: as Cloud Hypervisor's].
+    #[arg(long, value_name = "PATH")]
+    firecracker: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -48,10 +56,14 @@ impl BenchArgs {
             } else {
                 ""
             },
-            match &self.qemu {
-                Some(path) => format!(" --qemu {}", path.display()),
-                None => String::new(),
-            }
+            [
+                ("--qemu", &self.qemu),
+                ("--cloud-hypervisor", &self.cloud_hypervisor),
+                ("--firecracker", &self.firecracker),
+            ]
+            .into_iter()
+            .filter_map(|(flag, path)| Some(format!(" {flag} {}", path.as_ref()?.display())))
+            .collect::<String>()
         )
     }
 
@@ -72,8 +84,14 @@ impl BenchArgs {
         if self.update_benchmarks_md && self.quick {
             return Err("--update-benchmarks-md takes a full run, not --quick".into());
         }
-        if let Some(path) = self.qemu.as_ref().filter(|p| !p.is_file()) {
-            return Err(format!("--qemu {}: no such file", path.display()));
+        for (flag, path) in [
+            ("--qemu", &self.qemu),
+            ("--cloud-hypervisor", &self.cloud_hypervisor),
+            ("--firecracker", &self.firecracker),
+        ] {
+            if let Some(path) = path.as_ref().filter(|p| !p.is_file()) {
+                return Err(format!("{flag} {}: no such file", path.display()));
+            }
         }
         Ok(())
     }
@@ -156,6 +174,8 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
     let opts = bench::Options {
         quick: args.quick,
         qemu: args.qemu.as_deref(),
+        cloud_hypervisor: args.cloud_hypervisor.as_deref(),
+        firecracker: args.firecracker.as_deref(),
     };
     let start = std::time::Instant::now();
     let whole_run = bench::HostLoad::start();

@@ -1,30 +1,67 @@
-//! The peer VMM in a bench: a bench guest booted by QEMU from an image file
-//! ([`test_guests::pvh`]), with its parameters in the image.
+//! The peer VMMs in a bench: a bench guest booted by QEMU, Cloud Hypervisor
+//! or Firecracker from an image file ([`test_guests::pvh`]), with its
+//! parameters in the image.
 
 use std::time::Duration;
 
 use crate::Error;
 use crate::{Options, Runs, goal};
 
-use crate::peer_run::PeerRun;
+use crate::cloud_hypervisor::CloudHypervisor;
+use crate::firecracker::Firecracker;
+use crate::peer_run::{PeerError, PeerRun};
 use crate::qemu::{INSTALL_HINT, Qemu, QemuApic};
 use test_guests::layout::PARAMS;
 use test_guests::pvh::Image;
 
-/// How long one QEMU run may take (a QEMU that does not get through the
+/// How long one peer's run may take (a peer that does not get through the
 /// guest is killed then; `--quick` runs a tenth of the rounds).
 fn timeout(opts: Options) -> Duration {
     Duration::from_secs(if opts.quick { 5 } else { 30 })
 }
 
-/// Runs the built-in `program` on `vcpus` vCPUs with `params` under QEMU
-/// with `apic`.
+/// A peer VMM that boots the bench's guests.
+#[derive(Clone, Copy, Debug)]
+pub enum PeerVmm<'a> {
+    /// QEMU, with its local APICs where given.
+    Qemu(&'a Qemu, QemuApic),
+    /// Cloud Hypervisor, on KVM's LAPIC.
+    CloudHypervisor(&'a CloudHypervisor),
+    /// Firecracker, on KVM's LAPIC.
+    Firecracker(&'a Firecracker),
+}
+
+impl PeerVmm<'_> {
+    /// Its name, in errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Qemu(..) => "QEMU",
+            Self::CloudHypervisor(_) => "Cloud Hypervisor",
+            Self::Firecracker(_) => "Firecracker",
+        }
+    }
+
+    fn run(
+        self,
+        image: &std::path::Path,
+        vcpus: u32,
+        mem_mib: u64,
+        timeout: Duration,
+    ) -> Result<PeerRun, PeerError> {
+        match self {
+            Self::Qemu(qemu, apic) => qemu.run(image, vcpus, mem_mib, apic, timeout),
+            Self::CloudHypervisor(ch) => ch.run(image, vcpus, mem_mib, timeout),
+            Self::Firecracker(fc) => fc.run(image, vcpus, mem_mib, timeout),
+        }
+    }
+}
+
+/// Runs the built-in `program` on `vcpus` vCPUs with `params` under `vmm`.
 pub fn run_image(
-    qemu: &Qemu,
+    vmm: PeerVmm,
     program: &str,
     vcpus: u32,
     params: &[u64],
-    apic: QemuApic,
     opts: Options,
 ) -> Result<PeerRun, Error> {
     const MEM_MIB: u64 = 64;
@@ -41,7 +78,7 @@ pub fn run_image(
         path: path.clone(),
         source,
     })?;
-    let result = qemu.run(&path, vcpus, MEM_MIB, apic, timeout(opts));
+    let result = vmm.run(&path, vcpus, MEM_MIB, timeout(opts));
     std::fs::remove_file(&path).unwrap_or(());
     Ok(result?)
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use test_support::Hogs;
 
 use crate::Error;
-use crate::peer::{PeerSeen, goal_against_qemu, run_image};
+use crate::peer::{PeerSeen, PeerVmm, goal_against_qemu, run_image};
 use crate::qemu::{Qemu, QemuApic};
 use crate::wake_probe::WakeProbe;
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
@@ -208,11 +208,10 @@ fn run_once(
         Variant::VmmXapic(boost) => Some(on_this_vmm(boost, 1)),
         Variant::Qemu(apic) => qemu.map(|q| {
             let run = run_image(
-                q,
+                PeerVmm::Qemu(q, apic),
                 "sched-ipi",
                 vcpus,
                 &[rounds, PAUSES_PER_EXIT, 1],
-                apic,
                 opts,
             )?;
             Ok(Sample {

@@ -2,7 +2,8 @@
 //! halts until each fires, and records how late its interrupt entry ran; each
 //! timer-advance policy in turn, then KVM's in-kernel LAPIC timer, then the
 //! host's own timer wake-up with no guest, which every userspace timer starts
-//! from, then QEMU, the peer VMM, booting the same guest on KVM's LAPIC.
+//! from, then the peer VMMs booting the same guest on KVM's LAPIC: QEMU,
+//! Cloud Hypervisor, Firecracker.
 
 use std::time::{Duration, Instant};
 
@@ -10,10 +11,11 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::Error;
-use crate::peer::run_image;
+use crate::peer::{PeerVmm, run_image};
 use crate::peer_run::PeerError;
-use crate::qemu::{INSTALL_HINT, Qemu, QemuApic};
+use crate::qemu::{INSTALL_HINT, QemuApic};
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
+use crate::{cloud_hypervisor, firecracker};
 use reference_vmm::MAX_LEAD;
 use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
 use reference_vmm::{Irqchip, KvmHaltPoll, TimerPlacement};
@@ -115,7 +117,13 @@ const HOST: usize = Variant::ALL.len();
 const HOST_ROW: &str = "host: a thread on a timerfd, no guest";
 /// The row of QEMU, after the host's.
 const QEMU_ROW: &str = "qemu, KVM's LAPIC (kernel-irqchip=on)";
-const QEMU: usize = HOST + 1;
+/// The rows of Cloud Hypervisor and Firecracker, after QEMU's.
+const CH_ROW: &str = "cloud-hypervisor, KVM's LAPIC";
+const FC_ROW: &str = "firecracker, KVM's LAPIC";
+/// The peers' rows, after the host's.
+const PEERS: [&str; 3] = [QEMU_ROW, CH_ROW, FC_ROW];
+/// Every row: the variants, the host's, the peers'.
+const ROWS: usize = HOST + 1 + PEERS.len();
 /// Why QEMU's own APIC has no row.
 const QEMU_OWN_APIC: &str = "qemu, its own APIC (kernel-irqchip=off): not run: QEMU offers the TSC-deadline timer this guest arms only with KVM's LAPIC (kernel-irqchip=on).";
 
@@ -183,18 +191,40 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         ],
     );
     let mut goals = Vec::new();
-    let qemu = opts.qemu();
-    let mut qemu_failure = None;
+    let (qemu, ch, fc) = (opts.qemu(), opts.cloud_hypervisor(), opts.firecracker());
+    let mut peers = [
+        Peer::new(
+            QEMU_ROW,
+            qemu.as_ref().map(|q| PeerVmm::Qemu(q, QemuApic::Kernel)),
+            format!(
+                "no qemu-system-x86_64 was on PATH when this scenario started (install it with \
+                 `{INSTALL_HINT}`, or give --qemu)"
+            ),
+        ),
+        Peer::new(
+            CH_ROW,
+            ch.as_ref().map(PeerVmm::CloudHypervisor),
+            format!(
+                "no cloud-hypervisor was found when this scenario started ({}, or give \
+                 --cloud-hypervisor)",
+                cloud_hypervisor::HINT
+            ),
+        ),
+        Peer::new(
+            FC_ROW,
+            fc.as_ref().map(PeerVmm::Firecracker),
+            format!(
+                "no firecracker was found when this scenario started ({}, or give --firecracker)",
+                firecracker::HINT
+            ),
+        ),
+    ];
     for period_us in [1000u64, 200] {
-        let mut peer = Peer {
-            qemu: qemu.as_ref(),
-            failure: &mut qemu_failure,
-            opts,
-        };
-        let runs = measure_period(opts, period_us, &mut peer, progress)?;
+        let runs = measure_period(opts, period_us, &mut peers, progress)?;
         let (p50, p99) = (per_run(&runs, 0.5), per_run(&runs, 0.99));
         let names = variants().map(|(name, _)| name);
-        let rows = names.into_iter().chain([HOST_ROW.into(), QEMU_ROW.into()]);
+        let peer_rows = PEERS.map(String::from);
+        let rows = names.into_iter().chain([HOST_ROW.into()]).chain(peer_rows);
         for (i, name) in rows.enumerate().filter(|(i, _)| !runs[*i].is_empty()) {
             // The percentiles of the run with the median p50.
             let median_run = runs[i]
@@ -238,7 +268,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         goals.push(host_floor(period_us, &p50, &p99));
         goals.push(placement_line(period_us, &p50, &p99, &runs));
         goals.push(catch_up_line(period_us, &runs));
-        goals.push(peer_line(period_us, &p50, &p99, qemu.is_some()));
+        for (k, peer) in peers.iter().enumerate() {
+            goals.push(peer_goal(period_us, &p50, &p99, &runs, k, peer));
+        }
     }
     t.better("lateness near 0 and never below it (an early timer is a bug: the early column counts them over every run), less spin per expiry (the CPU the advance costs) and less halt polling per timer (the CPU a waiting vCPU burns: with --halt-poll always most of the period), a lower p50 vs none; the percentiles are those of the run with the median p50, the spin the median over runs");
     t.note(format!(
@@ -248,32 +280,46 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for line in goals {
         t.note(line);
     }
-    if let Some(failure) = qemu_failure {
-        t.note(format!("{QEMU_ROW}: no result, not run again: {failure}"));
+    for peer in peers.iter().filter(|p| p.failure.is_some()) {
+        let failure = peer.failure.as_deref().unwrap_or_default();
+        t.note(format!("{}: no result, not run again: {failure}", peer.row));
     }
     t.note(QEMU_OWN_APIC);
     Ok(t)
 }
 
-/// QEMU for the peer row, and why it stopped giving results, if it did.
+/// A peer VMM for its row (`None`: not found, for the reason `absent`),
+/// and why it stopped giving results, if it did.
 struct Peer<'a> {
-    qemu: Option<&'a Qemu>,
-    failure: &'a mut Option<String>,
-    opts: Options<'a>,
+    row: &'static str,
+    vmm: Option<PeerVmm<'a>>,
+    absent: String,
+    failure: Option<String>,
+}
+
+impl<'a> Peer<'a> {
+    fn new(row: &'static str, vmm: Option<PeerVmm<'a>>, absent: String) -> Self {
+        Self {
+            row,
+            vmm,
+            absent,
+            failure: None,
+        }
+    }
 }
 
 /// Every row's runs at one period, taking turns: the variants, the host's
-/// wake-up, and QEMU on KVM's LAPIC while it gives results (no runs: not
-/// measured).
+/// wake-up, and each peer on KVM's LAPIC while it gives results (no runs:
+/// not measured).
 fn measure_period(
     opts: Options,
     period_us: u64,
-    peer: &mut Peer,
+    peers: &mut [Peer],
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<Vec<Run>>, Error> {
     let samples = opts.rounds(SAMPLES);
     let period_ticks = (period_us as f64 * ticks_per_us()) as u64;
-    let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+    let mut runs: Vec<Vec<Run>> = (0..ROWS).map(|_| Vec::new()).collect();
     for rep in 0..opts.reps() {
         for (i, (name, m)) in variants().into_iter().enumerate() {
             progress(&format!(
@@ -285,27 +331,29 @@ fn measure_period(
         }
         progress(&format!("timer: {period_us} µs, {HOST_ROW}"));
         runs[HOST].push(Run::of_lateness(host_wakeups(samples, period_us)?));
-        let Some(qemu) = peer.qemu.filter(|_| peer.failure.is_none()) else {
-            continue;
-        };
-        progress(&format!("timer: {period_us} µs, {QEMU_ROW}"));
-        match qemu_lateness(qemu, samples, period_ticks, peer.opts) {
-            Ok(lateness) => runs[QEMU].push(Run::of_lateness(lateness)),
-            Err(e) => *peer.failure = Some(e.to_string()),
+        for (k, peer) in peers.iter_mut().enumerate() {
+            let Some(vmm) = peer.vmm.filter(|_| peer.failure.is_none()) else {
+                continue;
+            };
+            progress(&format!("timer: {period_us} µs, {}", peer.row));
+            match peer_lateness(vmm, samples, period_ticks, opts) {
+                Ok(lateness) => runs[HOST + 1 + k].push(Run::of_lateness(lateness)),
+                Err(e) => peer.failure = Some(e.to_string()),
+            }
         }
     }
     Ok(runs)
 }
 
-/// The same guest booted by QEMU on KVM's LAPIC, reporting each lateness.
-fn qemu_lateness(
-    qemu: &Qemu,
+/// The same guest booted by a peer on KVM's LAPIC, reporting each lateness.
+fn peer_lateness(
+    vmm: PeerVmm,
     samples: u64,
     period_ticks: u64,
     opts: Options,
 ) -> Result<Vec<f64>, Error> {
     let params = [samples, period_ticks, 1];
-    let run = run_image(qemu, "cyclictest", 1, &params, QemuApic::Kernel, opts)?;
+    let run = run_image(vmm, "cyclictest", 1, &params, opts)?;
     let us = ticks_per_us();
     let lateness: Vec<f64> = run
         .values(0, "lateness")
@@ -317,28 +365,61 @@ fn qemu_lateness(
             "cyclictest reported {} of its {samples} timers",
             lateness.len()
         );
-        return Err(PeerError::Guest { vmm: "QEMU", what }.into());
+        return Err(PeerError::Guest {
+            vmm: vmm.name(),
+            what,
+        }
+        .into());
     }
     Ok(lateness)
 }
 
-/// The row of QEMU on KVM's LAPIC beside the in-kernel timer of this VMM.
-fn peer_line(period_us: u64, p50: &[Runs], p99: &[Runs], installed: bool) -> String {
-    if p50[QEMU].0.is_empty() {
-        let why = match installed {
-            false => format!(
-                "no qemu-system-x86_64 was on PATH when this scenario started (install it with \
-                 `{INSTALL_HINT}`, or give --qemu)"
-            ),
-            true => "QEMU gave no result in this run (see below)".into(),
+/// The goal against peer `k`: this VMM's percentile advance at most half
+/// its p50 and at most its p99 (no timer early is the timer goal's);
+/// this VMM on KVM's LAPIC beside it.
+fn peer_goal(
+    period_us: u64,
+    p50: &[Runs],
+    p99: &[Runs],
+    runs: &[Vec<Run>],
+    k: usize,
+    peer: &Peer,
+) -> String {
+    let at = HOST + 1 + k;
+    let row = peer.row;
+    let asks = format!(
+        "at {period_us} µs, this VMM's percentile advance at most 0.5x {row}'s p50 and at most \
+         its p99"
+    );
+    if runs[at].is_empty() {
+        let why = match (&peer.vmm, &peer.failure) {
+            (None, _) => peer.absent.clone(),
+            (Some(_), _) => format!("{} gave no result in this run (see below)", peer.row),
         };
-        return format!("At {period_us} µs, {QEMU_ROW}: not measured: {why}.");
+        return format!("Goal: {asks}. Not measured: {why}.");
     }
-    format!(
-        "At {period_us} µs, this VMM's percentile advance against {QEMU_ROW}: p50 {}, p99 {}; this VMM on KVM's LAPIC (--irqchip kernel) against it: p50 {}.",
-        p50[PERCENTILE].ratio_to(&p50[QEMU]).ratio_text(),
-        p99[PERCENTILE].ratio_to(&p99[QEMU]).ratio_text(),
-        p50[KERNEL[0]].ratio_to(&p50[QEMU]).ratio_text(),
+    let (p50_ratio, p99_ratio) = (
+        p50[PERCENTILE].ratio_to(&p50[at]),
+        p99[PERCENTILE].ratio_to(&p99[at]),
+    );
+    let meets = |p50: f64, p99: f64| p50 <= 0.5 && p99 <= 1.0;
+    let each: Vec<bool> = p50_ratio
+        .0
+        .iter()
+        .zip(&p99_ratio.0)
+        .map(|(&a, &b)| meets(a, b))
+        .collect();
+    let measured = format!(
+        "p50 {}, p99 {} (this VMM on KVM's LAPIC, --irqchip kernel: p50 {})",
+        p50_ratio.ratio_text(),
+        p99_ratio.ratio_text(),
+        p50[KERNEL[0]].ratio_to(&p50[at]).ratio_text(),
+    );
+    goal(
+        &asks,
+        &measured,
+        meets(p50_ratio.median(), p99_ratio.median()),
+        &each,
     )
 }
 
@@ -657,7 +738,7 @@ mod tests {
         assert_eq!(stalls_in(&[900.0, 20.0], 200.0), 1, "behind from the start");
         assert!(catch_up(&[20.0, 30.0, 25.0], 200.0).is_empty());
         let run = |lateness: &[f64]| Run::of_lateness(lateness.to_vec());
-        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        let mut runs: Vec<Vec<Run>> = (0..ROWS).map(|_| Vec::new()).collect();
         runs[PERCENTILE].push(run(&lateness));
         runs[KERNEL[0]].push(run(&[30.0, 900.0]));
         let line = catch_up_line(200, &runs);
@@ -679,7 +760,7 @@ mod tests {
     #[test]
     fn the_tail_goal_holds_only_if_every_run_is_within_the_bound() {
         let run = |p99: f64| Run::of_lateness(vec![p99; 10]);
-        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        let mut runs: Vec<Vec<Run>> = (0..ROWS).map(|_| Vec::new()).collect();
         runs[KERNEL[0]] = vec![run(30.0), run(30.0)];
         runs[PERCENTILE] = vec![run(60.0), run(89.0)];
         let line = tail_goal(200, &runs);
@@ -697,7 +778,7 @@ mod tests {
     #[test]
     fn the_placement_line_compares_the_percentile_rows_and_counts_stalled_runs() {
         let run = |lateness: &[f64]| Run::of_lateness(lateness.to_vec());
-        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        let mut runs: Vec<Vec<Run>> = (0..ROWS).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(&[10.0, 20.0, 30.0]), run(&[10.0, 20.0, 30.0])];
         runs[THREAD] = vec![run(&[20.0, 40.0, 900.0]), run(&[20.0, 40.0, 60.0])];
         let (p50, p99) = (per_run(&runs, 0.5), per_run(&runs, 0.99));
@@ -716,7 +797,7 @@ mod tests {
             polling_us: Some(polling),
             ..Run::of_lateness((0..100).map(|i| if i < 2 { tail } else { 18.0 }).collect())
         };
-        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        let mut runs: Vec<Vec<Run>> = (0..ROWS).map(|_| Vec::new()).collect();
         runs[KERNEL[0]] = vec![run(30.0, 115.0), run(40.0, 116.0)];
         runs[KERNEL[1]] = vec![run(20.0, 113.0), run(40.0, 114.0)];
         let line = noise_line(200, &runs);
@@ -740,7 +821,7 @@ mod tests {
             exits_per_timer: Some(3.0),
             ..Run::of_lateness(vec![p50; 5])
         };
-        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        let mut runs: Vec<Vec<Run>> = (0..ROWS).map(|_| Vec::new()).collect();
         runs[PERCENTILE] = vec![run(19.0, 6.0), run(29.0, 16.0)];
         runs[OWN[1]] = vec![run(20.0, 7.0)];
         runs[KERNEL[0]] = vec![run(99.0, 99.0)];
@@ -765,7 +846,7 @@ mod tests {
             v[..late].iter_mut().for_each(|l| *l = tail);
             v
         };
-        let mut runs: Vec<Vec<Run>> = (0..=QEMU).map(|_| Vec::new()).collect();
+        let mut runs: Vec<Vec<Run>> = (0..ROWS).map(|_| Vec::new()).collect();
         // Two runs each. The percentile row's tail is in its first run only,
         // the kernel's in both: per run the p99s flip, pooled ours is lower.
         runs[PERCENTILE] = vec![run(series(5.0, 2, 60.0)), run(series(5.0, 0, 0.0))];
