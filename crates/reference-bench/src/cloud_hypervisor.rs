@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::peer_run::{self, Launch, PeerError, PeerRun};
+use crate::peer_run::{self, Launch, PeerBinary, PeerError, PeerRun};
 
 /// Its binary's name.
 pub const BINARY: &str = "cloud-hypervisor";
@@ -22,20 +22,17 @@ pub struct CloudHypervisor {
     binary: PathBuf,
 }
 
-impl CloudHypervisor {
-    /// `cloud-hypervisor` from `PATH`, else from the peers' folder
-    /// ([`PEERS_DIR`](peer_run::PEERS_DIR)), if either has it.
-    pub fn find() -> Option<Self> {
-        peer_run::find_binary(BINARY).map(Self::at)
-    }
+impl PeerBinary for CloudHypervisor {
+    const NAME: &'static str = BINARY;
 
-    /// The binary at `binary`.
-    pub fn at(binary: impl Into<PathBuf>) -> Self {
+    fn at(path: impl Into<PathBuf>) -> Self {
         Self {
-            binary: binary.into(),
+            binary: path.into(),
         }
     }
+}
 
+impl CloudHypervisor {
     /// The command line that boots `image` with `vcpus` vCPUs and
     /// `mem_mib` MiB: its serial port on standard output, no console.
     pub fn command(&self, image: &Path, vcpus: u32, mem_mib: u64) -> Command {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::peer_run::{self, Launch, PeerError, PeerRun};
+use crate::peer_run::{self, Launch, PeerBinary, PeerError, PeerRun};
 
 /// Its binary's name.
 pub const BINARY: &str = "firecracker";
@@ -34,20 +34,17 @@ pub fn config(image: &Path, vcpus: u32, mem_mib: u64) -> String {
     .to_string()
 }
 
-impl Firecracker {
-    /// `firecracker` from `PATH`, else from the peers' folder
-    /// ([`PEERS_DIR`](peer_run::PEERS_DIR)), if either has it.
-    pub fn find() -> Option<Self> {
-        peer_run::find_binary(BINARY).map(Self::at)
-    }
+impl PeerBinary for Firecracker {
+    const NAME: &'static str = BINARY;
 
-    /// The binary at `binary`.
-    pub fn at(binary: impl Into<PathBuf>) -> Self {
+    fn at(path: impl Into<PathBuf>) -> Self {
         Self {
-            binary: binary.into(),
+            binary: path.into(),
         }
     }
+}
 
+impl Firecracker {
     /// The command line that boots the VM `config_file` describes, its log
     /// on standard error (not among the guest's lines).
     pub fn command(&self, config_file: &Path) -> Command {

@@ -94,6 +94,7 @@ pub enum Error {
 
 use crate::cloud_hypervisor::CloudHypervisor;
 use crate::firecracker::Firecracker;
+use crate::peer_run::PeerBinary;
 use crate::qemu::Qemu;
 use reference_vmm::presets::Choices;
 use reference_vmm::{RunReport, Vm, VmConfig};

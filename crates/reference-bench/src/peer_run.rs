@@ -29,6 +29,21 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
+/// A peer VMM's binary: where it is, found by its name.
+pub trait PeerBinary: Sized {
+    /// The binary's name.
+    const NAME: &'static str;
+
+    /// The binary at `path`.
+    fn at(path: impl Into<PathBuf>) -> Self;
+
+    /// [`NAME`](Self::NAME) from `PATH`, else from the peers' folder
+    /// ([`PEERS_DIR`]), if either has it.
+    fn find() -> Option<Self> {
+        find_binary(Self::NAME).map(Self::at)
+    }
+}
+
 /// One peer VMM run's result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PeerRun {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use test_guests::pvh::qemu_args;
 
-use crate::peer_run::{self, Launch, PeerError, PeerRun};
+use crate::peer_run::{self, Launch, PeerBinary, PeerError, PeerRun};
 
 /// The QEMU binary looked for on `PATH`.
 pub const QEMU_BINARY: &str = "qemu-system-x86_64";
@@ -37,20 +37,17 @@ pub struct Qemu {
     binary: PathBuf,
 }
 
-impl Qemu {
-    /// `qemu-system-x86_64` from `PATH` (or the peers' folder), if it is
-    /// there.
-    pub fn find() -> Option<Self> {
-        peer_run::find_binary(QEMU_BINARY).map(Self::at)
-    }
+impl PeerBinary for Qemu {
+    const NAME: &'static str = QEMU_BINARY;
 
-    /// The QEMU binary at `binary`.
-    pub fn at(binary: impl Into<PathBuf>) -> Self {
+    fn at(path: impl Into<PathBuf>) -> Self {
         Self {
-            binary: binary.into(),
+            binary: path.into(),
         }
     }
+}
 
+impl Qemu {
     /// The command line that boots `image` (with `vcpus` vCPUs and `mem_mib`
     /// MiB) under QEMU with `apic`.
     pub fn command(&self, image: &Path, vcpus: u32, mem_mib: u64, apic: QemuApic) -> Command {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::skip;
 use reference_bench::cloud_hypervisor::{self, CloudHypervisor};
 use reference_bench::firecracker::{self, Firecracker};
-use reference_bench::peer_run::{PeerError, PeerRun};
+use reference_bench::peer_run::{PeerBinary, PeerError, PeerRun};
 use reference_bench::qemu::{INSTALL_HINT, Qemu, QemuApic};
 use test_guests::Image;
 use test_guests::layout::PARAMS;

@@ -36,6 +36,7 @@ fn all_measured(t: &Table, rows: usize) {
 /// of its two configurations has a row or, where QEMU is installed but gave
 /// no result or was not run, a note that says so.
 fn qemu_rows(t: &Table, column: usize) -> usize {
+    use reference_bench::peer_run::PeerBinary;
     let installed = reference_bench::qemu::Qemu::find().is_some();
     for apic in ["kernel-irqchip=off", "kernel-irqchip=on"] {
         let row = t.rows.iter().any(|r| r[column].text.contains(apic));
@@ -61,6 +62,7 @@ fn qemu_rows(t: &Table, column: usize) -> usize {
 fn rust_peer_rows(t: &Table, column: usize) -> usize {
     use reference_bench::cloud_hypervisor::CloudHypervisor;
     use reference_bench::firecracker::Firecracker;
+    use reference_bench::peer_run::PeerBinary;
     let found = [
         ("cloud-hypervisor", CloudHypervisor::find().is_some()),
         ("firecracker", Firecracker::find().is_some()),
