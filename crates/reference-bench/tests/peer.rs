@@ -218,7 +218,7 @@ fn firecracker_api(socket: &Path, method: &str, path: &str, body: &str) -> u16 {
 
 /// Firecracker with its API on `socket`, COM1 on a pipe.
 fn firecracker_with_api(fc: &Path, socket: &Path) -> std::process::Child {
-    let child = std::process::Command::new(fc)
+    let mut child = std::process::Command::new(fc)
         .arg("--api-sock")
         .arg(socket)
         .args(["--log-path", "/dev/null"])
@@ -227,6 +227,9 @@ fn firecracker_with_api(fc: &Path, socket: &Path) -> std::process::Child {
         .unwrap();
     let deadline = std::time::Instant::now() + QEMU_TIMEOUT;
     while !socket.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("firecracker exited ({status}) before its API socket {socket:?} was there");
+        }
         assert!(std::time::Instant::now() < deadline, "no API socket");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -250,7 +253,9 @@ fn a_guest_restored_by_firecracker_takes_no_stray_legacy_interrupt() {
     params[..5].copy_from_slice(&[16, 1, 0, 1 << 20, 1]);
     let program = test_guests::find("migrate").unwrap();
     let image = image_file(test, &Image::build(program, 2, 64, params).unwrap());
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(test);
+    // Short: a socket's path holds at most 107 bytes (the target directory's
+    // may be longer).
+    let dir = std::env::temp_dir().join(format!("rb-fc-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let (snapshot, memory) = (dir.join("vm.snap"), dir.join("vm.mem"));
