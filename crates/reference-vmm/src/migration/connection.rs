@@ -170,7 +170,10 @@ impl Connection {
         let deadline = within.map(|w| Instant::now() + w);
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let ms = left.map_or(-1, |l| l.as_millis().min(i32::MAX as u128) as i32);
+            // Rounded up: a wait of less than a millisecond is not a spin.
+            let ms = left.map_or(-1, |l| {
+                l.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+            });
             let mut poll = libc::pollfd {
                 fd: self.fd(),
                 events: libc::POLLIN,
@@ -326,16 +329,20 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_ends_a_blocked_read_at_once_and_names_itself() {
+    fn a_cut_ends_a_blocked_read_at_once_and_names_what_follows() {
         let (mut a, _b) = pair();
         let cutter = a.cutter().unwrap();
-        let reader = std::thread::spawn(move || a.read(&mut [0u8]).map_err(|e| e.to_string()));
+        let reader = std::thread::spawn(move || {
+            let read = a.read(&mut [0u8]).map_err(|e| e.to_string());
+            (read, a.write(b"x").map_err(|e| e.to_string()))
+        });
         std::thread::sleep(Duration::from_millis(20));
         cutter.cut();
         // A read on a socket shut down returns its end (0) or an error,
-        // never blocks: the thread ends.
-        let read = reader.join().unwrap();
+        // never blocks: the thread ends; a write after it names the cut.
+        let (read, written) = reader.join().unwrap();
         assert!(matches!(read, Ok(0)) || read.is_err(), "{read:?}");
+        assert_eq!(written, Err("the connection was cut".to_owned()));
     }
 
     #[test]
