@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::Error;
 use crate::{Options, Runs, goal};
 
-use crate::cloud_hypervisor::CloudHypervisor;
-use crate::firecracker::Firecracker;
+use crate::cloud_hypervisor::{self, CloudHypervisor};
+use crate::firecracker::{self, Firecracker};
 use crate::peer_run::{PeerError, PeerRun};
 use crate::qemu::{INSTALL_HINT, Qemu, QemuApic};
 use test_guests::layout::PARAMS;
@@ -17,7 +17,7 @@ use test_guests::pvh::Image;
 /// How long one peer's run may take (a peer that does not get through the
 /// guest is killed then; `--quick` runs a tenth of the rounds).
 fn timeout(opts: Options) -> Duration {
-    Duration::from_secs(if opts.quick { 5 } else { 30 })
+    Duration::from_secs(if opts.quick { 20 } else { 30 })
 }
 
 /// A peer VMM that boots the bench's guests.
@@ -83,40 +83,143 @@ pub fn run_image(
     Ok(result?)
 }
 
-/// What a scenario saw of QEMU's run of one variant, for a goal against it
-/// that has no figure: only what happened in this run.
+/// A peer VMM as a scenario's row: which VMM, and how it runs the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PeerSeen<'a> {
-    /// No QEMU binary was found when the scenario started.
-    Absent,
-    /// QEMU ran and failed, with this error, and was not run again.
-    Failed(&'a str),
-    /// QEMU ran without an error.
-    Ran,
+pub enum PeerKind {
+    /// QEMU, with its own local APICs or KVM's.
+    Qemu(QemuApic),
+    /// Cloud Hypervisor, on KVM's LAPIC.
+    CloudHypervisor,
+    /// Firecracker, on KVM's LAPIC.
+    Firecracker,
 }
 
-impl<'a> PeerSeen<'a> {
-    /// `found`: whether the scenario had a QEMU to run; `failure`: the
-    /// error of the variant's run, if it failed.
-    pub fn of(found: bool, failure: Option<&'a str>) -> Self {
-        match (found, failure) {
-            (false, _) => Self::Absent,
-            (true, Some(e)) => Self::Failed(e),
-            (true, None) => Self::Ran,
+impl PeerKind {
+    /// Cloud Hypervisor and Firecracker, the peers that run every guest.
+    pub const RUST: [Self; 2] = [Self::CloudHypervisor, Self::Firecracker];
+
+    /// Its row's name.
+    pub fn row(self) -> &'static str {
+        match self {
+            Self::Qemu(QemuApic::User) => "qemu, its own APIC (kernel-irqchip=off)",
+            Self::Qemu(QemuApic::Kernel) => "qemu, KVM's LAPIC (kernel-irqchip=on)",
+            Self::CloudHypervisor => "cloud-hypervisor, KVM's LAPIC",
+            Self::Firecracker => "firecracker, KVM's LAPIC",
         }
     }
 
-    /// Why there is no figure.
-    fn why(self) -> String {
+    /// The VMM's name, in goals.
+    pub fn vmm(self) -> &'static str {
         match self {
-            Self::Absent => format!(
+            Self::Qemu(QemuApic::User) => "QEMU's own APIC",
+            Self::Qemu(QemuApic::Kernel) => "QEMU",
+            Self::CloudHypervisor => "Cloud Hypervisor",
+            Self::Firecracker => "Firecracker",
+        }
+    }
+
+    /// Why it has no rows where its binary was not found, and how to get it.
+    pub fn absent(self) -> String {
+        match self {
+            Self::Qemu(_) => format!(
                 "no qemu-system-x86_64 was on PATH when this scenario started (install it with \
                  `{INSTALL_HINT}`, or give --qemu)"
             ),
-            Self::Failed(e) => format!("QEMU's own APIC failed in this run: {e}"),
-            Self::Ran => "QEMU's own APIC ran but reported nothing".into(),
+            Self::CloudHypervisor => format!(
+                "no cloud-hypervisor was found when this scenario started ({}, or give \
+                 --cloud-hypervisor)",
+                cloud_hypervisor::HINT
+            ),
+            Self::Firecracker => format!(
+                "no firecracker was found when this scenario started ({}, or give --firecracker)",
+                firecracker::HINT
+            ),
         }
     }
+}
+
+/// The peer VMMs found when a scenario started.
+pub struct Peers {
+    qemu: Option<Qemu>,
+    cloud_hypervisor: Option<CloudHypervisor>,
+    firecracker: Option<Firecracker>,
+}
+
+impl Peers {
+    /// Each peer from the options, else found ([`Options::qemu`] and the
+    /// others).
+    pub fn find(opts: Options) -> Self {
+        Self {
+            qemu: opts.qemu(),
+            cloud_hypervisor: opts.cloud_hypervisor(),
+            firecracker: opts.firecracker(),
+        }
+    }
+
+    /// `kind`, if its binary was found.
+    pub fn vmm(&self, kind: PeerKind) -> Option<PeerVmm<'_>> {
+        match kind {
+            PeerKind::Qemu(apic) => self.qemu.as_ref().map(|q| PeerVmm::Qemu(q, apic)),
+            PeerKind::CloudHypervisor => {
+                self.cloud_hypervisor.as_ref().map(PeerVmm::CloudHypervisor)
+            }
+            PeerKind::Firecracker => self.firecracker.as_ref().map(PeerVmm::Firecracker),
+        }
+    }
+
+    /// What the scenario saw of `kind`, whose run failed with `failure`.
+    pub fn seen<'a>(&self, kind: PeerKind, failure: Option<&'a str>) -> PeerSeen<'a> {
+        PeerSeen {
+            kind,
+            found: self.vmm(kind).is_some(),
+            failure,
+        }
+    }
+}
+
+/// What a scenario saw of a peer's run of one variant, for a goal against
+/// it that has no figure: only what happened in this run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerSeen<'a> {
+    /// Which peer.
+    pub kind: PeerKind,
+    /// Whether its binary was found when the scenario started.
+    pub found: bool,
+    /// The error of its run, if it failed (it was not run again).
+    pub failure: Option<&'a str>,
+}
+
+impl PeerSeen<'_> {
+    /// Why there is no figure.
+    pub fn why(self) -> String {
+        match (self.found, self.failure) {
+            (false, _) => self.kind.absent(),
+            (true, Some(e)) => format!("{} failed in this run: {e}", self.kind.vmm()),
+            (true, None) => format!("{} ran but reported nothing", self.kind.vmm()),
+        }
+    }
+}
+
+/// The goal `what` of this VMM's runs `ours` against a peer's (`theirs`),
+/// met where `met` holds for the ratio; says what this run saw where the
+/// peer gave no result (`seen`).
+pub fn goal_against_peer(
+    seen: PeerSeen,
+    what: &str,
+    ours: &Runs,
+    theirs: &Runs,
+    met: impl Fn(f64) -> bool,
+) -> String {
+    if theirs.0.is_empty() {
+        return format!("Goal: {what}. Not measured: {}.", seen.why());
+    }
+    let ratio = ours.ratio_to(theirs);
+    goal(
+        what,
+        &format!("{} {}'s", ratio.ratio_text(), seen.kind.vmm()),
+        met(ratio.median()),
+        &ratio.each(met),
+    )
 }
 
 /// The goal `what` of this VMM's runs `ours` against QEMU's own APIC's
@@ -138,16 +241,11 @@ pub fn goal_against_qemu(
             ours.ratio_to(kernel).ratio_text()
         ),
     };
-    if user.0.is_empty() {
-        return format!("Goal: {what}. Not measured: {}{beside_kernel}.", seen.why());
+    let line = goal_against_peer(seen, what, ours, user, met);
+    match line.strip_suffix('.') {
+        Some(line) if !beside_kernel.is_empty() => format!("{line}{beside_kernel}."),
+        _ => line,
     }
-    let ratio = ours.ratio_to(user);
-    goal(
-        what,
-        &format!("{} QEMU's{beside_kernel}", ratio.ratio_text()),
-        met(ratio.median()),
-        &ratio.each(met),
-    )
 }
 
 #[cfg(test)]
@@ -159,8 +257,14 @@ mod tests {
         let ours = Runs(vec![1.0]);
         let none = Runs::new();
         let line = |seen| goal_against_qemu(seen, "x", &ours, &none, &none, |_| true);
-        assert!(line(PeerSeen::of(false, None)).contains("no qemu-system-x86_64 was on PATH"));
-        let failed = line(PeerSeen::of(true, Some("QEMU did not finish within 30s")));
+        let seen = |kind, found, failure| PeerSeen {
+            kind,
+            found,
+            failure,
+        };
+        let qemu = PeerKind::Qemu(QemuApic::User);
+        assert!(line(seen(qemu, false, None)).contains("no qemu-system-x86_64 was on PATH"));
+        let failed = line(seen(qemu, true, Some("QEMU did not finish within 30s")));
         assert!(
             failed.contains("failed in this run: QEMU did not finish within 30s"),
             "{failed}"
@@ -169,6 +273,30 @@ mod tests {
             !failed.contains("PVM") && !failed.contains("7.2"),
             "{failed}"
         );
-        assert!(line(PeerSeen::of(true, None)).contains("ran but reported nothing"));
+        assert!(line(seen(qemu, true, None)).contains("ran but reported nothing"));
+        let absent = line(seen(PeerKind::Firecracker, false, None));
+        assert!(absent.contains("no firecracker was found"), "{absent}");
+    }
+
+    #[test]
+    fn a_goal_against_a_peer_gives_the_ratio_and_qemus_kernel_apic_beside_it() {
+        let seen = PeerSeen {
+            kind: PeerKind::Qemu(QemuApic::User),
+            found: true,
+            failure: None,
+        };
+        let (ours, user, kernel) = (Runs(vec![1.0]), Runs(vec![2.0]), Runs(vec![4.0]));
+        let line = goal_against_qemu(seen, "at most QEMU's", &ours, &user, &kernel, |r| r <= 1.0);
+        assert_eq!(
+            line,
+            "Goal: at most QEMU's. Measured: 0.50x QEMU's own APIC's: met; against QEMU on \
+             KVM's LAPIC: 0.25x."
+        );
+        let cloud = PeerSeen {
+            kind: PeerKind::CloudHypervisor,
+            ..seen
+        };
+        let line = goal_against_peer(cloud, "x", &user, &ours, |r| r <= 1.0);
+        assert!(line.contains("2.00x Cloud Hypervisor's: not met"), "{line}");
     }
 }

@@ -1,7 +1,8 @@
 //! `reference-bench sched`: 2x-overcommitted vCPUs and a host CPU hog. vCPU 0 sends an
 //! IPI to all others and spins (with pause-loop exits) until all have
 //! acknowledged, repeatedly; each boost policy in turn, then the same
-//! through the xAPIC page beside QEMU, the peer VMM, booting the same guest.
+//! through the xAPIC page beside QEMU, and through x2APIC beside Cloud
+//! Hypervisor and Firecracker, the peer VMMs booting the same guest.
 //! Then, on KVM's in-kernel irqchip, lock holders and waiters contending a
 //! guest spinlock without exits, with and without guest-requested boosts,
 //! with I/O the completion device completes by irqfd, and I/O alone while
@@ -12,8 +13,8 @@ use std::time::Duration;
 use test_support::Hogs;
 
 use crate::Error;
-use crate::peer::{PeerSeen, PeerVmm, goal_against_qemu, run_image};
-use crate::qemu::{Qemu, QemuApic};
+use crate::peer::{PeerKind, Peers, goal_against_peer, goal_against_qemu, run_image};
+use crate::qemu::QemuApic;
 use crate::wake_probe::WakeProbe;
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
 use reference_vmm::Irqchip;
@@ -56,8 +57,9 @@ enum Variant {
     Vmm(Boost),
     /// This VMM with this boost policy, through the xAPIC page.
     VmmXapic(Boost),
-    /// QEMU with this APIC, through the xAPIC page.
-    Qemu(QemuApic),
+    /// A peer VMM: QEMU through the xAPIC page (its own APIC has no
+    /// x2APIC), Cloud Hypervisor and Firecracker through x2APIC.
+    Peer(PeerKind),
     /// `lock-holders` on KVM's irqchip.
     KernelLocks {
         /// The I/O each round has, which the completion device completes by
@@ -80,13 +82,15 @@ const fn locks(io: LockIo, boost: Boost, guest_boost: bool) -> Variant {
 }
 
 /// The variants, each group's baseline (no boost) first.
-const VARIANTS: [Variant; 14] = [
+const VARIANTS: [Variant; 16] = [
     Variant::Vmm(Boost::None),
     Variant::Vmm(Boost::Ready),
     Variant::Vmm(Boost::DirectedYield),
     Variant::VmmXapic(Boost::DirectedYield),
-    Variant::Qemu(QemuApic::User),
-    Variant::Qemu(QemuApic::Kernel),
+    QEMU_USER,
+    QEMU_KERNEL,
+    Variant::Peer(PeerKind::CloudHypervisor),
+    Variant::Peer(PeerKind::Firecracker),
     locks(LockIo::None, Boost::None, false),
     locks(LockIo::None, Boost::None, true),
     locks(LockIo::AfterRound, Boost::None, false),
@@ -97,14 +101,19 @@ const VARIANTS: [Variant; 14] = [
     locks(LockIo::WhileWorking, Boost::OnDelivery, false),
 ];
 
+/// QEMU's two rows.
+const QEMU_USER: Variant = Variant::Peer(PeerKind::Qemu(QemuApic::User));
+const QEMU_KERNEL: Variant = Variant::Peer(PeerKind::Qemu(QemuApic::Kernel));
+
+/// Where `variant` is in [`VARIANTS`].
+fn index(variant: Variant) -> usize {
+    VARIANTS.iter().position(|&v| v == variant).unwrap_or(0)
+}
+
 /// Where the baseline of `variant`'s group is in [`VARIANTS`].
 fn baseline_of(variant: Variant) -> usize {
     match variant {
-        Variant::KernelLocks { io, .. } => match io {
-            LockIo::None => 6,
-            LockIo::AfterRound => 8,
-            LockIo::WhileWorking => 12,
-        },
+        Variant::KernelLocks { io, .. } => index(locks(io, Boost::None, false)),
         _ => 0,
     }
 }
@@ -116,7 +125,7 @@ impl Variant {
             Self::Vmm(b) | Self::VmmXapic(b) | Self::KernelLocks { boost: b, .. } => {
                 Some(b.budget().max_boost)
             }
-            Self::Qemu(_) => None,
+            Self::Peer(_) => None,
         }
     }
 
@@ -124,8 +133,8 @@ impl Variant {
         match self {
             Self::Vmm(b) => b.to_string(),
             Self::VmmXapic(b) => format!("{b}, xAPIC page"),
-            Self::Qemu(QemuApic::User) => "qemu, its own APIC (kernel-irqchip=off)".into(),
-            Self::Qemu(QemuApic::Kernel) => "qemu, KVM's LAPIC (kernel-irqchip=on)".into(),
+            Self::Peer(kind @ PeerKind::Qemu(_)) => format!("{}, xAPIC page", kind.row()),
+            Self::Peer(kind) => kind.row().into(),
             Self::KernelLocks {
                 io,
                 boost,
@@ -176,7 +185,7 @@ fn run_once(
     variant: Variant,
     vcpus: u32,
     rounds: u64,
-    qemu: Option<&Qemu>,
+    peers: &Peers,
     opts: Options,
 ) -> Option<Result<Sample, Error>> {
     let rate =
@@ -206,14 +215,10 @@ fn run_once(
         }
         Variant::Vmm(boost) => Some(on_this_vmm(boost, 0)),
         Variant::VmmXapic(boost) => Some(on_this_vmm(boost, 1)),
-        Variant::Qemu(apic) => qemu.map(|q| {
-            let run = run_image(
-                PeerVmm::Qemu(q, apic),
-                "sched-ipi",
-                vcpus,
-                &[rounds, PAUSES_PER_EXIT, 1],
-                opts,
-            )?;
+        Variant::Peer(kind) => peers.vmm(kind).map(|vmm| {
+            let xapic = u64::from(matches!(kind, PeerKind::Qemu(_)));
+            let params = [rounds, PAUSES_PER_EXIT, xapic];
+            let run = run_image(vmm, "sched-ipi", vcpus, &params, opts)?;
             Ok(Sample {
                 rate: rate(run.value(0, "ticks")),
                 wall_secs: run.elapsed.as_secs_f64(),
@@ -331,7 +336,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let vcpus = 2 * cores as u32;
     let rounds = opts.rounds(ROUNDS);
-    let qemu = opts.qemu();
+    let peers = Peers::find(opts);
     let mut rate = vec![Runs::new(); VARIANTS.len()];
     let mut hog_rate = vec![Runs::new(); VARIANTS.len()];
     let mut longest_boost_us = vec![Runs::new(); VARIANTS.len()];
@@ -364,7 +369,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 Variant::KernelLocks { .. } => opts.rounds(ACQUISITIONS),
                 _ => rounds,
             };
-            let sample = match run_once(variant, vcpus, rounds, qemu.as_ref(), opts) {
+            let sample = match run_once(variant, vcpus, rounds, &peers, opts) {
                 Some(Ok(sample)) => sample,
                 // The peer's failure is a finding, not the bench's.
                 Some(Err(Error::Peer(e))) => {
@@ -406,7 +411,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         if rate[i].0.is_empty() {
             continue;
         }
-        let boosts = !matches!(variant, Variant::Qemu(_));
+        let boosts = !matches!(variant, Variant::Peer(_));
         let base = baseline_of(*variant);
         t.row(vec![
             Cell::text(variant.name()),
@@ -434,7 +439,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     }
     t.better("more rounds per second for the VM, with the hog keeping its iterations");
     t.note(format!(
-        "{rounds} rounds per run, {} runs per variant, alternating; the sender exits every {PAUSES_PER_EXIT} pause instructions while it waits (a pause-loop exit: the boost policy's on_wait; under QEMU a write to a port nothing serves); the others halt between IPIs. Longest boost: the longest any boost stayed on the booster's record in any run, from just before it is applied until it is taken back (the budget is {} µs, {} µs with --boost on-delivery; 0: no boost); a boost whose booster is preempted while applying it has its thread restored at the deadline and its record cleared up to one budget later, which vcpu-sched's boost_bound example measures from outside. Most CPU in one boost: the most CPU time a boosted vCPU thread ran from its boost to its restore, by its own CPU clock (vcpu-sched's SchedStats::most_boost_cpu_ns). The xAPIC rows run the same guest through the xAPIC page, as QEMU's own APIC has it; QEMU boots it from an image file, and its wall time, for the hog's rate, includes its start-up.",
+        "{rounds} rounds per run, {} runs per variant, alternating; the sender exits every {PAUSES_PER_EXIT} pause instructions while it waits (a pause-loop exit: the boost policy's on_wait; under QEMU a write to a port nothing serves); the others halt between IPIs. Longest boost: the longest any boost stayed on the booster's record in any run, from just before it is applied until it is taken back (the budget is {} µs, {} µs with --boost on-delivery; 0: no boost); a boost whose booster is preempted while applying it has its thread restored at the deadline and its record cleared up to one budget later, which vcpu-sched's boost_bound example measures from outside. Most CPU in one boost: the most CPU time a boosted vCPU thread ran from its boost to its restore, by its own CPU clock (vcpu-sched's SchedStats::most_boost_cpu_ns). The xAPIC rows run the same guest through the xAPIC page, as QEMU's own APIC has it; Cloud Hypervisor and Firecracker run it through x2APIC, as this VMM's first rows do. The peers boot it from an image file, and their wall time, for the hog's rate, includes their start-up.",
         opts.reps(),
         Boost::None.budget().max_boost.as_micros(),
         DELIVERY_BOOST.as_micros(),
@@ -447,7 +452,6 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for line in past_host_goals(&longest_boost_us, &boost_cpu_us, &host_late_us) {
         t.note(line);
     }
-    let index = |v: Variant| VARIANTS.iter().position(|&x| x == v).unwrap_or(0);
     let directed_yield = rate[index(Variant::Vmm(Boost::DirectedYield))].ratio_to(&rate[0]);
     t.note(goal(
         "directed-yield boosting at least 1.5x none's rounds per second",
@@ -496,18 +500,30 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         "irqfd-target boosts (I/O completions while working)",
         1.3,
     ));
-    let ours = &rate[index(Variant::VmmXapic(Boost::DirectedYield))];
-    let failure = failures
-        .iter()
-        .find(|(v, _)| *v == Variant::Qemu(QemuApic::User));
+    let seen = |kind| {
+        let failure = failures.iter().find(|(v, _)| *v == Variant::Peer(kind));
+        peers.seen(kind, failure.map(|(_, e)| e.as_str()))
+    };
     t.note(goal_against_qemu(
-        PeerSeen::of(qemu.is_some(), failure.map(|(_, e)| e.as_str())),
+        seen(PeerKind::Qemu(QemuApic::User)),
         "through the xAPIC page, this VMM (directed-yield) at least QEMU's own APIC's rounds per second",
-        ours,
-        &rate[index(Variant::Qemu(QemuApic::User))],
-        &rate[index(Variant::Qemu(QemuApic::Kernel))],
+        &rate[index(Variant::VmmXapic(Boost::DirectedYield))],
+        &rate[index(QEMU_USER)],
+        &rate[index(QEMU_KERNEL)],
         |r| r >= 1.0,
     ));
+    for kind in PeerKind::RUST {
+        t.note(goal_against_peer(
+            seen(kind),
+            &format!(
+                "through x2APIC, this VMM (directed-yield) at least {}'s rounds per second",
+                kind.vmm()
+            ),
+            &rate[index(Variant::Vmm(Boost::DirectedYield))],
+            &rate[index(Variant::Peer(kind))],
+            |r| r >= 1.0,
+        ));
+    }
     for (variant, failure) in failures {
         t.note(format!(
             "{}: no result, not run again: {failure}",

@@ -11,11 +11,10 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::Error;
-use crate::peer::{PeerVmm, run_image};
+use crate::peer::{PeerKind, PeerVmm, Peers, run_image};
 use crate::peer_run::PeerError;
-use crate::qemu::{INSTALL_HINT, QemuApic};
+use crate::qemu::QemuApic;
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
-use crate::{cloud_hypervisor, firecracker};
 use reference_vmm::MAX_LEAD;
 use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
 use reference_vmm::{Irqchip, KvmHaltPoll, TimerPlacement};
@@ -115,13 +114,12 @@ const HOST: usize = Variant::ALL.len();
 
 /// The row of the host's own timer wake-up, after the variants.
 const HOST_ROW: &str = "host: a thread on a timerfd, no guest";
-/// The row of QEMU, after the host's.
-const QEMU_ROW: &str = "qemu, KVM's LAPIC (kernel-irqchip=on)";
-/// The rows of Cloud Hypervisor and Firecracker, after QEMU's.
-const CH_ROW: &str = "cloud-hypervisor, KVM's LAPIC";
-const FC_ROW: &str = "firecracker, KVM's LAPIC";
-/// The peers' rows, after the host's.
-const PEERS: [&str; 3] = [QEMU_ROW, CH_ROW, FC_ROW];
+/// The peers' rows, after the host's, each on KVM's LAPIC.
+const PEERS: [PeerKind; 3] = [
+    PeerKind::Qemu(QemuApic::Kernel),
+    PeerKind::CloudHypervisor,
+    PeerKind::Firecracker,
+];
 /// Every row: the variants, the host's, the peers'.
 const ROWS: usize = HOST + 1 + PEERS.len();
 /// Why QEMU's own APIC has no row.
@@ -191,39 +189,17 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         ],
     );
     let mut goals = Vec::new();
-    let (qemu, ch, fc) = (opts.qemu(), opts.cloud_hypervisor(), opts.firecracker());
-    let mut peers = [
-        Peer::new(
-            QEMU_ROW,
-            qemu.as_ref().map(|q| PeerVmm::Qemu(q, QemuApic::Kernel)),
-            format!(
-                "no qemu-system-x86_64 was on PATH when this scenario started (install it with \
-                 `{INSTALL_HINT}`, or give --qemu)"
-            ),
-        ),
-        Peer::new(
-            CH_ROW,
-            ch.as_ref().map(PeerVmm::CloudHypervisor),
-            format!(
-                "no cloud-hypervisor was found when this scenario started ({}, or give \
-                 --cloud-hypervisor)",
-                cloud_hypervisor::HINT
-            ),
-        ),
-        Peer::new(
-            FC_ROW,
-            fc.as_ref().map(PeerVmm::Firecracker),
-            format!(
-                "no firecracker was found when this scenario started ({}, or give --firecracker)",
-                firecracker::HINT
-            ),
-        ),
-    ];
+    let found = Peers::find(opts);
+    let mut peers = PEERS.map(|kind| Peer {
+        kind,
+        vmm: found.vmm(kind),
+        failure: None,
+    });
     for period_us in [1000u64, 200] {
         let runs = measure_period(opts, period_us, &mut peers, progress)?;
         let (p50, p99) = (per_run(&runs, 0.5), per_run(&runs, 0.99));
         let names = variants().map(|(name, _)| name);
-        let peer_rows = PEERS.map(String::from);
+        let peer_rows = PEERS.map(|kind| kind.row().to_owned());
         let rows = names.into_iter().chain([HOST_ROW.into()]).chain(peer_rows);
         for (i, name) in rows.enumerate().filter(|(i, _)| !runs[*i].is_empty()) {
             // The percentiles of the run with the median p50.
@@ -282,30 +258,21 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     }
     for peer in peers.iter().filter(|p| p.failure.is_some()) {
         let failure = peer.failure.as_deref().unwrap_or_default();
-        t.note(format!("{}: no result, not run again: {failure}", peer.row));
+        t.note(format!(
+            "{}: no result, not run again: {failure}",
+            peer.kind.row()
+        ));
     }
     t.note(QEMU_OWN_APIC);
     Ok(t)
 }
 
-/// A peer VMM for its row (`None`: not found, for the reason `absent`),
-/// and why it stopped giving results, if it did.
+/// A peer VMM for its row (`None`: not found), and why it stopped giving
+/// results, if it did.
 struct Peer<'a> {
-    row: &'static str,
+    kind: PeerKind,
     vmm: Option<PeerVmm<'a>>,
-    absent: String,
     failure: Option<String>,
-}
-
-impl<'a> Peer<'a> {
-    fn new(row: &'static str, vmm: Option<PeerVmm<'a>>, absent: String) -> Self {
-        Self {
-            row,
-            vmm,
-            absent,
-            failure: None,
-        }
-    }
 }
 
 /// Every row's runs at one period, taking turns: the variants, the host's
@@ -335,7 +302,7 @@ fn measure_period(
             let Some(vmm) = peer.vmm.filter(|_| peer.failure.is_none()) else {
                 continue;
             };
-            progress(&format!("timer: {period_us} µs, {}", peer.row));
+            progress(&format!("timer: {period_us} µs, {}", peer.kind.row()));
             match peer_lateness(vmm, samples, period_ticks, opts) {
                 Ok(lateness) => runs[HOST + 1 + k].push(Run::of_lateness(lateness)),
                 Err(e) => peer.failure = Some(e.to_string()),
@@ -386,15 +353,15 @@ fn peer_goal(
     peer: &Peer,
 ) -> String {
     let at = HOST + 1 + k;
-    let row = peer.row;
+    let row = peer.kind.row();
     let asks = format!(
         "at {period_us} µs, this VMM's percentile advance at most 0.5x {row}'s p50 and at most \
          its p99"
     );
     if runs[at].is_empty() {
-        let why = match (&peer.vmm, &peer.failure) {
-            (None, _) => peer.absent.clone(),
-            (Some(_), _) => format!("{} gave no result in this run (see below)", peer.row),
+        let why = match &peer.vmm {
+            None => peer.kind.absent(),
+            Some(_) => format!("{row} gave no result in this run (see below)"),
         };
         return format!("Goal: {asks}. Not measured: {why}.");
     }
