@@ -231,7 +231,8 @@ pub fn ticks_per_us() -> f64 {
 
 /// The Markdown report of a run: the command, the machine, how busy the
 /// host was, how long each scenario took (`times`, by name: the next run's
-/// estimate, [`scenario_times`]), and every table.
+/// estimate, [`scenario_times`]), the goals against the peer VMMs
+/// ([`summary`]), and every table.
 pub fn report(
     tables: &[Table],
     command: &str,
@@ -249,11 +250,36 @@ pub fn report(
         host::machine(),
         times_line(times)
     );
+    out.push_str(&summary(tables));
     for t in tables {
         out.push_str(&t.markdown());
         out.push('\n');
     }
     out
+}
+
+/// The goals against the peer VMMs, every scenario's, as a Markdown
+/// section (empty where no table has one): where the family wins, by how
+/// much, and where it does not.
+pub fn summary(tables: &[Table]) -> String {
+    let lines: Vec<String> = tables
+        .iter()
+        .flat_map(|t| {
+            t.peer_goals
+                .iter()
+                .map(move |g| format!("- **{}**: {g}", t.scenario()))
+        })
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        "## Summary: the family against the VMMs users run\n\nEach line is a goal against a \
+         peer VMM (QEMU, Cloud Hypervisor, Firecracker) booting the same guest in the same \
+         run, with the median ratio and its min-max over the runs; the tables below have the \
+         figures.\n\n{}\n\n## Scenarios\n\n",
+        lines.join("\n")
+    )
 }
 
 /// How a report's line of scenario times begins.
@@ -290,6 +316,18 @@ pub fn scenario_times(report: &str) -> Vec<(String, Duration)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_gathers_the_goals_against_peers_at_its_top() {
+        let mut t = Table::new("timer: x", &["a"]);
+        t.note("setup");
+        t.peer_goal("Goal: g. Measured: 0.5x Firecracker's: met.");
+        let report = report(&[t], "bench", Duration::ZERO, "Host: -", &[]);
+        let top = report.find("- **timer**: Goal: g. Measured: 0.5x Firecracker's: met.");
+        let table = report.find("### timer: x");
+        assert!(top.is_some() && top < table, "{report}");
+        assert!(summary(&[Table::new("halt: y", &[])]).is_empty());
+    }
 
     #[test]
     fn a_report_gives_each_scenarios_time_and_the_next_run_reads_it_back() {

@@ -504,7 +504,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         let failure = failures.iter().find(|(v, _)| *v == Variant::Peer(kind));
         peers.seen(kind, failure.map(|(_, e)| e.as_str()))
     };
-    t.note(goal_against_qemu(
+    t.peer_goal(goal_against_qemu(
         seen(PeerKind::Qemu(QemuApic::User)),
         "through the xAPIC page, this VMM (directed-yield) at least QEMU's own APIC's rounds per second",
         &rate[index(Variant::VmmXapic(Boost::DirectedYield))],
@@ -513,7 +513,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         |r| r >= 1.0,
     ));
     for kind in PeerKind::RUST {
-        t.note(goal_against_peer(
+        t.peer_goal(goal_against_peer(
             seen(kind),
             &format!(
                 "through x2APIC, this VMM (directed-yield) at least {}'s rounds per second",

@@ -53,6 +53,9 @@ pub struct Table {
     pub rows: Vec<Vec<Cell>>,
     /// Lines under the table: the setup, the goal and how it went.
     pub notes: Vec<String>,
+    /// Of the notes, the goals against a peer VMM, which the report
+    /// also gathers at its top.
+    pub peer_goals: Vec<String>,
 }
 
 impl Table {
@@ -82,6 +85,18 @@ impl Table {
     /// Adds a note.
     pub fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());
+    }
+
+    /// Adds a note that is a goal against a peer VMM.
+    pub fn peer_goal(&mut self, goal: impl Into<String>) {
+        let goal = goal.into();
+        self.peer_goals.push(goal.clone());
+        self.notes.push(goal);
+    }
+
+    /// The scenario's name: its title up to the first colon.
+    pub fn scenario(&self) -> &str {
+        self.title.split(':').next().unwrap_or_default()
     }
 
     /// The table in Markdown, under a `###` heading.
@@ -122,6 +137,7 @@ impl Table {
             "columns": self.columns,
             "rows": rows,
             "notes": self.notes,
+            "peer_goals": self.peer_goals,
         })
     }
 }
@@ -148,6 +164,13 @@ mod tests {
         assert_eq!(json["rows"][0], json!({"variant": "own", "µs": 1.234}));
         assert_eq!(json["rows"][1], json!({"variant": "off", "µs": 2.0}));
         assert_eq!(json["notes"], json!(["goal: met"]));
+        t.peer_goal("Goal: against a peer: met.");
+        assert_eq!(
+            t.json()["peer_goals"],
+            json!(["Goal: against a peer: met."])
+        );
+        assert!(t.markdown().ends_with("\nGoal: against a peer: met.\n"));
+        assert_eq!(t.scenario(), "halt \"x\"");
         // Text where a number is not finite.
         t.row(vec![Cell::text("none"), Cell::num(f64::NAN, 1)]);
         assert_eq!(t.json()["rows"][2]["µs"], "NaN");

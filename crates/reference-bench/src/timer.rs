@@ -188,7 +188,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             "histogram <0/5/10/20/50/100/more µs",
         ],
     );
-    let mut goals = Vec::new();
+    let (mut goals, mut peer_goals) = (Vec::new(), Vec::new());
     let found = Peers::find(opts);
     let mut peers = PEERS.map(|kind| Peer {
         kind,
@@ -245,7 +245,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         goals.push(placement_line(period_us, &p50, &p99, &runs));
         goals.push(catch_up_line(period_us, &runs));
         for (k, peer) in peers.iter().enumerate() {
-            goals.push(peer_goal(period_us, &p50, &p99, &runs, k, peer));
+            peer_goals.push(peer_goal(period_us, &p50, &p99, &runs, k, peer));
         }
     }
     t.better("lateness near 0 and never below it (an early timer is a bug: the early column counts them over every run), less spin per expiry (the CPU the advance costs) and less halt polling per timer (the CPU a waiting vCPU burns: with --halt-poll always most of the period), a lower p50 vs none; the percentiles are those of the run with the median p50, the spin the median over runs");
@@ -255,6 +255,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     ));
     for line in goals {
         t.note(line);
+    }
+    for line in peer_goals {
+        t.peer_goal(line);
     }
     for peer in peers.iter().filter(|p| p.failure.is_some()) {
         let failure = peer.failure.as_deref().unwrap_or_default();
@@ -353,10 +356,10 @@ fn peer_goal(
     peer: &Peer,
 ) -> String {
     let at = HOST + 1 + k;
-    let row = peer.kind.row();
+    let (row, vmm) = (peer.kind.row(), peer.kind.vmm());
     let asks = format!(
-        "at {period_us} µs, this VMM's percentile advance at most 0.5x {row}'s p50 and at most \
-         its p99"
+        "at {period_us} µs, this VMM's percentile advance at most 0.5x {vmm}'s p50 and at most \
+         its p99 ({row})"
     );
     if runs[at].is_empty() {
         let why = match &peer.vmm {

@@ -122,8 +122,8 @@ fn a_bench_runs_the_qemu_it_is_given() {
 }
 
 #[test]
-fn a_bench_without_qemu_says_so_in_its_notes() {
-    if !kvm_available("a_bench_without_qemu_says_so_in_its_notes") {
+fn a_bench_without_its_peers_says_so_in_its_notes() {
+    if !kvm_available("a_bench_without_its_peers_says_so_in_its_notes") {
         return;
     }
     // A PATH with the shell the CPU hog runs in, and no QEMU.
@@ -136,13 +136,21 @@ fn a_bench_without_qemu_says_so_in_its_notes() {
     let out = Command::new(env!("CARGO_BIN_EXE_reference-bench"))
         .args(["halt", "--quick", "--out", report.to_str().unwrap()])
         .env("PATH", &dir)
+        .env_remove("VM_LATENCY_PEERS")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let notes = std::fs::read_to_string(&report).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+    // Under the table, and again in the summary at the top.
     let absent = "Not measured: no qemu-system-x86_64 was on PATH when this scenario started";
-    assert_eq!(notes.matches(absent).count(), 2, "{notes}");
+    let goals = |what: &str| notes.lines().filter(|l| l.contains(what)).count();
+    assert_eq!(goals(absent), 2 * 2, "{notes}");
+    for peer in ["cloud-hypervisor", "firecracker"] {
+        let absent = format!("Not measured: no {peer} was found");
+        assert_eq!(goals(&absent), 2, "{notes}");
+        assert!(notes.contains("VM_LATENCY_PEERS"), "how to get it: {notes}");
+    }
     assert!(!notes.contains("was seen to stop"), "{notes}");
 }
 

@@ -103,6 +103,10 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
         &sched,
         12 + qemu_rows(&sched, 0) + rust_peer_rows(&sched, 0),
     );
+    // Each has its goals against the peers, measured or saying why not.
+    for t in [&halt, &timer, &sched] {
+        assert!(t.peer_goals.len() >= 3, "{}", t.markdown());
+    }
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 8);
     // Each backend at both rates; each without and with the dirty limit
     // over the link beside two hogs at both rates; over the link, the ring
