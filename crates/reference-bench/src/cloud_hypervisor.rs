@@ -3,6 +3,7 @@
 //! it through its ACPI shutdown device
 //! ([`ACPI_SHUTDOWN_PORT`](test_guests::abi::ACPI_SHUTDOWN_PORT)).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -33,15 +34,16 @@ impl PeerBinary for CloudHypervisor {
 }
 
 impl CloudHypervisor {
+    /// Its binary.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
     /// The command line that boots `image` with `vcpus` vCPUs and
     /// `mem_mib` MiB: its serial port on standard output, no console.
     pub fn command(&self, image: &Path, vcpus: u32, mem_mib: u64) -> Command {
         let mut cmd = Command::new(&self.binary);
-        cmd.arg("--kernel")
-            .arg(image)
-            .args(["--cpus", &format!("boot={vcpus}")])
-            .args(["--memory", &format!("size={mem_mib}M")])
-            .args(["--serial", "tty", "--console", "off"]);
+        cmd.args(boot_args(image, vcpus, mem_mib));
         cmd
     }
 
@@ -62,6 +64,25 @@ impl CloudHypervisor {
             timeout,
         })
     }
+}
+
+/// The arguments that boot `image` with `vcpus` vCPUs and `mem_mib` MiB:
+/// its serial port on standard output, no console.
+pub fn boot_args(image: &Path, vcpus: u32, mem_mib: u64) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["--kernel".into(), image.into()];
+    for arg in [
+        "--cpus",
+        &format!("boot={vcpus}"),
+        "--memory",
+        &format!("size={mem_mib}M"),
+        "--serial",
+        "tty",
+        "--console",
+        "off",
+    ] {
+        args.push(arg.into());
+    }
+    args
 }
 
 #[cfg(test)]

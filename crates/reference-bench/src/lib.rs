@@ -18,6 +18,7 @@ pub mod halt;
 pub mod host;
 pub mod migrate;
 pub mod peer;
+pub mod peer_migration;
 pub mod peer_run;
 pub mod qemu;
 pub mod rcu;

@@ -2,6 +2,8 @@
 //! or Firecracker from an image file ([`test_guests::pvh`]), with its
 //! parameters in the image.
 
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::Error;
@@ -43,7 +45,7 @@ impl PeerVmm<'_> {
 
     fn run(
         self,
-        image: &std::path::Path,
+        image: &Path,
         vcpus: u32,
         mem_mib: u64,
         timeout: Duration,
@@ -65,22 +67,47 @@ pub fn run_image(
     opts: Options,
 ) -> Result<PeerRun, Error> {
     const MEM_MIB: u64 = 64;
-    let mut all = [0; PARAMS];
-    all[..params.len().min(PARAMS)].copy_from_slice(&params[..params.len().min(PARAMS)]);
-    let program = test_guests::find(program).expect("bench programs are built in");
-    let image = Image::build(program, vcpus, MEM_MIB, all)?;
-    let path = std::env::temp_dir().join(format!(
-        "reference-vmm-bench-{}-{}.elf",
-        std::process::id(),
-        program.name
-    ));
-    std::fs::write(&path, image.bytes()).map_err(|source| Error::WriteImage {
-        path: path.clone(),
-        source,
-    })?;
-    let result = vmm.run(&path, vcpus, MEM_MIB, timeout(opts));
-    std::fs::remove_file(&path).unwrap_or(());
-    Ok(result?)
+    let image = ImageFile::write(program, vcpus, MEM_MIB, params)?;
+    Ok(vmm.run(&image.0, vcpus, MEM_MIB, timeout(opts))?)
+}
+
+/// A bench guest's image in a file of the temporary folder, removed when
+/// dropped.
+pub struct ImageFile(PathBuf);
+
+impl ImageFile {
+    /// The built-in `program` on `vcpus` vCPUs in `mem_mib` MiB with
+    /// `params` (the rest 0).
+    pub fn write(program: &str, vcpus: u32, mem_mib: u64, params: &[u64]) -> Result<Self, Error> {
+        static IMAGES: AtomicU32 = AtomicU32::new(0);
+        let mut all = [0; PARAMS];
+        let n = params.len().min(PARAMS);
+        all[..n].copy_from_slice(&params[..n]);
+        let program = test_guests::find(program).expect("bench programs are built in");
+        let image = Image::build(program, vcpus, mem_mib, all)?;
+        let path = std::env::temp_dir().join(format!(
+            "reference-vmm-bench-{}-{}-{}.elf",
+            std::process::id(),
+            IMAGES.fetch_add(1, Ordering::Relaxed),
+            program.name
+        ));
+        std::fs::write(&path, image.bytes()).map_err(|source| Error::WriteImage {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self(path))
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ImageFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// A peer VMM as a scenario's row: which VMM, and how it runs the guest.
@@ -165,6 +192,11 @@ impl Peers {
             }
             PeerKind::Firecracker => self.firecracker.as_ref().map(PeerVmm::Firecracker),
         }
+    }
+
+    /// Cloud Hypervisor, if it was found.
+    pub fn cloud_hypervisor(&self) -> Option<&CloudHypervisor> {
+        self.cloud_hypervisor.as_ref()
     }
 
     /// What the scenario saw of `kind`, whose run failed with `failure`.

@@ -209,24 +209,55 @@ pub(crate) fn run(launch: Launch) -> Result<PeerRun, PeerError> {
             });
         }
     };
-    let (serial, reports, failure, done) = split_output(&serial)?;
+    let ended = Ended {
+        status,
+        exit_status,
+        stdout: serial,
+        stderr,
+        elapsed,
+        cpu_time,
+    };
+    guest_run(vmm, ended, vcpus)
+}
+
+/// What a peer VMM left when it ended.
+pub(crate) struct Ended {
+    /// Its exit status (-1: a signal).
+    pub status: i32,
+    /// Its exit status at the guest's exit.
+    pub exit_status: i32,
+    /// Its standard output: the guest's COM1.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+    /// Wall-clock time it ran.
+    pub elapsed: Duration,
+    /// CPU time it used (zero where not measured).
+    pub cpu_time: Duration,
+}
+
+/// The guest's run from what the VMM `vmm` left, which ran `vcpus` vCPUs:
+/// an error where the guest failed, or the VMM ended before every vCPU was
+/// done.
+pub(crate) fn guest_run(vmm: &'static str, ended: Ended, vcpus: u32) -> Result<PeerRun, PeerError> {
+    let (serial, reports, failure, done) = split_output(&ended.stdout)?;
     if let Some(what) = failure {
         return Err(PeerError::Guest { vmm, what });
     }
-    if status != exit_status || done < vcpus as usize {
+    if ended.status != ended.exit_status || done < vcpus as usize {
         return Err(PeerError::Exited {
             vmm,
-            status,
+            status: ended.status,
             done,
             vcpus,
-            stderr,
+            stderr: ended.stderr,
         });
     }
     Ok(PeerRun {
         serial,
         reports,
-        elapsed,
-        cpu_time,
+        elapsed: ended.elapsed,
+        cpu_time: ended.cpu_time,
     })
 }
 

@@ -303,3 +303,58 @@ fn a_guest_restored_by_firecracker_takes_no_stray_legacy_interrupt() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn cloud_hypervisor_moves_a_guest_between_two_of_its_processes() {
+    use reference_bench::peer_migration::{MoveLink, MoveRequest, PeerMove};
+    let test = "cloud_hypervisor_moves_a_guest_between_two_of_its_processes";
+    if !common::kvm_available(test) {
+        return;
+    }
+    let Some(ch) = CloudHypervisor::find() else {
+        skip(
+            test,
+            &format!("no cloud-hypervisor ({})", cloud_hypervisor::HINT),
+        );
+        return;
+    };
+    // 2 vCPUs each rewriting 1024 pages for 3 s, a timer every 1 ms: every
+    // page checked against its generation at the end, on the destination.
+    let ticks = reference_bench::ticks_per_us();
+    let mut params = [0; PARAMS];
+    params[..4].copy_from_slice(&[
+        1024,
+        (3e6 * ticks) as u64,
+        (100.0 * ticks) as u64,
+        (1e3 * ticks) as u64,
+    ]);
+    let program = test_guests::find("migrate").unwrap();
+    let image = image_file(test, &Image::build(program, 2, 64, params).unwrap());
+    let request = MoveRequest {
+        after: Duration::from_millis(500),
+        downtime: Duration::from_millis(300),
+        timeout: Duration::from_secs(10),
+        postcopy: false,
+    };
+    let socket = std::env::temp_dir().join(format!("rb-chm-test-{}.sock", std::process::id()));
+    let moved = ch
+        .migrate(
+            &image,
+            (2, 64),
+            request,
+            &MoveLink::Unix(socket.clone()),
+            QEMU_TIMEOUT,
+        )
+        .unwrap();
+    let PeerMove::Moved { destination, .. } = moved else {
+        panic!("the move failed: {moved:?}");
+    };
+    for vcpu in 0..2 {
+        assert_eq!(
+            destination.value(vcpu, "pages_checked"),
+            Some(1024),
+            "{destination:?}"
+        );
+    }
+    assert!(!socket.exists(), "the move's socket is left behind");
+}

@@ -111,11 +111,15 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     // Each backend at both rates; each without and with the dirty limit
     // over the link beside two hogs at both rates; over the link, the ring
     // without it and each with it at both rates; manual protect in plain
-    // text and in TLS at the lower.
-    all_measured(
-        &bench::migrate::run(QUICK, &mut quiet).unwrap(),
-        6 + 12 + 8 + 2,
-    );
+    // text and in TLS at the lower;
+    // and Cloud Hypervisor's three ways at both rates where it was found.
+    let migrate = bench::migrate::run(QUICK, &mut quiet).unwrap();
+    let ch = {
+        use reference_bench::peer_run::PeerBinary;
+        reference_bench::cloud_hypervisor::CloudHypervisor::find().is_some()
+    };
+    all_measured(&migrate, 6 + 12 + 8 + 2 + if ch { 6 } else { 0 });
+    assert_eq!(migrate.peer_goals.len(), 2, "{}", migrate.markdown());
     let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();
     assert_eq!(dirty.rows.len(), 4);
     let report = bench::report(

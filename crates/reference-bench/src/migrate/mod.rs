@@ -7,10 +7,13 @@
 //! without the limit and each backend with it; last, manual protect in
 //! plain text and in TLS, alternating, more often than the rest.
 
+mod cloud_hypervisor;
+
 use std::thread;
 use std::time::Duration;
 
 use crate::Error;
+use crate::peer::Peers;
 use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
 use reference_vmm::migration::pause::PauseError;
 use reference_vmm::migration::tls::{TlsClient, TlsFiles, TlsServer};
@@ -432,6 +435,15 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             reps: tls_reps,
         },
     )?;
+    let peers = Peers::find(opts);
+    let ch = cloud_hypervisor::measure(
+        &mut t,
+        opts,
+        progress,
+        (mem_mib, pages),
+        peers.cloud_hypervisor(),
+        &links,
+    )?;
     let differing = by_rate
         .iter()
         .chain(&loaded)
@@ -463,7 +475,8 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         links.describe(),
         opts.reps()
     ));
-    t.note(downtime_goal(&by_rate[0][1..]));
+    let best = best_stall(&by_rate[0][1..]);
+    t.note(downtime_goal(best));
     t.note(dirty_limit_goal(
         "over the link",
         &LINKED,
@@ -484,6 +497,10 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         differing == 0,
         &[],
     ));
+    if let Some((ours, _)) = best {
+        let limited = (&LINKED[..], &linked[1][..]);
+        cloud_hypervisor::notes(&mut t, &peers, &ch, ours, limited, opts.reps());
+    }
     Ok(t)
 }
 
@@ -657,13 +674,17 @@ fn tls_goal(plain: &Cells, tls: &Cells) -> String {
     )
 }
 
-/// Guest-seen downtime at most 20 ms at the lower rate, with the better of
-/// manual protect and the ring.
-fn downtime_goal(manual_and_ring: &[Cells]) -> String {
-    let best = manual_and_ring
+/// The better of manual protect and the ring by the guest's longest stall.
+fn best_stall(manual_and_ring: &[Cells]) -> Option<(&Cells, &'static str)> {
+    manual_and_ring
         .iter()
         .zip(["manual", "ring"])
-        .min_by(|a, b| a.0.stall_ms.median().total_cmp(&b.0.stall_ms.median()));
+        .min_by(|a, b| a.0.stall_ms.median().total_cmp(&b.0.stall_ms.median()))
+}
+
+/// Guest-seen downtime at most 20 ms at the lower rate, with the better of
+/// manual protect and the ring.
+fn downtime_goal(best: Option<(&Cells, &str)>) -> String {
     match best {
         Some((c, name)) => goal(
             "the guest's longest stall at most 20 ms at the lower rate, with manual protect or the ring",

@@ -1,0 +1,297 @@
+//! `bench migrate`'s Cloud Hypervisor rows: the same `migrate` guest moved
+//! between two Cloud Hypervisor processes, with the same downtime target and
+//! the same bound on pre-copy as this VMM's rows (past it, both stop the
+//! guest and copy what is left): pre-copy and post-copy over the Unix
+//! socket, and pre-copy over the 1 Gbit/s link, at both dirtying rates.
+
+use std::time::Duration;
+
+use super::{Cells, Links, MAX_PRECOPY, RATES, Variant, WRITERS, guest_config};
+use crate::Error;
+use crate::cloud_hypervisor::CloudHypervisor;
+use crate::peer::{ImageFile, PeerKind, Peers, goal_against_peer};
+use crate::peer_migration::{MoveLink, MoveRequest, PeerMove};
+use crate::peer_run::PeerRun;
+use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
+use test_support::hosts;
+
+/// The downtime both VMMs aim for.
+const DOWNTIME: Duration = Duration::from_millis(20);
+/// How long after the guest starts its move begins (Cloud Hypervisor's
+/// boot takes longer than this VMM's, so the first pages are written).
+const AFTER: Duration = Duration::from_millis(500);
+/// How long the guest runs: past the slowest move, over the link (with
+/// `--quick`, a tenth of the memory: a third of the time).
+const RUN_UNIX: Duration = Duration::from_secs(6);
+const RUN_LINK: Duration = Duration::from_secs(12);
+/// The port the destination listens on, over the link.
+const PORT: u16 = 46_789;
+
+/// One row's way of moving the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum How {
+    Precopy,
+    Postcopy,
+    PrecopyOverLink,
+}
+
+const HOWS: [How; 3] = [How::Precopy, How::Postcopy, How::PrecopyOverLink];
+
+impl How {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Precopy => "cloud-hypervisor pre-copy",
+            Self::Postcopy => "cloud-hypervisor post-copy",
+            Self::PrecopyOverLink => "cloud-hypervisor pre-copy, link",
+        }
+    }
+
+    fn run_time(self, opts: Options) -> Duration {
+        let full = match self {
+            Self::PrecopyOverLink => RUN_LINK,
+            _ => RUN_UNIX,
+        };
+        if opts.quick { full / 3 } else { full }
+    }
+
+    fn link(self, links: &Links) -> MoveLink {
+        match (self, &links.hosts) {
+            (Self::PrecopyOverLink, Ok(two)) => MoveLink::Tcp {
+                source: Some(two.source.clone()),
+                destination: Some(two.destination.clone()),
+                ip: hosts::DESTINATION_IP.into(),
+                port: PORT,
+            },
+            (Self::PrecopyOverLink, Err(_)) => MoveLink::Tcp {
+                source: None,
+                destination: None,
+                ip: "127.0.0.1".into(),
+                port: PORT,
+            },
+            _ => MoveLink::Unix(
+                std::env::temp_dir().join(format!("rb-chm-{}.sock", std::process::id())),
+            ),
+        }
+    }
+
+    fn request(self) -> MoveRequest {
+        MoveRequest {
+            after: AFTER,
+            downtime: DOWNTIME,
+            timeout: MAX_PRECOPY,
+            postcopy: self == Self::Postcopy,
+        }
+    }
+}
+
+/// Cloud Hypervisor's runs of one way at one rate.
+#[derive(Default)]
+pub(super) struct PeerCells {
+    total_ms: Runs,
+    downtime_ms: Runs,
+    pub(super) stall_ms: Runs,
+    moved: usize,
+    pub(super) converged: usize,
+    failed: usize,
+}
+
+impl PeerCells {
+    fn add(&mut self, moved: PeerMove) {
+        match moved {
+            PeerMove::Moved {
+                total,
+                downtime,
+                converged,
+                destination,
+            } => {
+                self.moved += 1;
+                self.converged += usize::from(converged);
+                self.total_ms.push(total.as_secs_f64() * 1e3);
+                if let Some(d) = downtime {
+                    self.downtime_ms.push(d.as_secs_f64() * 1e3);
+                }
+                self.stall_ms.push(stall_ms(&destination));
+            }
+            PeerMove::Failed { .. } => self.failed += 1,
+        }
+    }
+}
+
+/// The longest stall any vCPU of a peer's guest saw, ms.
+fn stall_ms(run: &PeerRun) -> f64 {
+    (0..WRITERS)
+        .flat_map(|v| run.values(v, "max_stall_ticks"))
+        .max()
+        .unwrap_or(0) as f64
+        / ticks_per_us()
+        / 1000.0
+}
+
+/// Cloud Hypervisor's cells, by way then rate, and why it stopped giving
+/// results, if it did.
+pub(super) struct PeerRows {
+    cells: Vec<[PeerCells; 2]>,
+    failure: Option<String>,
+}
+
+impl PeerRows {
+    /// Its cells moving the guest `how` at the lower rate and flat out.
+    fn of(&self, how: How) -> &[PeerCells; 2] {
+        &self.cells[HOWS.iter().position(|&h| h == how).unwrap_or(0)]
+    }
+}
+
+/// Moves the guest every way at every rate, `opts.reps()` times each,
+/// alternating, and adds a row for each.
+pub(super) fn measure(
+    t: &mut Table,
+    opts: Options,
+    progress: &mut dyn FnMut(&str),
+    (mem_mib, pages): (u64, u64),
+    ch: Option<&CloudHypervisor>,
+    links: &Links,
+) -> Result<PeerRows, Error> {
+    let mut rows = PeerRows {
+        cells: HOWS.iter().map(|_| Default::default()).collect(),
+        failure: None,
+    };
+    let Some(ch) = ch else {
+        return Ok(rows);
+    };
+    'runs: for rep in 1..=opts.reps() {
+        for (h, how) in HOWS.into_iter().enumerate() {
+            for (r, (rate, rate_us)) in RATES.into_iter().enumerate() {
+                progress(&format!("migrate: {rate}, {}, run {rep}", how.label()));
+                let run = how.run_time(opts);
+                let config = guest_config(mem_mib, pages, rate_us, run);
+                let image = ImageFile::write("migrate", WRITERS, mem_mib, &config.params)?;
+                let timeout = run + Duration::from_secs(30);
+                let vm = (WRITERS, mem_mib);
+                match ch.migrate(image.path(), vm, how.request(), &how.link(links), timeout) {
+                    Ok(moved) => rows.cells[h][r].add(moved),
+                    // The peer's failure is a finding, not the bench's.
+                    Err(e) => {
+                        rows.failure = Some(e.to_string());
+                        break 'runs;
+                    }
+                }
+            }
+        }
+    }
+    for (how, cells) in HOWS.into_iter().zip(&rows.cells) {
+        for ((rate, _), c) in RATES.into_iter().zip(cells) {
+            t.row(row(how, rate, c, opts.reps()));
+        }
+    }
+    Ok(rows)
+}
+
+fn row(how: How, rate: &str, c: &PeerCells, reps: usize) -> Vec<Cell> {
+    let median = |runs: &Runs, decimals| match runs.0.is_empty() {
+        true => Cell::text("-"),
+        false => Cell::num(runs.median(), decimals),
+    };
+    let converged = match c.failed {
+        0 => format!("{} of {reps}", c.converged),
+        n => format!("{} of {reps}; {n} failed, the guest stayed", c.converged),
+    };
+    vec![
+        Cell::text(how.label()),
+        Cell::text(rate),
+        Cell::text("-"),
+        Cell::text(converged),
+        Cell::text("-"),
+        median(&c.total_ms, 1),
+        median(&c.downtime_ms, 2),
+        median(&c.stall_ms, 2),
+        Cell::text("-"),
+        Cell::text("-"),
+        Cell::text("- (the guest checks every page)"),
+    ]
+}
+
+/// The notes and goals against Cloud Hypervisor: at the lower rate over
+/// the Unix socket, this VMM's better of manual protect and the ring
+/// (`ours`) against its pre-copy; flat out over the link, this VMM's
+/// backends with the dirty limit (`limited`) against its pre-copy there.
+pub(super) fn notes(
+    t: &mut Table,
+    peers: &Peers,
+    rows: &PeerRows,
+    ours: &Cells,
+    limited: (&[Variant], &[Cells]),
+    reps: usize,
+) {
+    t.note(format!(
+        "Cloud Hypervisor: the same guest moved between two of its processes (ch-remote \
+         receive-migration, then send-migration with downtime_ms={}, timeout_s={}, \
+         timeout_strategy=ignore: this VMM's downtime target and pre-copy bound, past which \
+         both stop the guest and copy what is left; \"converged\": runs whose source did not \
+         log that it stopped the guest past its timeout), {} ms after it starts, running {} s \
+         ({} s over the link); post-copy with memory_mode=postcopy on both sides. Total: from \
+         send-migration until the destination's receive-migration returned; downtime: as its \
+         source logged it; the guest's longest stall from the destination's reports, where the \
+         guest checked every page. This host needed its source's seccomp filter off (a getcwd \
+         outside it) and a patch that takes PVM's EINVAL for KVM_GET_NESTED_STATE as no \
+         nested state (../shared/peers/README.md).",
+        DOWNTIME.as_millis(),
+        MAX_PRECOPY.as_secs(),
+        AFTER.as_millis(),
+        RUN_UNIX.as_secs(),
+        RUN_LINK.as_secs(),
+    ));
+    let seen = peers.seen(PeerKind::CloudHypervisor, rows.failure.as_deref());
+    let precopy = rows.of(How::Precopy);
+    t.peer_goal(goal_against_peer(
+        seen,
+        "at the lower rate over the Unix socket, this VMM's longest guest stall (manual protect \
+         or the ring, the better) at most 0.5x Cloud Hypervisor's pre-copy's, with 0 differing \
+         bytes",
+        &ours.stall_ms,
+        &precopy[0].stall_ms,
+        |r| r <= 0.5,
+    ));
+    t.peer_goal(flat_out_goal(seen.why(), rows, limited, reps));
+    if let Some(failure) = &rows.failure {
+        t.note(format!(
+            "cloud-hypervisor: no result, not run again: {failure}"
+        ));
+    }
+}
+
+/// Flat out over the link: this VMM with the dirty limit converges in
+/// every run, each backend, where Cloud Hypervisor within the same limits
+/// has to stop the guest short of its target.
+fn flat_out_goal(
+    why_not: String,
+    rows: &PeerRows,
+    (variants, cells): (&[Variant], &[Cells]),
+    reps: usize,
+) -> String {
+    let asks = "flat out over the link, this VMM with the dirty limit converges in every run \
+                with each backend, where Cloud Hypervisor with the same downtime target and \
+                pre-copy bound does not";
+    let theirs = &rows.of(How::PrecopyOverLink)[1];
+    if theirs.moved + theirs.failed == 0 {
+        return format!("Goal: {asks}. Not measured: {why_not}.");
+    }
+    let limited: Vec<(&str, usize)> = variants
+        .iter()
+        .zip(cells)
+        .filter(|(v, _)| v.dirty_limit)
+        .map(|(v, c)| (v.label, c.converged))
+        .collect();
+    let ours_met = limited.iter().all(|&(_, n)| n == reps);
+    let measured = format!(
+        "{}; Cloud Hypervisor converged in {} of {} (longest stall {:.1} ms)",
+        limited
+            .iter()
+            .map(|(label, n)| format!("{label}: {n} of {reps}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        theirs.converged,
+        theirs.moved + theirs.failed,
+        theirs.stall_ms.median(),
+    );
+    goal(asks, &measured, ours_met && theirs.converged == 0, &[])
+}
