@@ -45,6 +45,11 @@ impl PeerBinary for Firecracker {
 }
 
 impl Firecracker {
+    /// Its binary.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
     /// The command line that boots the VM `config_file` describes, its log
     /// on standard error (not among the guest's lines).
     pub fn command(&self, config_file: &Path) -> Command {

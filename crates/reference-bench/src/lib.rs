@@ -14,6 +14,7 @@
 pub mod cloud_hypervisor;
 pub mod dirty;
 pub mod firecracker;
+pub mod firecracker_api;
 pub mod halt;
 pub mod host;
 pub mod migrate;
@@ -24,6 +25,7 @@ pub mod qemu;
 pub mod rcu;
 pub mod runs;
 pub mod sched;
+pub mod snapshot;
 pub mod table;
 pub mod timer;
 pub mod wake_probe;

@@ -122,6 +122,9 @@ enum Scenario {
     Dirty,
     /// Live migration per dirty-log backend and dirtying rate.
     Migrate,
+    /// Snapshots of a guest that rewrote a tenth of its memory, beside
+    /// Firecracker's full and diff snapshots.
+    Snapshot,
     /// Every scenario, in this order.
     All,
 }
@@ -199,6 +202,7 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
             Scenario::Rcu => bench::rcu::run(opts, &mut progress),
             Scenario::Dirty => bench::dirty::run(opts, &mut progress),
             Scenario::Migrate => bench::migrate::run(opts, &mut progress),
+            Scenario::Snapshot => bench::snapshot::run(opts, &mut progress),
             Scenario::All => unreachable!("expanded above"),
         };
         let name = scenario.name();

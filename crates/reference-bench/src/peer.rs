@@ -199,6 +199,11 @@ impl Peers {
         self.cloud_hypervisor.as_ref()
     }
 
+    /// Firecracker, if it was found.
+    pub fn firecracker(&self) -> Option<&Firecracker> {
+        self.firecracker.as_ref()
+    }
+
     /// What the scenario saw of `kind`, whose run failed with `failure`.
     pub fn seen<'a>(&self, kind: PeerKind, failure: Option<&'a str>) -> PeerSeen<'a> {
         PeerSeen {

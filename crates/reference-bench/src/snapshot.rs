@@ -1,0 +1,403 @@
+//! `reference-bench snapshot`: snapshots of a guest that filled its memory
+//! and then rewrote a tenth of it. This VMM writes a full snapshot
+//! (`run --snapshot-to`); Firecracker, booting the same guest, writes a full
+//! one once the memory is filled and a diff one after the tenth, its diff
+//! from KVM's dirty log (`track_dirty_pages`) or, without it, from
+//! `mincore(2)`. Each last snapshot is restored (Firecracker's diff onto its
+//! full one) and the guest checks every page against its generation.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::firecracker::Firecracker;
+use crate::firecracker_api::{FirecrackerApi, rebase};
+use crate::peer::{ImageFile, PeerKind, Peers, goal_against_peer};
+use crate::peer_run::PeerRun;
+use crate::{Cell, Error, Options, Runs, Table, ticks_per_us};
+use reference_vmm::migration::{MigrateOptions, Migration, StreamReader, Target, receive};
+use reference_vmm::{RunReport, Vm, VmConfig};
+use test_guests::programs as guest;
+
+/// The guest's vCPUs, its memory, and the pages each vCPU rewrites in it
+/// (without `--quick`: 219 of its 256 MiB).
+const VCPUS: u32 = 2;
+const MEM_MIB: u64 = 256;
+const PAGES_PER_VCPU: u64 = 28_000;
+/// µs between one vCPU's page writes: it fills its pages in
+/// `PAGES_PER_VCPU` of them, and rewrites a tenth in a tenth of that.
+const WRITE_US: u64 = 100;
+/// Firecracker's start, before the guest writes its first page.
+const BOOT: Duration = Duration::from_millis(300);
+/// How long the guest runs on after its last snapshot.
+const AFTER_LAST: Duration = Duration::from_secs(2);
+
+/// One row: who snapshots, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    /// This VMM's full snapshot, at the point of Firecracker's diff.
+    Full,
+    /// Firecracker's full snapshot once the memory is filled, then its diff
+    /// after the tenth: from KVM's dirty log, or from mincore.
+    Firecracker { dirty_log: bool },
+}
+
+const VARIANTS: [Variant; 3] = [
+    Variant::Full,
+    Variant::Firecracker { dirty_log: true },
+    Variant::Firecracker { dirty_log: false },
+];
+
+/// A snapshot's size and the pause it took.
+#[derive(Clone, Copy, Debug)]
+struct Taken {
+    /// Bytes its files hold on disk (a sparse diff holds only its pages).
+    bytes: u64,
+    pause: Duration,
+}
+
+/// One run of a variant: its snapshots (Firecracker: the full one, then
+/// the diff), and the pages the restored guest checked.
+struct Sample {
+    snapshots: Vec<Taken>,
+    pages_checked: u64,
+}
+
+/// The guest's size: `(pages per vCPU, MiB)`.
+fn size(opts: Options) -> (u64, u64) {
+    match opts.quick {
+        true => (PAGES_PER_VCPU / 10, 64),
+        false => (PAGES_PER_VCPU, MEM_MIB),
+    }
+}
+
+/// How long filling the pages takes, and rewriting a tenth of them.
+fn phases(pages: u64) -> (Duration, Duration) {
+    let fill = Duration::from_micros(pages * WRITE_US);
+    (fill, fill / 10)
+}
+
+/// The `migrate` guest's parameters: `pages` per vCPU rewritten `WRITE_US`
+/// apart for `run`, a 1 ms timer on vCPU 0.
+fn params(pages: u64, run: Duration) -> Vec<u64> {
+    let ticks = ticks_per_us();
+    let us = |d: Duration| (d.as_secs_f64() * 1e6 * ticks) as u64;
+    vec![
+        pages,
+        us(run),
+        (WRITE_US as f64 * ticks) as u64,
+        us(Duration::from_millis(1)),
+    ]
+}
+
+/// Bytes `path` holds on disk.
+fn on_disk(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
+/// A folder of its own for one run's files, removed after.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Result<Self, Error> {
+        let dir = std::env::temp_dir().join(format!("rb-snap-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|source| Error::WriteImage {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(Self(dir))
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// This VMM's full snapshot of the guest after it filled its pages and
+/// rewrote a tenth, then its restore, to the guest's end.
+fn full(pages: u64, mem_mib: u64) -> Result<Sample, Error> {
+    let (fill, tenth) = phases(pages);
+    let mut config = VmConfig {
+        vcpus: VCPUS,
+        mem_mib,
+        timeout: Some(Duration::from_secs(300)),
+        ..VmConfig::default()
+    };
+    let run = fill + tenth + AFTER_LAST;
+    let p = params(pages, run);
+    config.params[..p.len()].copy_from_slice(&p);
+    let scratch = Scratch::new("full")?;
+    let path = scratch.file("vm.snap");
+    let options = MigrateOptions {
+        after: fill + tenth,
+        ..MigrateOptions::default()
+    };
+    let mut vm = Vm::new(&config)?;
+    let moving = Migration::prepare(&mut vm, Target::File(path.clone()), options)?;
+    let (tx, taken) = std::sync::mpsc::channel();
+    vm.on_start(Box::new(move |control| {
+        let _ = tx.send(moving.run(control));
+    }));
+    vm.run(program(), Box::new(std::io::sink()))?;
+    let report = taken
+        .recv()
+        .map_err(|_| Error::ThreadPanicked("snapshot"))??;
+    let taken = Taken {
+        bytes: on_disk(&path),
+        pause: report.downtime,
+    };
+    let file = File::open(&path).map_err(|source| Error::WriteImage {
+        path: path.clone(),
+        source,
+    })?;
+    let mut input = StreamReader::new(BufReader::new(file))
+        .map_err(reference_vmm::migration::MigrationError::from)?;
+    let incoming = receive(&mut input, &config)?;
+    let restored = incoming
+        .vm
+        .run(incoming.program, Box::new(std::io::sink()))?;
+    Ok(Sample {
+        snapshots: vec![taken],
+        pages_checked: checked(&restored),
+    })
+}
+
+/// Pages every vCPU of this VMM's restored guest checked.
+fn checked(report: &RunReport) -> u64 {
+    (0..VCPUS)
+        .filter_map(|v| report.value(v, "pages_checked"))
+        .sum()
+}
+
+/// Pages every vCPU of a peer's restored guest checked.
+fn peer_checked(run: &PeerRun) -> u64 {
+    (0..VCPUS)
+        .filter_map(|v| run.value(v, "pages_checked"))
+        .sum()
+}
+
+/// Firecracker's full snapshot once the guest filled its pages, its diff
+/// after the tenth (`dirty_log`: KVM's, else mincore), then the diff
+/// rebased onto the full one and restored, to the guest's end.
+fn firecracker(
+    fc: &Firecracker,
+    pages: u64,
+    mem_mib: u64,
+    dirty_log: bool,
+) -> Result<Sample, Error> {
+    let (fill, tenth) = phases(pages);
+    let run = fill + tenth + AFTER_LAST;
+    let image = ImageFile::write("migrate", VCPUS, mem_mib, &params(pages, run))?;
+    let scratch = Scratch::new(if dirty_log { "fc-dirty" } else { "fc-mincore" })?;
+    let (base, base_state) = (scratch.file("base.mem"), scratch.file("base.snap"));
+    let (diff, diff_state) = (scratch.file("diff.mem"), scratch.file("diff.snap"));
+    let mut source = FirecrackerApi::start(fc, &scratch.file("source.sock"))?;
+    source.boot(image.path(), (VCPUS, mem_mib), dirty_log)?;
+    std::thread::sleep(BOOT + fill);
+    let full_pause = source.snapshot("Full", &base_state, &base)?;
+    let full = Taken {
+        bytes: on_disk(&base) + on_disk(&base_state),
+        pause: full_pause,
+    };
+    std::thread::sleep(tenth);
+    let diff_pause = source.snapshot("Diff", &diff_state, &diff)?;
+    let diff_taken = Taken {
+        bytes: on_disk(&diff) + on_disk(&diff_state),
+        pause: diff_pause,
+    };
+    drop(source);
+    rebase(&diff, &base)?;
+    let mut restored = FirecrackerApi::start(fc, &scratch.file("restored.sock"))?;
+    restored.load(&diff_state, &base)?;
+    let run = restored.wait(VCPUS, run + Duration::from_secs(30))?;
+    Ok(Sample {
+        snapshots: vec![full, diff_taken],
+        pages_checked: peer_checked(&run),
+    })
+}
+
+/// Each variant's runs: the snapshots' bytes and pauses, by snapshot.
+#[derive(Default)]
+struct Cells {
+    bytes: Vec<Runs>,
+    pause_ms: Vec<Runs>,
+    checked: Vec<u64>,
+}
+
+impl Cells {
+    fn add(&mut self, sample: Sample) {
+        for (i, taken) in sample.snapshots.iter().enumerate() {
+            if self.bytes.len() <= i {
+                self.bytes.push(Runs::new());
+                self.pause_ms.push(Runs::new());
+            }
+            self.bytes[i].push(taken.bytes as f64);
+            self.pause_ms[i].push(taken.pause.as_secs_f64() * 1e3);
+        }
+        self.checked.push(sample.pages_checked);
+    }
+}
+
+/// Runs the scenario.
+pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
+    let (pages, mem_mib) = size(opts);
+    let peers = Peers::find(opts);
+    let fc = peers.firecracker();
+    let mut cells: Vec<Cells> = VARIANTS.iter().map(|_| Cells::default()).collect();
+    let mut failure = None;
+    for rep in 1..=opts.reps() {
+        for (i, variant) in VARIANTS.into_iter().enumerate() {
+            let sample = match (variant, fc) {
+                (Variant::Full, _) => {
+                    progress(&format!("snapshot: this VMM's full snapshot, run {rep}"));
+                    full(pages, mem_mib)?
+                }
+                (Variant::Firecracker { dirty_log }, Some(fc)) if failure.is_none() => {
+                    progress(&format!("snapshot: {}, run {rep}", name(variant)));
+                    match firecracker(fc, pages, mem_mib, dirty_log) {
+                        Ok(sample) => sample,
+                        // The peer's failure is a finding, not the bench's.
+                        Err(Error::Peer(e)) => {
+                            failure = Some(e.to_string());
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                _ => continue,
+            };
+            cells[i].add(sample);
+        }
+    }
+    let mut t = Table::new(
+        format!(
+            "snapshot: {VCPUS} vCPUs, {mem_mib} MiB, the guest filling {} MiB of it, then \
+             rewriting a tenth",
+            (pages * u64::from(VCPUS) * 4096) >> 20
+        ),
+        &[
+            "variant",
+            "snapshot",
+            "on disk (MiB)",
+            "of the memory",
+            "pause (ms)",
+            "restored: pages the guest checked",
+        ],
+    );
+    let expected = pages * u64::from(VCPUS);
+    for (variant, c) in VARIANTS.into_iter().zip(&cells) {
+        rows(&mut t, variant, c, mem_mib, expected);
+    }
+    notes(&mut t, opts, &peers, &cells, failure.as_deref());
+    Ok(t)
+}
+
+fn name(variant: Variant) -> &'static str {
+    match variant {
+        Variant::Full => "reference-vmm, full",
+        Variant::Firecracker { dirty_log: true } => {
+            "firecracker, track_dirty_pages (KVM's dirty log)"
+        }
+        Variant::Firecracker { dirty_log: false } => "firecracker, mincore (no dirty tracking)",
+    }
+}
+
+fn rows(t: &mut Table, variant: Variant, c: &Cells, mem_mib: u64, expected: u64) {
+    let kinds: &[&str] = match variant {
+        Variant::Full => &["full, after the tenth"],
+        Variant::Firecracker { .. } => &["full, once filled", "diff, after the tenth"],
+    };
+    for (i, kind) in kinds.iter().enumerate().filter(|(i, _)| *i < c.bytes.len()) {
+        let bytes = c.bytes[i].median();
+        let restored = match i + 1 == kinds.len() {
+            true => format!(
+                "{} of {expected} (every run)",
+                c.checked.iter().min().copied().unwrap_or(0)
+            ),
+            false => "-".into(),
+        };
+        t.row(vec![
+            Cell::text(name(variant)),
+            Cell::text(*kind),
+            Cell::num(bytes / 1048576.0, 1),
+            Cell::text(format!(
+                "{:.0} %",
+                100.0 * bytes / (mem_mib as f64 * 1048576.0)
+            )),
+            Cell::num(c.pause_ms[i].median(), 1),
+            Cell::text(restored),
+        ]);
+    }
+}
+
+fn notes(t: &mut Table, opts: Options, peers: &Peers, cells: &[Cells], failure: Option<&str>) {
+    let (pages, _) = size(opts);
+    let (fill, tenth) = phases(pages);
+    t.better("fewer bytes on disk and a shorter pause, every page checked after the restore");
+    t.note(format!(
+        "Medians of {} runs per variant, alternating. The guest (migrate) rewrites its pages in \
+         turn, one every {WRITE_US} µs per vCPU: it fills them in {} ms and rewrites a tenth in \
+         {} ms. Firecracker takes its full snapshot {} ms after InstanceStart (its start, then \
+         the fill) and its diff a tenth later; this VMM its full snapshot at the diff's point. \
+         On disk: the snapshot files' allocated blocks (a diff's memory file is sparse). Pause: \
+         from the pause to the resume's answer (Firecracker), or to the file's sync (this VMM). \
+         Restored: Firecracker's diff copied onto its full snapshot's memory (the data regions \
+         of the sparse file, as its snapshot-editor's rebase does) and loaded into a fresh \
+         process; this VMM's file with `restore`; the guest then runs to its end and checks \
+         every page against its generation.",
+        opts.reps(),
+        fill.as_millis(),
+        tenth.as_millis(),
+        (BOOT + fill).as_millis(),
+    ));
+    let seen = peers.seen(PeerKind::Firecracker, failure);
+    let diff = |i: usize| cells[i].bytes.get(1).cloned().unwrap_or_default();
+    let pause = |i: usize| cells[i].pause_ms.get(1).cloned().unwrap_or_default();
+    let ours = &cells[0];
+    t.peer_goal(format!(
+        "Goal: for a guest that filled its memory and then rewrote a tenth of it, this VMM's \
+         incremental snapshot at most Firecracker's dirty-tracked diff in bytes and pause, and \
+         at most 0.2x the bytes of its mincore diff. Not measured: this VMM takes full \
+         snapshots only (incremental snapshots from dirty-log are the issue \"The reference VMM \
+         thin again\"); its full snapshot against them: bytes {}, pause {} (dirty-tracked diff); \
+         bytes {} (mincore diff).",
+        ratio_text(&ours.bytes.first().cloned().unwrap_or_default(), &diff(1)),
+        ratio_text(
+            &ours.pause_ms.first().cloned().unwrap_or_default(),
+            &pause(1)
+        ),
+        ratio_text(&ours.bytes.first().cloned().unwrap_or_default(), &diff(2)),
+    ));
+    let full_pause = |i: usize| cells[i].pause_ms.first().cloned().unwrap_or_default();
+    t.peer_goal(goal_against_peer(
+        seen,
+        "this VMM's full snapshot's pause at most Firecracker's full snapshot's (dirty-tracked)",
+        &full_pause(0),
+        &full_pause(1),
+        |r| r <= 1.0,
+    ));
+    if let Some(failure) = failure {
+        t.note(format!("firecracker: no result, not run again: {failure}"));
+    }
+}
+
+/// `ours` against `theirs` as a ratio with its spread, or why there is none.
+fn ratio_text(ours: &Runs, theirs: &Runs) -> String {
+    match ours.0.is_empty() || theirs.0.is_empty() {
+        true => "not measured".into(),
+        false => format!("{} Firecracker's", ours.ratio_to(theirs).ratio_text()),
+    }
+}
+
+fn program() -> &'static guest::GuestProgram {
+    guest::find("migrate").expect("built in")
+}
