@@ -31,14 +31,13 @@ impl PeerBinary for CloudHypervisor {
             binary: path.into(),
         }
     }
+
+    fn binary(&self) -> &Path {
+        &self.binary
+    }
 }
 
 impl CloudHypervisor {
-    /// Its binary.
-    pub fn binary(&self) -> &Path {
-        &self.binary
-    }
-
     /// The command line that boots `image` with `vcpus` vCPUs and
     /// `mem_mib` MiB: its serial port on standard output, no console.
     pub fn command(&self, image: &Path, vcpus: u32, mem_mib: u64) -> Command {

@@ -42,14 +42,13 @@ impl PeerBinary for Firecracker {
             binary: path.into(),
         }
     }
+
+    fn binary(&self) -> &Path {
+        &self.binary
+    }
 }
 
 impl Firecracker {
-    /// Its binary.
-    pub fn binary(&self) -> &Path {
-        &self.binary
-    }
-
     /// The command line that boots the VM `config_file` describes, its log
     /// on standard error (not among the guest's lines).
     pub fn command(&self, config_file: &Path) -> Command {

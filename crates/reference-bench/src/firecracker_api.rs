@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::firecracker::{self, Firecracker};
-use crate::peer_run::{self, Ended, PeerError, PeerRun};
+use crate::peer_run::{self, Ended, PeerBinary, PeerError, PeerRun};
 
 const VMM: &str = "Firecracker";
 

@@ -496,6 +496,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         peers.seen(kind, failure.map(|(_, _, e)| e.as_str()))
     };
     notes(&mut t, opts, &cells, &peer);
+    t.note(peers.note());
     for (workload, variant, failure) in &peer_failures {
         t.note(format!(
             "{}, {}: no result, not run again: {failure}",

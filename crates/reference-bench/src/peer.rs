@@ -11,7 +11,7 @@ use crate::{Options, Runs, goal};
 
 use crate::cloud_hypervisor::{self, CloudHypervisor};
 use crate::firecracker::{self, Firecracker};
-use crate::peer_run::{PeerError, PeerRun};
+use crate::peer_run::{self, PeerBinary, PeerError, PeerRun};
 use crate::qemu::{INSTALL_HINT, Qemu, QemuApic};
 use test_guests::layout::PARAMS;
 use test_guests::pvh::Image;
@@ -192,6 +192,27 @@ impl Peers {
             }
             PeerKind::Firecracker => self.firecracker.as_ref().map(PeerVmm::Firecracker),
         }
+    }
+
+    /// A note naming each peer that was found, its version and binary,
+    /// and each that was not.
+    pub fn note(&self) -> String {
+        let each = [
+            ("QEMU", self.qemu.as_ref().map(|b| b.binary())),
+            (
+                "Cloud Hypervisor",
+                self.cloud_hypervisor.as_ref().map(|b| b.binary()),
+            ),
+            ("Firecracker", self.firecracker.as_ref().map(|b| b.binary())),
+        ];
+        let described: Vec<String> = each
+            .iter()
+            .map(|(vmm, binary)| match binary {
+                Some(binary) => format!("{vmm}: {}", peer_run::describe(binary)),
+                None => format!("{vmm}: not found"),
+            })
+            .collect();
+        format!("Peers in this run: {}.", described.join("; "))
     }
 
     /// Cloud Hypervisor, if it was found.

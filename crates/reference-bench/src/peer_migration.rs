@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::cloud_hypervisor::{self, CloudHypervisor};
-use crate::peer_run::{self, Ended, PeerError, PeerRun};
+use crate::peer_run::{self, Ended, PeerBinary, PeerError, PeerRun};
 
 /// The name of Cloud Hypervisor's control client.
 pub const CH_REMOTE: &str = "ch-remote";

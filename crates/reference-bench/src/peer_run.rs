@@ -7,7 +7,7 @@
 //! honours ([`test_guests::abi`]'s debug exit).
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -37,11 +37,49 @@ pub trait PeerBinary: Sized {
     /// The binary at `path`.
     fn at(path: impl Into<PathBuf>) -> Self;
 
+    /// Where it is.
+    fn binary(&self) -> &Path;
+
     /// [`NAME`](Self::NAME) from `PATH`, else from the peers' folder
     /// ([`PEERS_DIR`]), if either has it.
     fn find() -> Option<Self> {
         find_binary(Self::NAME).map(Self::at)
     }
+}
+
+/// What `binary --version` says (its first line naming a version), and
+/// where it is, with the build notes beside it (a `README.md` in its
+/// folder, as in `../shared/peers`) where there are some.
+pub fn describe(binary: &Path) -> String {
+    let version = version_of(binary).unwrap_or_else(|| "version unknown".into());
+    let notes = binary.with_file_name("README.md");
+    match notes.is_file() {
+        true => format!(
+            "{version} ({}; its source commit, build and what this host needed: {})",
+            binary.display(),
+            notes.display()
+        ),
+        false => format!("{version} ({})", binary.display()),
+    }
+}
+
+/// The first line of `binary --version` that names a version, within 5 s.
+fn version_of(binary: &Path) -> Option<String> {
+    let mut child = Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let out = read_in_background(child.stdout.take());
+    let waited = wait_with_usage(child.id() as libc::pid_t, Duration::from_secs(5));
+    let text = out.join().unwrap_or_default();
+    waited.ok()??;
+    text.lines()
+        .map(str::trim)
+        .find(|l| l.contains(" v") || l.contains("version"))
+        .map(str::to_owned)
 }
 
 /// One peer VMM run's result.
@@ -379,6 +417,28 @@ mod tests {
             split_output("@ucall 1 zz\n"),
             Err(PeerError::BadUcall { .. })
         ));
+    }
+
+    #[test]
+    fn a_binary_is_described_by_its_version_line_and_its_build_notes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rb-describe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let vmm = dir.join("fakevmm");
+        std::fs::write(
+            &vmm,
+            "#!/bin/sh\necho 'fakevmm v1.2.3'\necho 'Protocol 0'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&vmm, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let alone = describe(&vmm);
+        std::fs::write(dir.join("README.md"), "built so").unwrap();
+        let noted = describe(&vmm);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(alone, format!("fakevmm v1.2.3 ({})", vmm.display()));
+        assert!(noted.ends_with("README.md)"), "{noted}");
+        let missing = describe(Path::new("/nonexistent/vmm"));
+        assert_eq!(missing, "version unknown (/nonexistent/vmm)");
     }
 
     #[test]

@@ -45,6 +45,10 @@ impl PeerBinary for Qemu {
             binary: path.into(),
         }
     }
+
+    fn binary(&self) -> &Path {
+        &self.binary
+    }
 }
 
 impl Qemu {

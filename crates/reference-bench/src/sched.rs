@@ -524,6 +524,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             |r| r >= 1.0,
         ));
     }
+    t.note(peers.note());
     for (variant, failure) in failures {
         t.note(format!(
             "{}: no result, not run again: {failure}",

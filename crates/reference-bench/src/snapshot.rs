@@ -298,6 +298,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         rows(&mut t, variant, c, mem_mib, expected);
     }
     notes(&mut t, opts, &peers, &cells, failure.as_deref());
+    t.note(peers.note());
     Ok(t)
 }
 

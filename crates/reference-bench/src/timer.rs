@@ -267,6 +267,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         ));
     }
     t.note(QEMU_OWN_APIC);
+    t.note(found.note());
     Ok(t)
 }
 

@@ -497,6 +497,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         differing == 0,
         &[],
     ));
+    t.note(peers.note());
     if let Some((ours, _)) = best {
         let limited = (&LINKED[..], &linked[1][..]);
         cloud_hypervisor::notes(&mut t, &peers, &ch, ours, limited, opts.reps());
