@@ -45,10 +45,19 @@ struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// What a reader would type to rerun this.
-    fn command(&self) -> String {
+    /// What a reader would type to rerun this, with the peers' folder
+    /// where it was given (`peers_dir`: `VM_LATENCY_PEERS`).
+    fn command(&self, peers_dir: Option<&std::ffi::OsStr>) -> String {
+        let env = match peers_dir {
+            Some(dir) => format!(
+                "{}={} ",
+                bench::peer_run::PEERS_DIR,
+                Path::new(dir).display()
+            ),
+            None => String::new(),
+        };
         format!(
-            "cargo run --release -p reference-bench -- {}{}{}{}",
+            "{env}cargo run --release -p reference-bench -- {}{}{}{}",
             self.scenario.name(),
             if self.quick { " --quick" } else { "" },
             if self.update_benchmarks_md {
@@ -227,7 +236,7 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
     }
     let markdown = bench::report(
         &tables,
-        &args.command(),
+        &args.command(std::env::var_os(bench::peer_run::PEERS_DIR).as_deref()),
         start.elapsed(),
         &host_note,
         &times,
@@ -391,8 +400,13 @@ mod tests {
             "/bin/false",
         ]);
         assert_eq!(
-            args.command(),
+            args.command(None),
             "cargo run --release -p reference-bench -- sched --quick --qemu /bin/false"
+        );
+        assert_eq!(
+            args.command(Some("../shared/peers".as_ref())),
+            "VM_LATENCY_PEERS=../shared/peers cargo run --release -p reference-bench -- sched \
+             --quick --qemu /bin/false"
         );
         assert!(
             args.out().ends_with("target/bench/sched.md"),
