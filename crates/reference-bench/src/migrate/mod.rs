@@ -133,18 +133,19 @@ struct Cells {
     converged: usize,
     /// Runs whose guest ended before the hand-over (pre-copy too slow).
     unfinished: usize,
+    /// Runs whose source resumed the guest when the destination's answer
+    /// did not come within the pause's bound (the downtime limit and the
+    /// hand-over margin): a stop-and-copy longer than that.
+    resumed: usize,
     differing: u64,
 }
 
 impl Cells {
-    /// Adds a run; one whose guest ended first counts as unfinished.
+    /// Adds a run; one whose guest ended first counts as unfinished, one
+    /// the pause's bound ended as resumed.
     fn add(&mut self, moved: Result<Moved, Error>) -> Result<(), Error> {
-        let moved = match moved {
-            Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
-                self.unfinished += 1;
-                return Ok(());
-            }
-            moved => moved?,
+        let Some(moved) = self.moved(moved)? else {
+            return Ok(());
         };
         if let Some(d) = moved.differing {
             self.differing = self.differing.max(d);
@@ -160,6 +161,22 @@ impl Cells {
         }
         self.converged += usize::from(m.converged);
         Ok(())
+    }
+
+    /// The move, or `None` where its guest ended first or the pause's
+    /// bound resumed it at the source (counted); any other error.
+    fn moved(&mut self, moved: Result<Moved, Error>) -> Result<Option<Moved>, Error> {
+        match moved {
+            Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
+                self.unfinished += 1;
+                Ok(None)
+            }
+            Err(Error::Migration(MigrationError::PauseLimit { .. })) => {
+                self.resumed += 1;
+                Ok(None)
+            }
+            moved => moved.map(Some),
+        }
     }
 
     /// A median, or a dash where no run finished.
@@ -458,7 +475,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
          move ended; over the link alone with a third vCPU that only computes in registers, its \
          passes per second over the whole run in the non-writer column); pre-copy stops once a round takes no \
          longer than the 20 ms downtime target, or after {MAX_ROUNDS} rounds or {} s \
-         (\"converged\": the runs that stopped by the target; \"unfinished\": runs whose guest \
+         (\"converged\": the runs that stopped by the target; \"resumed at the source\": runs \
+         whose stop-and-copy outlasted the pause's bound, the downtime target plus the 1 s \
+         hand-over margin, so the source resumed the guest; \"unfinished\": runs whose guest \
          ended before the hand-over). With the dirty limit, pre-copy goes on past those limits, \
          a vCPU above its share pausing after each 20 ms it runs (with the ring only the vCPUs \
          that write; with a bitmap every vCPU), the target halving each round, until a round \
@@ -541,19 +560,18 @@ fn measure(
     }
     for (v, cell) in variants.iter().zip(&mut cells).filter(|_| !opts.quick) {
         progress(&format!("migrate: {rate}, {}, memories compared", v.label));
-        match move_with(config, v, links, true) {
-            Ok(moved) => cell.differing = moved.differing.unwrap_or(u64::MAX),
-            Err(Error::Migration(MigrationError::Pause(PauseError::Ended(_)))) => {
-                cell.unfinished += 1;
-            }
-            Err(e) => return Err(e),
+        if let Some(moved) = cell.moved(move_with(config, v, links, true))? {
+            cell.differing = moved.differing.unwrap_or(u64::MAX);
         }
     }
     for (v, c) in variants.iter().zip(&cells) {
-        let converged = match c.unfinished {
-            0 => format!("{} of {}", c.converged, load.reps),
-            n => format!("{} of {}; {n} unfinished", c.converged, load.reps),
-        };
+        let mut converged = format!("{} of {}", c.converged, load.reps);
+        if c.unfinished > 0 {
+            converged += &format!("; {} unfinished", c.unfinished);
+        }
+        if c.resumed > 0 {
+            converged += &format!("; {} resumed at the source", c.resumed);
+        }
         t.row(vec![
             Cell::text(v.label),
             Cell::text(rate),
@@ -699,4 +717,21 @@ fn downtime_goal(best: Option<(&Cells, &str)>) -> String {
 
 fn program() -> &'static guest::GuestProgram {
     guest::find("migrate").expect("built in")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_move_the_pause_bound_ended_counts_as_resumed_and_others_are_errors() {
+        let mut cells = Cells::default();
+        let limit = MigrationError::PauseLimit {
+            downtime: Duration::from_millis(20),
+            margin: Duration::from_secs(1),
+        };
+        assert!(cells.moved(Err(limit.into())).unwrap().is_none());
+        assert_eq!((cells.resumed, cells.unfinished), (1, 0));
+        assert!(cells.moved(Err(MigrationError::Stopped.into())).is_err());
+    }
 }
