@@ -593,6 +593,7 @@ fn notes<'a>(
     for kind in PeerKind::RUST {
         t.peer_goal(best_against_peer(kind, cells, peer));
     }
+    t.note("Cloud Hypervisor and Firecracker halt on KVM's LAPIC with KVM's own halt polling and its default window (halt_poll_ns), the mechanism this VMM's --irqchip kernel rows run and the budget tuner sets; guest-side polling, the family's own, keeps the ping-pong's wake-ups in the guest.");
     let pingpong = &cells[0];
     let speedup = pingpong
         .of(Variant::Vmm(HaltPoll::Off))

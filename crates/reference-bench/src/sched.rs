@@ -524,6 +524,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             |r| r >= 1.0,
         ));
     }
+    t.note("What Cloud Hypervisor and Firecracker do that this VMM's rows do not: on KVM's LAPIC the sender's ICR write, the IPIs' delivery and the acknowledgements never leave the kernel, and KVM's pause-loop handler picks the vCPU to yield to; this VMM's boost policies act from its userspace APIC, where each IPI is an exit to the VMM.");
     t.note(peers.note());
     for (variant, failure) in failures {
         t.note(format!(

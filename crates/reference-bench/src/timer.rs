@@ -122,6 +122,8 @@ const PEERS: [PeerKind; 3] = [
 ];
 /// Every row: the variants, the host's, the peers'.
 const ROWS: usize = HOST + 1 + PEERS.len();
+/// What the peers' timer does that this VMM's advance does not.
+const PEERS_DO: &str = "What the peers do that this VMM's advance does not: their timer is KVM's in-kernel LAPIC timer, which fires, injects and takes the EOI without an exit to the VMM, and KVM's own lapic_timer_advance; this VMM's percentile advance delivers from userspace, where each timer costs the vCPU exits to the VMM (its HLT, the EOI and the next deadline's write, about 25 µs each on PVM), a large part of a 200 µs period. This VMM on KVM's LAPIC (--irqchip kernel) is the peers' mechanism: its ratio is beside each goal.";
 /// Why QEMU's own APIC has no row.
 const QEMU_OWN_APIC: &str = "qemu, its own APIC (kernel-irqchip=off): not run: QEMU offers the TSC-deadline timer this guest arms only with KVM's LAPIC (kernel-irqchip=on).";
 
@@ -259,6 +261,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for line in peer_goals {
         t.peer_goal(line);
     }
+    t.note(PEERS_DO);
     for peer in peers.iter().filter(|p| p.failure.is_some()) {
         let failure = peer.failure.as_deref().unwrap_or_default();
         t.note(format!(
