@@ -12,6 +12,7 @@
 #![allow(missing_debug_implementations)]
 
 pub mod cloud_hypervisor;
+pub mod cloud_hypervisor_api;
 pub mod dirty;
 pub mod firecracker;
 pub mod firecracker_api;
@@ -19,7 +20,6 @@ pub mod halt;
 pub mod host;
 pub mod migrate;
 pub mod peer;
-pub mod peer_migration;
 pub mod peer_run;
 pub mod qemu;
 pub mod rcu;

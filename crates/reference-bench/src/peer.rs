@@ -337,6 +337,36 @@ mod tests {
     }
 
     #[test]
+    fn peers_not_found_are_named_in_the_note_and_their_goals_say_how_to_get_them() {
+        let none = Peers {
+            qemu: None,
+            cloud_hypervisor: None,
+            firecracker: None,
+        };
+        assert_eq!(
+            none.note(),
+            "Peers in this run: QEMU: not found; Cloud Hypervisor: not found; Firecracker: not \
+             found."
+        );
+        assert!(none.vmm(PeerKind::CloudHypervisor).is_none());
+        let seen = none.seen(PeerKind::CloudHypervisor, None);
+        assert!(seen.why().contains("--cloud-hypervisor"), "{}", seen.why());
+        let qemu = Peers {
+            qemu: Some(Qemu::at("/bin/true")),
+            ..none
+        };
+        assert!(
+            qemu.note().starts_with("Peers in this run: QEMU: "),
+            "{}",
+            qemu.note()
+        );
+        assert_eq!(
+            qemu.vmm(PeerKind::Qemu(QemuApic::User)).map(|v| v.name()),
+            Some("QEMU")
+        );
+    }
+
+    #[test]
     fn a_goal_against_a_peer_gives_the_ratio_and_qemus_kernel_apic_beside_it() {
         let seen = PeerSeen {
             kind: PeerKind::Qemu(QemuApic::User),

@@ -1,10 +1,11 @@
 //! `reference-bench snapshot`: snapshots of a guest that filled its memory
 //! and then rewrote a tenth of it. This VMM writes a full snapshot
-//! (`run --snapshot-to`); Firecracker, booting the same guest, writes a full
-//! one once the memory is filled and a diff one after the tenth, its diff
-//! from KVM's dirty log (`track_dirty_pages`) or, without it, from
-//! `mincore(2)`. Each last snapshot is restored (Firecracker's diff onto its
-//! full one) and the guest checks every page against its generation.
+//! (`run --snapshot-to`), and so does Cloud Hypervisor, whose snapshots are
+//! full only; Firecracker, booting the same guest, writes a full one once
+//! the memory is filled and a diff one after the tenth, its diff from KVM's
+//! dirty log (`track_dirty_pages`) or, without it, from `mincore(2)`. Each
+//! last snapshot is restored (Firecracker's diff onto its full one) and the
+//! guest checks every page against its generation.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -12,6 +13,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::cloud_hypervisor::CloudHypervisor;
 use crate::firecracker::Firecracker;
 use crate::firecracker_api::{FirecrackerApi, rebase};
 use crate::peer::{ImageFile, PeerKind, Peers, goal_against_peer};
@@ -39,13 +41,16 @@ const AFTER_LAST: Duration = Duration::from_secs(2);
 enum Variant {
     /// This VMM's full snapshot, at the point of Firecracker's diff.
     Full,
+    /// Cloud Hypervisor's full snapshot, at the same point.
+    CloudHypervisor,
     /// Firecracker's full snapshot once the memory is filled, then its diff
     /// after the tenth: from KVM's dirty log, or from mincore.
     Firecracker { dirty_log: bool },
 }
 
-const VARIANTS: [Variant; 3] = [
+const VARIANTS: [Variant; 4] = [
     Variant::Full,
+    Variant::CloudHypervisor,
     Variant::Firecracker { dirty_log: true },
     Variant::Firecracker { dirty_log: false },
 ];
@@ -185,6 +190,24 @@ fn peer_checked(run: &PeerRun) -> u64 {
         .sum()
 }
 
+/// Cloud Hypervisor's full snapshot of the guest after it filled its pages
+/// and rewrote a tenth, then its restore, to the guest's end.
+fn cloud_hypervisor(ch: &CloudHypervisor, pages: u64, mem_mib: u64) -> Result<Sample, Error> {
+    let (fill, tenth) = phases(pages);
+    let run = fill + tenth + AFTER_LAST;
+    let image = ImageFile::write("migrate", VCPUS, mem_mib, &params(pages, run))?;
+    let after = BOOT + fill + tenth;
+    let timeout = run + Duration::from_secs(30);
+    let taken = ch.snapshot_and_restore(image.path(), (VCPUS, mem_mib), after, timeout)?;
+    Ok(Sample {
+        snapshots: vec![Taken {
+            bytes: taken.bytes,
+            pause: taken.pause,
+        }],
+        pages_checked: peer_checked(&taken.restored),
+    })
+}
+
 /// Firecracker's full snapshot once the guest filled its pages, its diff
 /// after the tenth (`dirty_log`: KVM's, else mincore), then the diff
 /// rebased onto the full one and restored, to the guest's end.
@@ -251,31 +274,40 @@ impl Cells {
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
     let (pages, mem_mib) = size(opts);
     let peers = Peers::find(opts);
-    let fc = peers.firecracker();
     let mut cells: Vec<Cells> = VARIANTS.iter().map(|_| Cells::default()).collect();
-    let mut failure = None;
+    let mut failures: Vec<(PeerKind, String)> = Vec::new();
     for rep in 1..=opts.reps() {
         for (i, variant) in VARIANTS.into_iter().enumerate() {
-            let sample = match (variant, fc) {
-                (Variant::Full, _) => {
-                    progress(&format!("snapshot: this VMM's full snapshot, run {rep}"));
-                    full(pages, mem_mib)?
+            let kind = match variant {
+                Variant::Full => None,
+                Variant::CloudHypervisor => Some(PeerKind::CloudHypervisor),
+                Variant::Firecracker { .. } => Some(PeerKind::Firecracker),
+            };
+            if kind.is_some_and(|k| failures.iter().any(|(f, _)| *f == k)) {
+                continue;
+            }
+            let mut announce = || progress(&format!("snapshot: {}, run {rep}", name(variant)));
+            let sample = match (variant, peers.cloud_hypervisor(), peers.firecracker()) {
+                (Variant::Full, ..) => {
+                    announce();
+                    full(pages, mem_mib)
                 }
-                (Variant::Firecracker { dirty_log }, Some(fc)) if failure.is_none() => {
-                    progress(&format!("snapshot: {}, run {rep}", name(variant)));
-                    match firecracker(fc, pages, mem_mib, dirty_log) {
-                        Ok(sample) => sample,
-                        // The peer's failure is a finding, not the bench's.
-                        Err(Error::Peer(e)) => {
-                            failure = Some(e.to_string());
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    }
+                (Variant::CloudHypervisor, Some(ch), _) => {
+                    announce();
+                    cloud_hypervisor(ch, pages, mem_mib)
+                }
+                (Variant::Firecracker { dirty_log }, _, Some(fc)) => {
+                    announce();
+                    firecracker(fc, pages, mem_mib, dirty_log)
                 }
                 _ => continue,
             };
-            cells[i].add(sample);
+            match (sample, kind) {
+                (Ok(sample), _) => cells[i].add(sample),
+                // The peer's failure is a finding, not the bench's.
+                (Err(Error::Peer(e)), Some(kind)) => failures.push((kind, e.to_string())),
+                (Err(e), _) => return Err(e),
+            }
         }
     }
     let mut t = Table::new(
@@ -297,7 +329,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for (variant, c) in VARIANTS.into_iter().zip(&cells) {
         rows(&mut t, variant, c, mem_mib, expected);
     }
-    notes(&mut t, opts, &peers, &cells, failure.as_deref());
+    notes(&mut t, opts, &peers, &cells, &failures);
     t.note(peers.note());
     Ok(t)
 }
@@ -305,6 +337,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
 fn name(variant: Variant) -> &'static str {
     match variant {
         Variant::Full => "reference-vmm, full",
+        Variant::CloudHypervisor => "cloud-hypervisor, full (its only kind)",
         Variant::Firecracker { dirty_log: true } => {
             "firecracker, track_dirty_pages (KVM's dirty log)"
         }
@@ -314,7 +347,7 @@ fn name(variant: Variant) -> &'static str {
 
 fn rows(t: &mut Table, variant: Variant, c: &Cells, mem_mib: u64, expected: u64) {
     let kinds: &[&str] = match variant {
-        Variant::Full => &["full, after the tenth"],
+        Variant::Full | Variant::CloudHypervisor => &["full, after the tenth"],
         Variant::Firecracker { .. } => &["full, once filled", "diff, after the tenth"],
     };
     for (i, kind) in kinds.iter().enumerate().filter(|(i, _)| *i < c.bytes.len()) {
@@ -340,7 +373,13 @@ fn rows(t: &mut Table, variant: Variant, c: &Cells, mem_mib: u64, expected: u64)
     }
 }
 
-fn notes(t: &mut Table, opts: Options, peers: &Peers, cells: &[Cells], failure: Option<&str>) {
+fn notes(
+    t: &mut Table,
+    opts: Options,
+    peers: &Peers,
+    cells: &[Cells],
+    failures: &[(PeerKind, String)],
+) {
     let (pages, _) = size(opts);
     let (fill, tenth) = phases(pages);
     t.better("fewer bytes on disk and a shorter pause, every page checked after the restore");
@@ -348,7 +387,9 @@ fn notes(t: &mut Table, opts: Options, peers: &Peers, cells: &[Cells], failure: 
         "Medians of {} runs per variant, alternating. The guest (migrate) rewrites its pages in \
          turn, one every {WRITE_US} µs per vCPU: it fills them in {} ms and rewrites a tenth in \
          {} ms. Firecracker takes its full snapshot {} ms after InstanceStart (its start, then \
-         the fill) and its diff a tenth later; this VMM its full snapshot at the diff's point. \
+         the fill) and its diff a tenth later; this VMM and Cloud \
+         Hypervisor their full snapshots at the diff's point (Cloud Hypervisor: ch-remote \
+         pause, snapshot, resume, then --restore in a fresh process). \
          On disk: the snapshot files' allocated blocks (a diff's memory file is sparse). Pause: \
          from the pause to the resume's answer (Firecracker), or to the file's sync (this VMM). \
          Restored: Firecracker's diff copied onto its full snapshot's memory (the data regions \
@@ -360,7 +401,12 @@ fn notes(t: &mut Table, opts: Options, peers: &Peers, cells: &[Cells], failure: 
         tenth.as_millis(),
         (BOOT + fill).as_millis(),
     ));
-    let seen = peers.seen(PeerKind::Firecracker, failure);
+    let failure = |kind| {
+        let found = failures.iter().find(|(k, _)| *k == kind);
+        peers.seen(kind, found.map(|(_, e)| e.as_str()))
+    };
+    let (fc_tracked, fc_mincore) = (2, 3);
+    let first = |runs: &[Runs]| runs.first().cloned().unwrap_or_default();
     let diff = |i: usize| cells[i].bytes.get(1).cloned().unwrap_or_default();
     let pause = |i: usize| cells[i].pause_ms.get(1).cloned().unwrap_or_default();
     let ours = &cells[0];
@@ -371,23 +417,30 @@ fn notes(t: &mut Table, opts: Options, peers: &Peers, cells: &[Cells], failure: 
          snapshots only (incremental snapshots from dirty-log are the issue \"The reference VMM \
          thin again\"); its full snapshot against them: bytes {}, pause {} (dirty-tracked diff); \
          bytes {} (mincore diff).",
-        ratio_text(&ours.bytes.first().cloned().unwrap_or_default(), &diff(1)),
-        ratio_text(
-            &ours.pause_ms.first().cloned().unwrap_or_default(),
-            &pause(1)
-        ),
-        ratio_text(&ours.bytes.first().cloned().unwrap_or_default(), &diff(2)),
+        ratio_text(&first(&ours.bytes), &diff(fc_tracked)),
+        ratio_text(&first(&ours.pause_ms), &pause(fc_tracked)),
+        ratio_text(&first(&ours.bytes), &diff(fc_mincore)),
     ));
-    let full_pause = |i: usize| cells[i].pause_ms.first().cloned().unwrap_or_default();
-    t.peer_goal(goal_against_peer(
-        seen,
-        "this VMM's full snapshot's pause at most Firecracker's full snapshot's (dirty-tracked)",
-        &full_pause(0),
-        &full_pause(1),
-        |r| r <= 1.0,
-    ));
-    if let Some(failure) = failure {
-        t.note(format!("firecracker: no result, not run again: {failure}"));
+    for (kind, at) in [
+        (PeerKind::CloudHypervisor, 1),
+        (PeerKind::Firecracker, fc_tracked),
+    ] {
+        t.peer_goal(goal_against_peer(
+            failure(kind),
+            &format!(
+                "this VMM's full snapshot's pause at most {}'s full snapshot's",
+                kind.vmm()
+            ),
+            &first(&ours.pause_ms),
+            &first(&cells[at].pause_ms),
+            |r| r <= 1.0,
+        ));
+    }
+    for (kind, failure) in failures {
+        t.note(format!(
+            "{}: no result, not run again: {failure}",
+            kind.row()
+        ));
     }
 }
 
@@ -401,4 +454,89 @@ fn ratio_text(ours: &Runs, theirs: &Runs) -> String {
 
 fn program() -> &'static guest::GuestProgram {
     guest::find("migrate").expect("built in")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(bytes: &[u64], pause_ms: u64, pages_checked: u64) -> Sample {
+        let snapshots = bytes
+            .iter()
+            .map(|&bytes| Taken {
+                bytes,
+                pause: Duration::from_millis(pause_ms),
+            })
+            .collect();
+        Sample {
+            snapshots,
+            pages_checked,
+        }
+    }
+
+    #[test]
+    fn the_rows_give_each_snapshot_and_the_pages_the_restored_guest_checked() {
+        let mut fc = Cells::default();
+        fc.add(sample(&[64 << 20, 4 << 20], 100, 5600));
+        fc.add(sample(&[64 << 20, 2 << 20], 80, 5599));
+        let mut t = Table::new("snapshot", &["a", "b", "c", "d", "e", "f"]);
+        rows(
+            &mut t,
+            Variant::Firecracker { dirty_log: true },
+            &fc,
+            64,
+            5600,
+        );
+        assert_eq!(t.rows.len(), 2);
+        assert_eq!(t.rows[0][2].text, "64.0");
+        assert_eq!(t.rows[0][5].text, "-");
+        assert_eq!(t.rows[1][3].text, "6 %", "the median of 4 and 2 MiB of 64");
+        assert_eq!(
+            t.rows[1][5].text, "5599 of 5600 (every run)",
+            "the fewest checked"
+        );
+    }
+
+    #[test]
+    fn without_a_peers_runs_its_goals_say_why() {
+        let none = Peers::find(Options {
+            quick: true,
+            qemu: Some(Path::new("/nonexistent")),
+            cloud_hypervisor: Some(Path::new("/nonexistent")),
+            firecracker: Some(Path::new("/nonexistent")),
+        });
+        let mut ours = Cells::default();
+        ours.add(sample(&[20 << 20], 30, 5600));
+        let cells = vec![ours, Cells::default(), Cells::default(), Cells::default()];
+        let failures = vec![(PeerKind::CloudHypervisor, "it failed".to_owned())];
+        let mut t = Table::new("snapshot", &[]);
+        notes(
+            &mut t,
+            Options {
+                quick: true,
+                qemu: None,
+                cloud_hypervisor: None,
+                firecracker: None,
+            },
+            &none,
+            &cells,
+            &failures,
+        );
+        assert_eq!(t.peer_goals.len(), 3);
+        assert!(
+            t.peer_goals[0].contains("bytes not measured"),
+            "{}",
+            t.peer_goals[0]
+        );
+        assert!(
+            t.peer_goals[1].contains("Cloud Hypervisor failed in this run: it failed"),
+            "{}",
+            t.peer_goals[1]
+        );
+        assert!(
+            t.notes
+                .iter()
+                .any(|n| n.ends_with("no result, not run again: it failed"))
+        );
+    }
 }

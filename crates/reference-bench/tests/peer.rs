@@ -306,7 +306,7 @@ fn a_guest_restored_by_firecracker_takes_no_stray_legacy_interrupt() {
 
 #[test]
 fn cloud_hypervisor_moves_a_guest_between_two_of_its_processes() {
-    use reference_bench::peer_migration::{MoveLink, MoveRequest, PeerMove};
+    use reference_bench::cloud_hypervisor_api::{MoveLink, MoveRequest, PeerMove};
     let test = "cloud_hypervisor_moves_a_guest_between_two_of_its_processes";
     if !common::kvm_available(test) {
         return;
@@ -357,4 +357,57 @@ fn cloud_hypervisor_moves_a_guest_between_two_of_its_processes() {
         );
     }
     assert!(!socket.exists(), "the move's socket is left behind");
+}
+
+#[test]
+fn a_peer_that_ends_before_its_api_socket_is_there_is_a_clear_error() {
+    use reference_bench::cloud_hypervisor_api::{MoveLink, MoveRequest};
+    use reference_bench::firecracker_api::FirecrackerApi;
+    // `false` as either VMM: it exits at once, without a socket.
+    let dir = std::env::temp_dir().join(format!("rb-gone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let err = FirecrackerApi::start(&Firecracker::at("/bin/false"), &dir.join("fc.sock"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("did not open its API socket"), "{err}");
+    let image = image_file("a_peer_that_ends_before_its_api_socket", &image("hello", 1));
+    let gone = CloudHypervisor::at("/bin/false");
+    let request = MoveRequest {
+        after: Duration::ZERO,
+        downtime: Duration::from_millis(20),
+        timeout: Duration::from_secs(1),
+        postcopy: false,
+    };
+    let link = MoveLink::Unix(dir.join("move.sock"));
+    let moved = gone.migrate(&image, (1, 64), request, &link, QEMU_TIMEOUT);
+    let taken = gone.snapshot_and_restore(&image, (1, 64), Duration::ZERO, QEMU_TIMEOUT);
+    std::fs::remove_dir_all(&dir).unwrap();
+    for err in [moved.err().unwrap(), taken.err().unwrap()] {
+        let err = err.to_string();
+        // Without ch-remote found, that is the error; else the VMM's exit.
+        assert!(
+            err.contains("no ch-remote beside") || err.contains("exited with status 1"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn firecracker_refuses_a_bad_request_with_its_reason() {
+    use reference_bench::firecracker_api::FirecrackerApi;
+    let test = "firecracker_refuses_a_bad_request_with_its_reason";
+    let Some(fc) = Firecracker::find() else {
+        skip(test, &format!("no firecracker ({})", firecracker::HINT));
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("rb-fc-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut api = FirecrackerApi::start(&fc, &dir.join("api.sock")).unwrap();
+    let missing = dir.join("no-such-kernel.elf");
+    let err = api.boot(&missing, (1, 64), false).unwrap_err().to_string();
+    drop(api);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(err.contains("PUT /boot-source"), "{err}");
+    assert!(err.contains("HTTP/1.1 4"), "Firecracker's answer: {err}");
 }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::{Cells, Links, MAX_PRECOPY, RATES, Variant, WRITERS, guest_config};
 use crate::Error;
 use crate::cloud_hypervisor::CloudHypervisor;
+use crate::cloud_hypervisor_api::{MoveLink, MoveRequest, PeerMove};
 use crate::peer::{ImageFile, PeerKind, Peers, goal_against_peer};
-use crate::peer_migration::{MoveLink, MoveRequest, PeerMove};
 use crate::peer_run::PeerRun;
 use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
 use test_support::hosts;
@@ -294,4 +294,80 @@ fn flat_out_goal(
         theirs.stall_ms.median(),
     );
     goal(asks, &measured, ours_met && theirs.converged == 0, &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::LINKED;
+    use super::*;
+
+    fn run(stall_ms: f64) -> PeerRun {
+        let value = (stall_ms * 1000.0 * ticks_per_us()) as u64;
+        let name = "max_stall_ticks".to_owned();
+        PeerRun {
+            serial: String::new(),
+            reports: vec![(1, test_guests::Report { name, value })],
+            elapsed: Duration::from_secs(1),
+            cpu_time: Duration::ZERO,
+        }
+    }
+
+    fn moved(stall_ms: f64, converged: bool) -> PeerMove {
+        PeerMove::Moved {
+            total: Duration::from_millis(600),
+            downtime: Some(Duration::from_millis(7)),
+            converged,
+            destination: run(stall_ms),
+        }
+    }
+
+    #[test]
+    fn a_row_counts_what_converged_and_what_failed() {
+        let mut c = PeerCells::default();
+        c.add(moved(12.0, true));
+        c.add(PeerMove::Failed {
+            why: "Timeout reached".into(),
+            source: run(300.0),
+        });
+        let cells = row(How::Precopy, "flat out", &c, 2);
+        assert_eq!(cells[3].text, "1 of 2; 1 failed, the guest stayed");
+        assert_eq!(cells[5].text, "600.0");
+        assert_eq!(cells[7].text, "12.00", "the moved run's stall alone");
+    }
+
+    #[test]
+    fn the_flat_out_goal_needs_every_limited_backend_converged_and_the_peer_not() {
+        let peer = |converged| {
+            let mut flat_out = PeerCells::default();
+            flat_out.add(moved(1100.0, converged));
+            PeerRows {
+                cells: vec![
+                    Default::default(),
+                    Default::default(),
+                    [PeerCells::default(), flat_out],
+                ],
+                failure: None,
+            }
+        };
+        let ours = |n| -> Vec<Cells> {
+            LINKED
+                .iter()
+                .map(|_| Cells {
+                    converged: n,
+                    ..Cells::default()
+                })
+                .collect()
+        };
+        let goal = |rows: &PeerRows, cells: &[Cells]| {
+            flat_out_goal("absent".into(), rows, (&LINKED, cells), 1)
+        };
+        assert!(goal(&peer(false), &ours(1)).ends_with(": met."));
+        assert!(goal(&peer(true), &ours(1)).contains("not met"));
+        assert!(goal(&peer(false), &ours(0)).contains("not met"));
+        let none = PeerRows {
+            cells: HOWS.iter().map(|_| Default::default()).collect(),
+            failure: None,
+        };
+        assert!(goal(&none, &ours(1)).contains("Not measured: absent."));
+    }
 }

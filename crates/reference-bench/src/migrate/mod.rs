@@ -517,6 +517,10 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         &[],
     ));
     t.note(peers.note());
+    t.note(
+        "firecracker: no rows: it has no live migration (its full and diff snapshots are the \
+         snapshot scenario's).",
+    );
     if let Some((ours, _)) = best {
         let limited = (&LINKED[..], &linked[1][..]);
         cloud_hypervisor::notes(&mut t, &peers, &ch, ours, limited, opts.reps());

@@ -1,9 +1,11 @@
-//! A peer VMM's live migration: Cloud Hypervisor moving a bench guest
-//! between two of its processes (`ch-remote receive-migration` on the
+//! Cloud Hypervisor driven through its API socket with `ch-remote`: a bench
+//! guest moved live between two of its processes (`receive-migration` on the
 //! destination, then `send-migration` on the source), over a Unix socket or
-//! over TCP between two network namespaces. The guest reports from the
-//! destination's COM1 once it ends there; a move that Cloud Hypervisor gives
-//! up leaves the guest running on at the source, which says so.
+//! over TCP between two network namespaces; and a snapshot of a running
+//! guest (`pause`, `snapshot`, `resume`) restored in a fresh process
+//! (`--restore`). The guest reports from the COM1 of the process it ends in;
+//! a move that Cloud Hypervisor gives up leaves the guest running on at the
+//! source, which says so.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -318,10 +320,7 @@ impl CloudHypervisor {
         link: &MoveLink,
         timeout: Duration,
     ) -> Result<PeerMove, PeerError> {
-        let ch_remote = self.ch_remote().ok_or_else(|| PeerError::Guest {
-            vmm: VMM,
-            what: format!("no {CH_REMOTE} beside {}", self.binary().display()),
-        })?;
+        let ch_remote = self.ch_remote().ok_or_else(|| no_ch_remote(self))?;
         let sockets = Sockets::new()?;
         let _unix_socket = link.unix_socket();
         let (source_ns, destination_ns) = link.namespaces();
@@ -359,13 +358,9 @@ impl CloudHypervisor {
                 .unwrap_or_else(|_| Err("the receiving thread panicked".into()))
         });
         let total = started.elapsed();
-        let ended = |vmm: &mut Vmm| match vmm.finish(timeout, started) {
-            Some(ended) => Ok(ended),
-            None => Err(PeerError::Timeout {
-                vmm: VMM,
-                timeout,
-                serial: String::new(),
-            }),
+        let ended = |vmm: &mut Vmm| {
+            vmm.finish(timeout, started)
+                .ok_or_else(|| timed_out(timeout))
         };
         match received {
             Ok(()) => {
@@ -384,6 +379,111 @@ impl CloudHypervisor {
                 Ok(PeerMove::Failed { why, source })
             }
         }
+    }
+}
+
+/// A snapshot of a running guest and its restore.
+#[derive(Debug)]
+pub struct SnapshotRun {
+    /// From the pause to the resume's answer.
+    pub pause: Duration,
+    /// Bytes the snapshot's files hold on disk.
+    pub bytes: u64,
+    /// The restored guest's run, to its end.
+    pub restored: PeerRun,
+}
+
+/// How long a restored Cloud Hypervisor may take to accept its `resume`.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl CloudHypervisor {
+    /// Boots `image` (`vcpus`, `mem_mib`), snapshots the guest `after` it
+    /// starts (paused, written to a folder, resumed), lets that guest end,
+    /// then restores the snapshot in a fresh process and runs the guest to
+    /// its end there, each end at most `timeout` away.
+    pub fn snapshot_and_restore(
+        &self,
+        image: &Path,
+        (vcpus, mem_mib): (u32, u64),
+        after: Duration,
+        timeout: Duration,
+    ) -> Result<SnapshotRun, PeerError> {
+        let ch_remote = self.ch_remote().ok_or_else(|| no_ch_remote(self))?;
+        let sockets = Sockets::new()?;
+        let mut source = Command::new(self.binary());
+        source
+            .args(cloud_hypervisor::boot_args(image, vcpus, mem_mib))
+            .arg("--api-socket")
+            .arg(sockets.api("source"));
+        let mut source = Vmm::spawn(source)?;
+        source.wait_for(&sockets.api("source"))?;
+        thread::sleep(after);
+        let folder = sockets.0.join("snapshot");
+        let failed = |what| PeerError::Guest { vmm: VMM, what };
+        std::fs::create_dir_all(&folder)
+            .map_err(|e| failed(format!("{}: {e}", folder.display())))?;
+        let api = |args: &[String]| remote(&ch_remote, &sockets.api("source"), args);
+        let url = format!("file://{}", folder.display());
+        let paused = Instant::now();
+        api(&["pause".into()])
+            .and_then(|()| api(&["snapshot".into(), url.clone()]))
+            .and_then(|()| api(&["resume".into()]))
+            .map_err(failed)?;
+        let pause = paused.elapsed();
+        let bytes = on_disk(&folder);
+        let started = Instant::now();
+        let ended = source.finish(timeout, started);
+        peer_run::guest_run(VMM, ended.ok_or_else(|| timed_out(timeout))?, vcpus)?;
+        let mut restore = Command::new(self.binary());
+        restore
+            .arg("--api-socket")
+            .arg(sockets.api("restored"))
+            .arg("--restore")
+            .arg(format!("source_url={url}"));
+        let mut restored = Vmm::spawn(restore)?;
+        restored.wait_for(&sockets.api("restored"))?;
+        // It accepts the resume once the VM is restored.
+        let deadline = Instant::now() + RESTORE_TIMEOUT;
+        while let Err(e) = remote(&ch_remote, &sockets.api("restored"), &["resume".into()]) {
+            if Instant::now() >= deadline {
+                return Err(failed(e));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let started = Instant::now();
+        let ended = restored.finish(timeout, started);
+        let restored = peer_run::guest_run(VMM, ended.ok_or_else(|| timed_out(timeout))?, vcpus)?;
+        Ok(SnapshotRun {
+            pause,
+            bytes,
+            restored,
+        })
+    }
+}
+
+/// Bytes the files of `folder` hold on disk.
+fn on_disk(folder: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(folder)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok()?.metadata().ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+fn timed_out(timeout: Duration) -> PeerError {
+    PeerError::Timeout {
+        vmm: VMM,
+        timeout,
+        serial: String::new(),
+    }
+}
+
+fn no_ch_remote(ch: &CloudHypervisor) -> PeerError {
+    PeerError::Guest {
+        vmm: VMM,
+        what: format!("no {CH_REMOTE} beside {}", ch.binary().display()),
     }
 }
 
