@@ -511,6 +511,36 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_ch_remote_says_what_it_ran_and_what_it_said() {
+        let api = Path::new("/nonexistent.sock");
+        let err = remote(Path::new("/bin/false"), api, &["resume".into()]).unwrap_err();
+        assert_eq!(err, "ch-remote resume: ");
+        let err = remote(Path::new("/nonexistent/ch-remote"), api, &[]).unwrap_err();
+        assert!(
+            err.starts_with("cannot run /nonexistent/ch-remote"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_vmm_past_its_time_is_killed_and_gives_no_run() {
+        let mut sleeping = Command::new("sleep");
+        sleeping.arg("10");
+        let mut vmm = Vmm::spawn(sleeping).unwrap();
+        let started = Instant::now();
+        assert!(vmm.finish(Duration::from_millis(50), started).is_none());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let mut done = Vmm::spawn(Command::new("true")).unwrap();
+        let ended = done.finish(Duration::from_secs(5), Instant::now()).unwrap();
+        assert_eq!((ended.status, ended.exit_status), (0, 0));
+        assert!(
+            timed_out(Duration::from_secs(1))
+                .to_string()
+                .contains("did not finish")
+        );
+    }
+
+    #[test]
     fn the_source_log_gives_the_downtime_and_whether_it_was_forced() {
         let log = "x Precopy: Pausing VM, ignoring target downtime (1ms) due to timeout (1s)\n\
                    y Migration completed after 2.4s with a downtime of 26ms (goal was 1ms)\n";

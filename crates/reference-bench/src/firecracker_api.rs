@@ -295,6 +295,12 @@ mod tests {
     }
 
     #[test]
+    fn a_request_to_a_socket_that_is_not_there_is_an_error() {
+        let err = exchange(Path::new("/nonexistent.sock"), "GET", "/", "").unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[test]
     fn an_answer_is_complete_with_its_headers_and_announced_body() {
         assert!(!complete(b"HTTP/1.1 204 No Content\r\n"));
         assert!(complete(
