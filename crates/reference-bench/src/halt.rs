@@ -921,6 +921,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_goal_against_a_peer_takes_this_vmms_best_where_both_ran() {
+        let sample = |latency_us, cpu_us| Sample {
+            latency_us,
+            polling_us: f64::NAN,
+            failed_us: f64::NAN,
+            cpu_us,
+            polling_share: f64::NAN,
+            changes_per_s: f64::NAN,
+        };
+        let mut cells = vec![Cells::new(); WORKLOADS.len()];
+        let ch = Variant::Peer(PeerKind::CloudHypervisor);
+        cells[0].push(index(Variant::GuestSide), sample(1.0, 2.0));
+        cells[0].push(
+            index(Variant::Kernel(HaltPoll::Tuned)),
+            sample(100.0, 200.0),
+        );
+        cells[0].push(index(ch), sample(120.0, 240.0));
+        let seen = |found| {
+            move |_, kind| PeerSeen {
+                kind,
+                found,
+                failure: Some("it stopped"),
+            }
+        };
+        let line = best_against_peer(PeerKind::CloudHypervisor, &cells, &seen(true));
+        assert!(
+            line.contains("ping-pong: guest-side polling, predictive window, latency 0.0083x"),
+            "{line}"
+        );
+        assert!(line.contains(": met. Not measured: idle timer"), "{line}");
+        assert!(
+            line.contains("Cloud Hypervisor failed in this run: it stopped"),
+            "{line}"
+        );
+        let absent = best_against_peer(PeerKind::Firecracker, &cells, &seen(false));
+        assert!(
+            absent.contains("Not measured: no firecracker was found"),
+            "{absent}"
+        );
+    }
+
+    #[test]
     fn the_kernel_goal_says_what_the_default_polling_bought() {
         let mut cells = vec![Cells::new(); WORKLOADS.len()];
         for c in &mut cells {
