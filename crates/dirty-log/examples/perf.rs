@@ -152,7 +152,7 @@ fn measure(mode: Mode, o: Options) -> Result<Row, writer_vm::Error> {
     let stats = Arc::new(DirtyStats::default());
     let slots = vm.slots()?;
     let refs: Vec<&VcpuFd> = vcpus.iter().collect();
-    let (mut tracker, ring) = Tracker::new(mode, vm.vm.clone(), slots, stats.clone(), &refs)?;
+    let (mut tracker, ring) = Tracker::new(mode, &*vm.vm, slots, stats.clone(), &refs)?;
     let threads = Vcpus::start(vcpus, ring);
     let row = perf::measure(mode, &mut tracker, &stats, o.iterations, || {
         Ok(threads.iteration())

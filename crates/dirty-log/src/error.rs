@@ -14,7 +14,7 @@ pub enum Error {
         /// The ioctl.
         op: &'static str,
         /// The error it returned.
-        source: vmm_sys_util::errno::Error,
+        source: std::io::Error,
     },
     /// KVM lacks a capability this backend needs.
     #[error("KVM does not support {0}")]
@@ -50,13 +50,36 @@ pub enum Error {
     /// The operation needs logging enabled (or disabled) first.
     #[error("dirty logging is {}", if *.0 { "already enabled" } else { "not enabled" })]
     Enabled(bool),
-    /// Logging was asked of slots never registered with the VM: switching
-    /// it on would create them (`KVM_SET_USER_MEMORY_REGION`).
+    /// Logging was asked of slots no one switches: this crate never
+    /// registers a slot it was not told about (that would create it).
     #[error(
-        "the slots were never registered with the VM: register them (Slots::register), or say \
-         the VMM did (Slots::assume_registered)"
+        "no one switches these slots' dirty logging: give the VMM's SlotOwner \
+         (Slots::owned_by), or let this crate register them (Slots::register, \
+         Slots::assume_registered)"
     )]
     NotRegistered,
+    /// The slot's owner failed to turn its logging on or off.
+    #[error("switching dirty logging of slot {slot} failed: {source}")]
+    Owner {
+        /// The slot.
+        slot: u32,
+        /// What the owner returned.
+        source: std::io::Error,
+    },
+    /// KVM no longer logs a tracked slot as it was described: it was
+    /// removed, registered again without logging, or replaced by a larger
+    /// one while tracked. Its pages since the last harvest are unknown:
+    /// copy the whole slot again (or stop), never skip it.
+    #[error(
+        "slot {slot} ({pages} pages) changed while tracked: removed, resized or registered again \
+         without dirty logging"
+    )]
+    SlotChanged {
+        /// The slot.
+        slot: u32,
+        /// Its pages as tracked.
+        pages: u64,
+    },
     /// A vCPU's ring is not there to attach: the VM's dirty ring was not
     /// enabled before the vCPU was created, or is smaller than asked for.
     #[error(
@@ -94,6 +117,6 @@ pub enum Error {
 
 /// Wraps an ioctl error with its name.
 #[cfg(feature = "kvm")]
-pub(crate) fn kvm(op: &'static str) -> impl Fn(vmm_sys_util::errno::Error) -> Error {
+pub(crate) fn kvm(op: &'static str) -> impl Fn(std::io::Error) -> Error {
     move |source| Error::Kvm { op, source }
 }

@@ -10,8 +10,13 @@
 //! # Shape
 //! - [`DirtyBitmap`]: one bit per page of a memory slot, in KVM's `u64` word layout.
 //! - [`DirtyLog`]: enable, harvest into a [`DirtySet`], disable; backends
-//!   [`KvmBitmap`], [`KvmManualProtect`] and [`KvmDirtyRing`]. Each merges the
-//!   VMM's writes recorded by vm-memory's `AtomicBitmap` ([`VmmWrites`]).
+//!   [`KvmBitmap`], [`KvmManualProtect`] and [`KvmDirtyRing`], on the VMM's
+//!   own VM fd (`impl AsRawFd`). Each merges the VMM's writes ([`VmmWrites`]).
+//! - [`Slots`]: plain data ([`Slot`]: id, guest and host address, size), any
+//!   subset of the VM's; from vm-memory's `GuestMemoryMmap` of 0.16, 0.17 or
+//!   0.18 with [`Slots::from_memory`] (features `vm-memory-0-*`). The VMM that
+//!   owns the memslots switches their logging ([`SlotOwner`]), or leaves
+//!   them to this crate ([`Slots::register`]).
 //! - [`precopy`]: rounds that always clear before they copy;
 //!   [`copy_round_pipelined`] clears on a background thread, in bounded chunks.
 //! - [`DirtyEvents`] with the no-op [`NoEvents`], and [`DirtyStats`].
@@ -37,6 +42,12 @@
 pub mod bitmap;
 pub mod error;
 pub mod events;
+#[cfg(any(
+    feature = "vm-memory-0-16",
+    feature = "vm-memory-0-17",
+    feature = "vm-memory-0-18"
+))]
+pub mod guest_memory;
 #[cfg(all(feature = "kvm", any(test, feature = "fuzzing")))]
 pub mod invariants;
 #[cfg(feature = "kvm")]
@@ -55,18 +66,15 @@ pub mod rate;
 pub mod ring;
 pub mod slots;
 
-/// The kvm-ioctls whose `VmFd` and `VcpuFd` the KVM backends take, and the
-/// vm-memory whose `GuestMemoryMmap` [`Slots`] tracks. Name their types
-/// through these re-exports, or depend on the same versions (kvm-ioctls
-/// 0.25, vm-memory 0.18): another version's `VmFd` is another type. A new
-/// version of either is a new minor version of this crate (0.x).
-#[cfg(feature = "kvm")]
-pub use kvm_ioctls;
-pub use vm_memory;
-
 pub use bitmap::{BitmapError, DirtyBitmap, Runs};
 pub use error::Error;
 pub use events::{DirtyEvents, DirtyStats, Ioctl, NoEvents};
+#[cfg(any(
+    feature = "vm-memory-0-16",
+    feature = "vm-memory-0-17",
+    feature = "vm-memory-0-18"
+))]
+pub use guest_memory::{GuestRegions, RegionBitmap};
 #[cfg(feature = "kvm")]
 pub use kvm_bitmap::KvmBitmap;
 pub use log::{DirtyLog, DirtySet};
@@ -78,9 +86,11 @@ pub use precopy::{CopyRun, copy_round};
 pub use rate::{DEFAULT_HALF_LIFE, DirtyLimit, DirtyRate};
 #[cfg(feature = "kvm")]
 pub use ring::{KvmDirtyRing, RingFull, RingMode, enable_dirty_ring};
+#[cfg(feature = "kvm")]
+pub use slots::SlotOwner;
 pub use slots::{PAGE_SIZE, Slot, Slots, VmmWrites};
 
-// The README's examples are doctests too.
-#[cfg(doctest)]
+// The README's examples are doctests too: they use KVM and vm-memory 0.18.
+#[cfg(all(doctest, feature = "kvm", feature = "vm-memory-0-18"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

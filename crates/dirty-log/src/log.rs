@@ -2,7 +2,7 @@
 
 use crate::bitmap::DirtyBitmap;
 use crate::error::Error;
-use crate::slots::{Slot, Slots, VmmWrites};
+use crate::slots::{Slot, Slots};
 
 /// One [`DirtyBitmap`] per tracked slot, in the slots' order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,7 +12,7 @@ pub struct DirtySet {
 
 impl DirtySet {
     /// An all-clean set for `slots`.
-    pub fn new<B: VmmWrites>(slots: &Slots<B>) -> Self {
+    pub fn new(slots: &Slots) -> Self {
         Self::for_slots(slots.as_slice())
     }
 
@@ -75,7 +75,7 @@ impl DirtySet {
 /// set has been re-protected: a guest write from then on shows up in the next
 /// harvest. So a copy of those pages made after `harvest` returns is never
 /// stale without the next harvest saying so. Every harvest also merges the
-/// VMM's own writes (see [`VmmWrites`]).
+/// VMM's own writes (see [`VmmWrites`](crate::VmmWrites)).
 pub trait DirtyLog {
     /// The slots it tracks, in the order of a [`DirtySet`] made for them.
     fn slots(&self) -> &[Slot];

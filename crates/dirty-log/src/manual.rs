@@ -3,21 +3,18 @@
 //! pages asked for, in chunks small enough that no single call holds KVM's
 //! MMU lock (which a faulting vCPU waits for) for long.
 
-use std::sync::Arc;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{
-    KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2, KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE, kvm_enable_cap,
-};
-use kvm_ioctls::VmFd;
+use kvm_bindings::{KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2, KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE};
 
 use crate::bitmap::DirtyBitmap;
 use crate::error::{Error, kvm};
 use crate::events::{DirtyEvents, Ioctl, NoEvents};
-use crate::ioctls::{MANUAL_PROTECT_INITIALLY_SET, clear_dirty_log};
+use crate::ioctls::{MANUAL_PROTECT_INITIALLY_SET, check_extension, clear_dirty_log, enable_cap};
 use crate::log::{DirtyLog, DirtySet};
-use crate::slots::{PAGE_SIZE, Slot, Slots, Tracked, VmmWrites};
+use crate::slots::{PAGE_SIZE, Slot, Slots, Tracked};
 
 /// Pages `KVM_CLEAR_DIRTY_LOG` ranges are aligned to.
 pub const CLEAR_ALIGN_PAGES: u64 = 64;
@@ -68,31 +65,31 @@ impl ManualConfig {
 
 /// The manual-protect backend.
 #[derive(Debug)]
-pub struct KvmManualProtect<B: VmmWrites, E: DirtyEvents = NoEvents> {
-    tracked: Tracked<B, E>,
+pub struct KvmManualProtect<E: DirtyEvents = NoEvents> {
+    tracked: Tracked<E>,
     config: ManualConfig,
     /// The chunk size now, in pages, adapted to `max_stall`.
     chunk_pages: AtomicU64,
 }
 
-impl<B: VmmWrites> KvmManualProtect<B> {
-    /// Tracks `slots` of `vm` with `config`.
-    pub fn new(vm: Arc<VmFd>, slots: Slots<B>, config: ManualConfig) -> Result<Self, Error> {
+impl KvmManualProtect {
+    /// Tracks `slots` of the VM whose fd is `vm` with `config`.
+    pub fn new(vm: &impl AsRawFd, slots: Slots, config: ManualConfig) -> Result<Self, Error> {
         Self::with_events(vm, slots, config, NoEvents)
     }
 }
 
-impl<B: VmmWrites, E: DirtyEvents> KvmManualProtect<B, E> {
+impl<E: DirtyEvents> KvmManualProtect<E> {
     /// Tracks `slots` of `vm` with `config`, reporting to `events`.
     pub fn with_events(
-        vm: Arc<VmFd>,
-        slots: Slots<B>,
+        vm: &impl AsRawFd,
+        slots: Slots,
         config: ManualConfig,
         events: E,
     ) -> Result<Self, Error> {
         let chunk = config.chunk_pages()?;
         Ok(Self {
-            tracked: Tracked::new(vm, slots, events),
+            tracked: Tracked::new(vm, slots, events)?,
             config,
             chunk_pages: AtomicU64::new(chunk),
         })
@@ -104,7 +101,7 @@ impl<B: VmmWrites, E: DirtyEvents> KvmManualProtect<B, E> {
     /// returned, before those pages are copied.
     pub fn get(&self, index: usize) -> Result<DirtyBitmap, Error> {
         let slot = self.slot(index)?;
-        let words = self.tracked.get_dirty_log(&slot)?;
+        let words = self.tracked.get_dirty_log(index)?;
         Ok(DirtyBitmap::from_kvm_words(slot.pages, words)?)
     }
 
@@ -144,7 +141,7 @@ impl<B: VmmWrites, E: DirtyEvents> KvmManualProtect<B, E> {
         let start = Instant::now();
         self.tracked
             .timed(Ioctl::ClearDirtyLog, || {
-                clear_dirty_log(&self.tracked.vm, slot.id, first, num, words)
+                clear_dirty_log(&*self.tracked.vm, slot.id, first, num, words)
             })
             .map_err(kvm("KVM_CLEAR_DIRTY_LOG"))?;
         let took = start.elapsed();
@@ -194,14 +191,14 @@ impl<B: VmmWrites, E: DirtyEvents> KvmManualProtect<B, E> {
     }
 }
 
-impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmManualProtect<B, E> {
+impl<E: DirtyEvents> DirtyLog for KvmManualProtect<E> {
     fn slots(&self) -> &[Slot] {
         self.tracked.slots.as_slice()
     }
 
     fn enable(&mut self) -> Result<(), Error> {
-        let vm = &self.tracked.vm;
-        let supported = vm.check_extension_raw(KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2.into()) as u64;
+        let vm = &*self.tracked.vm;
+        let supported = check_extension(vm, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2) as u64;
         let mut flags = u64::from(KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE);
         if self.config.initially_set {
             flags |= MANUAL_PROTECT_INITIALLY_SET;
@@ -211,12 +208,7 @@ impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmManualProtect<B, E> {
                 "KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 with these flags",
             ));
         }
-        let mut cap = kvm_enable_cap {
-            cap: KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
-            ..Default::default()
-        };
-        cap.args[0] = flags;
-        vm.enable_cap(&cap)
+        enable_cap(vm, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2, flags)
             .map_err(kvm("KVM_ENABLE_CAP(MANUAL_DIRTY_LOG_PROTECT2)"))?;
         self.tracked.set_logging(true)
     }

@@ -6,11 +6,10 @@
 //! Not part of the supported API (hidden from the docs): the benchmark
 //! machinery behind the `perf` example and `reference-bench dirty`.
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
-
-use kvm_ioctls::{VcpuFd, VmFd};
 
 use crate::KvmBitmap;
 use crate::error::Error;
@@ -19,7 +18,7 @@ use crate::log::{DirtyLog, DirtySet};
 use crate::manual::{KvmManualProtect, ManualConfig};
 use crate::precopy::copy_round_pipelined;
 use crate::ring::{KvmDirtyRing, RingFull};
-use crate::slots::{Slots, VmmWrites};
+use crate::slots::Slots;
 
 /// The ring size the measurement uses: 65536 entries.
 pub const RING_BYTES: u32 = 1 << 20;
@@ -59,15 +58,15 @@ impl Mode {
 }
 
 /// A tracker of one [`Mode`].
-pub enum Tracker<B: VmmWrites> {
+pub enum Tracker {
     /// Harvested through [`DirtyLog::harvest`].
     Log(Box<dyn DirtyLog + Send>),
     /// Harvested with [`copy_round_pipelined`].
-    Pipelined(KvmManualProtect<B, Arc<DirtyStats>>),
+    Pipelined(KvmManualProtect<Arc<DirtyStats>>),
 }
 
 /// Names the variant: a `Box<dyn DirtyLog>` has no `Debug`.
-impl<B: VmmWrites> std::fmt::Debug for Tracker<B> {
+impl std::fmt::Debug for Tracker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Log(_) => "Tracker::Log",
@@ -76,17 +75,17 @@ impl<B: VmmWrites> std::fmt::Debug for Tracker<B> {
     }
 }
 
-impl<B: VmmWrites + 'static> Tracker<B> {
+impl Tracker {
     /// A tracker of `mode` for `slots` of `vm`, reporting to `stats`. For the
     /// ring, `vcpus` are attached (the ring must have been enabled with
     /// [`crate::enable_dirty_ring`] and [`RING_BYTES`] before they were
     /// created) and their full-ring handler comes back.
-    pub fn new(
+    pub fn new<F: AsRawFd>(
         mode: Mode,
-        vm: Arc<VmFd>,
-        slots: Slots<B>,
+        vm: &impl AsRawFd,
+        slots: Slots,
         stats: Arc<DirtyStats>,
-        vcpus: &[&VcpuFd],
+        vcpus: &[&F],
     ) -> Result<(Self, Option<RingFull>), Error> {
         let bytes: u64 = slots
             .as_slice()
@@ -100,7 +99,7 @@ impl<B: VmmWrites + 'static> Tracker<B> {
         };
         Ok(match mode {
             Mode::Bitmap => (
-                Self::Log(Box::new(KvmBitmap::with_events(vm, slots, stats))),
+                Self::Log(Box::new(KvmBitmap::with_events(vm, slots, stats)?)),
                 None,
             ),
             Mode::ManualWholeSlot => (
@@ -119,9 +118,9 @@ impl<B: VmmWrites + 'static> Tracker<B> {
                 None,
             ),
             Mode::Ring => {
-                let ring = KvmDirtyRing::with_events(vm, slots, RING_BYTES, stats);
+                let ring = KvmDirtyRing::with_events(vm, slots, RING_BYTES, stats)?;
                 for (i, v) in vcpus.iter().enumerate() {
-                    ring.attach(i, v)?;
+                    ring.attach(i, *v)?;
                 }
                 let full = ring.full_handler();
                 (Self::Log(Box::new(ring)), Some(full))
@@ -203,9 +202,9 @@ impl Row {
 /// one pass of guest writes on every vCPU and returns its wall time; it is
 /// called once before logging (populate) and `iterations` (2 or more) times
 /// after, with a harvest after each.
-pub fn measure<B: VmmWrites + 'static>(
+pub fn measure(
     mode: Mode,
-    tracker: &mut Tracker<B>,
+    tracker: &mut Tracker,
     stats: &DirtyStats,
     iterations: usize,
     mut iterate: impl FnMut() -> Result<Duration, Error>,

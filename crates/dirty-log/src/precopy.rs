@@ -6,8 +6,6 @@
 //! clearing its dirty bit is lost: the copy misses it and the cleared bit
 //! forgets it. Clearing first means any later write dirties the page again.
 
-use vm_memory::GuestAddress;
-
 use crate::error::Error;
 use crate::log::{DirtyLog, DirtySet};
 use crate::slots::{PAGE_SIZE, Slot};
@@ -31,8 +29,13 @@ pub struct CopyRun {
 
 impl CopyRun {
     /// Guest physical address of the first byte.
-    pub fn guest_addr(&self) -> GuestAddress {
-        GuestAddress(self.slot.guest_addr + self.first_page * PAGE_SIZE)
+    pub fn guest_addr(&self) -> u64 {
+        self.slot.guest_addr + self.first_page * PAGE_SIZE
+    }
+
+    /// The VMM's address of the first byte (the slot's mapping).
+    pub fn host_addr(&self) -> u64 {
+        self.slot.host_addr + self.first_page * PAGE_SIZE
     }
 
     /// Bytes in the run.

@@ -7,6 +7,7 @@
 //! Entries that hardware buffers (Intel PML) reach the ring only when their
 //! vCPU exits: kick every vCPU out of `KVM_RUN` before the final harvest.
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,15 +15,15 @@ use std::time::Instant;
 
 use kvm_bindings::{
     KVM_CAP_DIRTY_LOG_RING, KVM_CAP_DIRTY_LOG_RING_ACQ_REL, KVM_DIRTY_LOG_PAGE_OFFSET,
-    kvm_enable_cap,
 };
-use kvm_ioctls::{VcpuFd, VmFd};
 
 use crate::error::{Error, kvm};
 use crate::events::{DirtyEvents, Ioctl, NoEvents};
-use crate::ioctls::{DIRTY_GFN_F_DIRTY, DIRTY_GFN_F_RESET, DirtyGfn, reset_dirty_rings};
+use crate::ioctls::{
+    DIRTY_GFN_F_DIRTY, DIRTY_GFN_F_RESET, DirtyGfn, check_extension, enable_cap, reset_dirty_rings,
+};
 use crate::log::{DirtyLog, DirtySet};
-use crate::slots::{PAGE_SIZE, Slot, Slots, Tracked, VmmWrites};
+use crate::slots::{PAGE_SIZE, Slot, Slots, Tracked};
 
 /// Bytes in one ring entry.
 pub const ENTRY_BYTES: u32 = std::mem::size_of::<DirtyGfn>() as u32;
@@ -38,12 +39,12 @@ pub enum RingMode {
     Plain,
 }
 
-/// Enables a dirty ring of `bytes` per vCPU on `vm` (a power of two of at
-/// least a page, within what KVM allows). Must come before any vCPU exists.
-/// Prefers the acquire/release capability.
-pub fn enable_dirty_ring(vm: &VmFd, bytes: u32) -> Result<RingMode, Error> {
-    let acq_rel = vm.check_extension_raw(KVM_CAP_DIRTY_LOG_RING_ACQ_REL.into());
-    let plain = vm.check_extension_raw(KVM_CAP_DIRTY_LOG_RING.into());
+/// Enables a dirty ring of `bytes` per vCPU on the VM whose fd is `vm` (a
+/// power of two of at least a page, within what KVM allows). Must come
+/// before any vCPU exists. Prefers the acquire/release capability.
+pub fn enable_dirty_ring(vm: &impl AsRawFd, bytes: u32) -> Result<RingMode, Error> {
+    let acq_rel = check_extension(vm, KVM_CAP_DIRTY_LOG_RING_ACQ_REL);
+    let plain = check_extension(vm, KVM_CAP_DIRTY_LOG_RING);
     let (cap, mode, max) = if acq_rel > 0 {
         (KVM_CAP_DIRTY_LOG_RING_ACQ_REL, RingMode::AcqRel, acq_rel)
     } else if plain > 0 {
@@ -56,13 +57,7 @@ pub fn enable_dirty_ring(vm: &VmFd, bytes: u32) -> Result<RingMode, Error> {
             "a dirty ring of {bytes} bytes: want a power of two from {PAGE_SIZE} to {max}"
         )));
     }
-    let mut enable = kvm_enable_cap {
-        cap,
-        ..Default::default()
-    };
-    enable.args[0] = u64::from(bytes);
-    vm.enable_cap(&enable)
-        .map_err(kvm("KVM_ENABLE_CAP(DIRTY_LOG_RING)"))?;
+    enable_cap(vm, cap, u64::from(bytes)).map_err(kvm("KVM_ENABLE_CAP(DIRTY_LOG_RING)"))?;
     Ok(mode)
 }
 
@@ -115,8 +110,7 @@ struct Ring {
 unsafe impl Send for Ring {}
 
 impl Ring {
-    fn map(vcpu: usize, fd: &VcpuFd, bytes: u32) -> Result<Self, Error> {
-        use std::os::fd::AsRawFd;
+    fn map(vcpu: usize, fd: &impl AsRawFd, bytes: u32) -> Result<Self, Error> {
         let offset = libc::off_t::from(KVM_DIRTY_LOG_PAGE_OFFSET) * PAGE_SIZE as libc::off_t;
         // SAFETY: maps `bytes` of the vCPU fd at KVM's ring offset; the result
         // is checked, and only this value ever unmaps it.
@@ -133,7 +127,7 @@ impl Ring {
         if addr == libc::MAP_FAILED {
             return Err(Error::Kvm {
                 op: "mmap(dirty ring)",
-                source: vmm_sys_util::errno::Error::last(),
+                source: std::io::Error::last_os_error(),
             });
         }
         let entries =
@@ -256,26 +250,31 @@ impl Rings {
 
 /// The dirty-ring backend.
 #[derive(Debug)]
-pub struct KvmDirtyRing<B: VmmWrites, E: DirtyEvents = NoEvents> {
-    tracked: Tracked<B, E>,
+pub struct KvmDirtyRing<E: DirtyEvents = NoEvents> {
+    tracked: Tracked<E>,
     bytes: u32,
     shared: Arc<Mutex<Rings>>,
 }
 
-impl<B: VmmWrites> KvmDirtyRing<B> {
-    /// Tracks `slots` of `vm`, whose rings of `bytes` were enabled with
-    /// [`enable_dirty_ring`].
-    pub fn new(vm: Arc<VmFd>, slots: Slots<B>, bytes: u32) -> Self {
+impl KvmDirtyRing {
+    /// Tracks `slots` of the VM whose fd is `vm`, whose rings of `bytes`
+    /// were enabled with [`enable_dirty_ring`].
+    pub fn new(vm: &impl AsRawFd, slots: Slots, bytes: u32) -> Result<Self, Error> {
         Self::with_events(vm, slots, bytes, NoEvents)
     }
 }
 
-impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
+impl<E: DirtyEvents> KvmDirtyRing<E> {
     /// Tracks `slots` of `vm`, reporting to `events`.
-    pub fn with_events(vm: Arc<VmFd>, slots: Slots<B>, bytes: u32, events: E) -> Self {
+    pub fn with_events(
+        vm: &impl AsRawFd,
+        slots: Slots,
+        bytes: u32,
+        events: E,
+    ) -> Result<Self, Error> {
         let pending = DirtySet::new(&slots);
-        Self {
-            tracked: Tracked::new(vm, slots, events),
+        Ok(Self {
+            tracked: Tracked::new(vm, slots, events)?,
             bytes,
             shared: Arc::new(Mutex::new(Rings {
                 rings: Vec::new(),
@@ -283,11 +282,12 @@ impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
                 bad: None,
                 resets: 0,
             })),
-        }
+        })
     }
 
-    /// Maps vCPU `index`'s ring.
-    pub fn attach(&self, index: usize, vcpu: &VcpuFd) -> Result<(), Error> {
+    /// Maps vCPU `index`'s ring, from its fd `vcpu` (any handle: the
+    /// mapping outlives it). One `mmap`, from any thread.
+    pub fn attach(&self, index: usize, vcpu: &impl AsRawFd) -> Result<(), Error> {
         let ring = Ring::map(index, vcpu, self.bytes)?;
         self.lock().rings.push(ring);
         Ok(())
@@ -324,7 +324,7 @@ impl<B: VmmWrites, E: DirtyEvents> KvmDirtyRing<B, E> {
     }
 }
 
-impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmDirtyRing<B, E> {
+impl<E: DirtyEvents> DirtyLog for KvmDirtyRing<E> {
     fn slots(&self) -> &[Slot] {
         self.tracked.slots.as_slice()
     }
@@ -361,7 +361,7 @@ impl<B: VmmWrites, E: DirtyEvents> DirtyLog for KvmDirtyRing<B, E> {
 #[derive(Clone)]
 pub struct RingFull {
     shared: Arc<Mutex<Rings>>,
-    vm: Arc<VmFd>,
+    vm: Arc<OwnedFd>,
     slots: Vec<Slot>,
     events: Arc<dyn DirtyEvents + Send + Sync>,
 }
@@ -416,7 +416,7 @@ impl RingFull {
 fn drain(
     rings: &mut Rings,
     slots: &[Slot],
-    vm: &VmFd,
+    vm: &OwnedFd,
     on_reset: &dyn Fn(std::time::Duration),
 ) -> Result<u64, Error> {
     let Rings {

@@ -1,7 +1,7 @@
-//! The memory slots being tracked, and the VMM's own writes to them.
+//! The memory slots being tracked, as plain data a VMM fills from whatever
+//! describes its memory, and the VMM's own writes to them.
 
-use vm_memory::bitmap::{AtomicBitmap, Bitmap};
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use std::fmt::Debug;
 
 use crate::error::Error;
 use crate::log::DirtySet;
@@ -9,98 +9,141 @@ use crate::log::DirtySet;
 #[cfg(feature = "kvm")]
 mod kvm;
 #[cfg(feature = "kvm")]
+mod owner;
+#[cfg(feature = "kvm")]
 pub(crate) use kvm::Tracked;
+#[cfg(feature = "kvm")]
+pub use owner::SlotOwner;
 
 /// The page size KVM logs dirty memory in.
 pub const PAGE_SIZE: u64 = 4096;
 
-/// How a guest memory region reports the VMM's own writes (device emulation,
-/// DMA), which KVM never sees. vm-memory's `AtomicBitmap` records every write
-/// made through vm-memory; `()` records nothing.
-pub trait VmmWrites: Bitmap + Send + Sync {
-    /// Whether this bitmap records writes at all.
-    const TRACKS: bool;
-    /// Pages recorded (in KVM's word layout), if any.
-    fn pages(&self) -> usize;
-    /// Takes the pages written since the last call, in KVM's word layout.
-    fn take_written(&self) -> Vec<u64>;
-}
-
-impl VmmWrites for () {
-    const TRACKS: bool = false;
-    fn pages(&self) -> usize {
-        0
-    }
-    fn take_written(&self) -> Vec<u64> {
-        Vec::new()
-    }
-}
-
-impl VmmWrites for AtomicBitmap {
-    const TRACKS: bool = true;
-    fn pages(&self) -> usize {
-        self.len()
-    }
-    fn take_written(&self) -> Vec<u64> {
-        self.get_and_reset()
-    }
-}
-
-/// One KVM memory slot.
+/// One KVM memory slot: where it is in the guest and in the VMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Slot {
-    /// KVM's slot id.
+    /// KVM's slot id (with the address space in bits 16 and up, as
+    /// `KVM_SET_USER_MEMORY_REGION` takes it; only address space 0 is
+    /// tracked).
     pub id: u32,
     /// Guest physical address of its first page.
     pub guest_addr: u64,
     /// Pages in it.
     pub pages: u64,
-    pub(crate) host_addr: u64,
+    /// The VMM's address of its first page.
+    pub host_addr: u64,
 }
 
-/// The slots a backend tracks: guest memory regions and the KVM slot id each
-/// is registered as. Holding the memory keeps every mapping alive for as long
-/// as the backend may re-register it with KVM.
-#[derive(Debug)]
-pub struct Slots<B: VmmWrites> {
-    memory: GuestMemoryMmap<B>,
-    slots: Vec<Slot>,
-    /// Whether they are registered with the VM: a KVM backend switches
-    /// logging only on slots that exist (a safe call must not create them).
-    #[cfg(feature = "kvm")]
-    registered: std::sync::atomic::AtomicBool,
-}
-
-impl<B: VmmWrites> Slots<B> {
-    /// Region `i` of `memory` as KVM slot `i`, the usual registration.
-    pub fn new(memory: &GuestMemoryMmap<B>) -> Result<Self, Error> {
-        let ids: Vec<u32> = (0..memory.num_regions() as u32).collect();
-        Self::with_ids(memory, &ids)
-    }
-
-    /// Region `i` of `memory` as KVM slot `ids[i]`.
-    pub fn with_ids(memory: &GuestMemoryMmap<B>, ids: &[u32]) -> Result<Self, Error> {
-        if ids.len() != memory.num_regions() {
-            return Err(Error::Config(format!(
-                "{} slot ids for {} regions",
-                ids.len(),
-                memory.num_regions()
+impl Slot {
+    /// Slot `id`: `bytes` of guest memory from `guest_addr`, mapped in the
+    /// VMM at `host_addr`, as the VMM registered it with KVM.
+    ///
+    /// # Errors
+    /// [`Error::Memory`] where an address or the size is not whole pages,
+    /// or the size is 0.
+    pub fn new(id: u32, guest_addr: u64, host_addr: u64, bytes: u64) -> Result<Self, Error> {
+        let bad = |reason: String| Error::Memory { slot: id, reason };
+        if bytes == 0 || bytes % PAGE_SIZE != 0 {
+            return Err(bad(format!("{bytes} bytes is not whole pages")));
+        }
+        if guest_addr % PAGE_SIZE != 0 || host_addr % PAGE_SIZE != 0 {
+            return Err(bad(format!(
+                "guest address {guest_addr:#x} or host address {host_addr:#x} is not page-aligned"
             )));
         }
-        let slots = memory
-            .iter()
-            .zip(ids)
-            .map(|(region, &id)| slot(memory, region, id))
-            .collect::<Result<_, _>>()?;
+        guest_addr
+            .checked_add(bytes)
+            .ok_or_else(|| bad("it ends past the guest address space".into()))?;
         Ok(Self {
-            memory: memory.clone(),
-            slots,
-            #[cfg(feature = "kvm")]
-            registered: std::sync::atomic::AtomicBool::new(false),
+            id,
+            guest_addr,
+            pages: bytes / PAGE_SIZE,
+            host_addr,
         })
     }
 
-    /// The slots, in region order.
+    /// Bytes in it.
+    pub fn len(&self) -> u64 {
+        self.pages * PAGE_SIZE
+    }
+
+    /// Whether it has no pages (never, for a slot [`Slot::new`] made).
+    pub fn is_empty(&self) -> bool {
+        self.pages == 0
+    }
+
+    fn overlaps(&self, other: &Slot) -> bool {
+        self.guest_addr < other.guest_addr + other.len()
+            && other.guest_addr < self.guest_addr + self.len()
+    }
+}
+
+/// The VMM's own writes to the tracked memory (device emulation, DMA),
+/// which KVM never sees. vm-memory's `AtomicBitmap` records every write
+/// made through vm-memory: the adapters (features `vm-memory-0-17`,
+/// `vm-memory-0-18`) take them from it.
+pub trait VmmWrites: Send + Sync + Debug {
+    /// Takes the pages of `slot` written since the last call, in KVM's
+    /// word layout (a bit per page, a word per 64 pages of the slot), and
+    /// forgets them; `None` where nothing records that slot's writes.
+    fn take_written(&self, slot: &Slot) -> Option<Vec<u64>>;
+}
+
+/// The slots a backend tracks, any subset of the VM's, and who switches
+/// their logging (feature `kvm`: [`Slots::owned_by`], or this crate's own
+/// registration) and records the VMM's writes ([`Slots::with_vmm_writes`]).
+#[derive(Debug)]
+pub struct Slots {
+    slots: Vec<Slot>,
+    writes: Option<Box<dyn VmmWrites>>,
+    #[cfg(feature = "kvm")]
+    owner: Option<Box<dyn SlotOwner>>,
+}
+
+impl Slots {
+    /// The slots `slots`, in that order.
+    ///
+    /// # Errors
+    /// [`Error::Config`] where two share an id or overlap in the guest.
+    pub fn new(slots: impl IntoIterator<Item = Slot>) -> Result<Self, Error> {
+        let slots: Vec<Slot> = slots.into_iter().collect();
+        for (i, a) in slots.iter().enumerate() {
+            if let Some(b) = slots[..i].iter().find(|b| b.id == a.id || b.overlaps(a)) {
+                return Err(Error::Config(format!(
+                    "slots {} and {} share an id or guest memory",
+                    b.id, a.id
+                )));
+            }
+        }
+        Ok(Self {
+            slots,
+            writes: None,
+            #[cfg(feature = "kvm")]
+            owner: None,
+        })
+    }
+
+    /// Keeps only the slots whose ids are in `ids`, in their order here: a
+    /// VMM tracks a subset (not its device or hot-plugged memory).
+    ///
+    /// # Errors
+    /// [`Error::Config`] where an id is not one of these slots.
+    pub fn only(mut self, ids: &[u32]) -> Result<Self, Error> {
+        if let Some(id) = ids.iter().find(|&&id| self.index_of(id).is_none()) {
+            return Err(Error::Config(format!("no slot {id} to track")));
+        }
+        self.slots.retain(|s| ids.contains(&s.id));
+        Ok(self)
+    }
+
+    /// These slots, with the VMM's own writes taken from `writes` at every
+    /// harvest.
+    pub fn with_vmm_writes(mut self, writes: impl VmmWrites + 'static) -> Self {
+        self.writes = Some(Box::new(writes));
+        self
+    }
+
+    /// The slots, in order.
     pub fn as_slice(&self) -> &[Slot] {
         &self.slots
     }
@@ -115,64 +158,52 @@ impl<B: VmmWrites> Slots<B> {
     /// what every backend adds to KVM's log, and all there is without one.
     ///
     /// # Errors
-    /// [`Error::Bitmap`] if `into` is not shaped like these slots.
+    /// [`Error::Bitmap`] if `into`, or what the [`VmmWrites`] returned, is
+    /// not shaped like these slots.
     pub fn merge_vmm_writes(&self, into: &mut DirtySet) -> Result<(), Error> {
-        if !B::TRACKS {
+        let Some(writes) = &self.writes else {
             return Ok(());
-        }
-        for (i, region) in self.memory.iter().enumerate() {
-            let written = std::ops::Deref::deref(region).bitmap().take_written();
-            into.bitmap_mut(i).merge_kvm_words(&written)?;
+        };
+        for (i, slot) in self.slots.iter().enumerate() {
+            if let Some(written) = writes.take_written(slot) {
+                into.bitmap_mut(i).merge_kvm_words(&written)?;
+            }
         }
         Ok(())
     }
 }
 
-fn slot<B: VmmWrites>(
-    memory: &GuestMemoryMmap<B>,
-    region: &vm_memory::GuestRegionMmap<B>,
-    id: u32,
-) -> Result<Slot, Error> {
-    let bad = |reason: String| Error::Memory { slot: id, reason };
-    if region.len() % PAGE_SIZE != 0 {
-        return Err(bad(format!("{} bytes is not whole pages", region.len())));
-    }
-    let pages = region.len() / PAGE_SIZE;
-    let tracked = std::ops::Deref::deref(region).bitmap().pages();
-    if B::TRACKS && tracked as u64 != pages {
-        return Err(bad(format!(
-            "its write bitmap has {tracked} pages for {pages}"
-        )));
-    }
-    let host = memory
-        .get_host_address(region.start_addr())
-        .map_err(|e| bad(e.to_string()))?;
-    Ok(Slot {
-        id,
-        guest_addr: region.start_addr().0,
-        pages,
-        host_addr: host as u64,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestAddress};
+    use std::sync::Mutex;
+
+    /// Writes recorded by hand: words per slot id, taken once.
+    #[derive(Debug, Default)]
+    struct Recorded(Mutex<Vec<(u32, Vec<u64>)>>);
+
+    impl VmmWrites for Recorded {
+        fn take_written(&self, slot: &Slot) -> Option<Vec<u64>> {
+            let mut all = self.0.lock().unwrap();
+            let at = all.iter().position(|(id, _)| *id == slot.id)?;
+            Some(all.remove(at).1)
+        }
+    }
+
+    fn slot(id: u32, guest: u64, pages: u64) -> Slot {
+        Slot::new(id, guest, 0x7f00_0000_0000 + guest, pages * PAGE_SIZE).unwrap()
+    }
 
     #[test]
     fn the_vmm_s_writes_are_added_to_the_pages_a_harvest_found_in_the_same_word() {
         // KVM's log said page 1 and 64; the VMM wrote page 2, in the same
-        // word as page 1, through vm-memory. All three stay dirty.
-        let memory = GuestMemoryMmap::<AtomicBitmap>::from_ranges(&[(
-            GuestAddress(0),
-            (128 * PAGE_SIZE) as usize,
-        )])
-        .unwrap();
-        let slots = Slots::new(&memory).unwrap();
+        // word as page 1. All three stay dirty.
+        let writes = Recorded(Mutex::new(vec![(0, vec![1 << 2, 0])]));
+        let slots = Slots::new([slot(0, 0, 128)])
+            .unwrap()
+            .with_vmm_writes(writes);
         let mut set = DirtySet::new(&slots);
         set.bitmap_mut(0).merge_kvm_words(&[1 << 1, 1]).unwrap();
-        memory.write_obj(7u8, GuestAddress(2 * PAGE_SIZE)).unwrap();
         slots.merge_vmm_writes(&mut set).unwrap();
         assert_eq!(
             set.get(0).unwrap().as_kvm_words(),
@@ -181,5 +212,54 @@ mod tests {
         );
         slots.merge_vmm_writes(&mut set).unwrap();
         assert_eq!(set.count(), 3, "taken once, and nothing lost after");
+    }
+
+    #[test]
+    fn writes_shaped_unlike_their_slot_are_an_error() {
+        let writes = Recorded(Mutex::new(vec![(0, vec![1])]));
+        let slots = Slots::new([slot(0, 0, 128)])
+            .unwrap()
+            .with_vmm_writes(writes);
+        let mut set = DirtySet::new(&slots);
+        assert!(matches!(
+            slots.merge_vmm_writes(&mut set),
+            Err(Error::Bitmap(_))
+        ));
+    }
+
+    #[test]
+    fn slots_are_whole_pages_with_distinct_ids_and_memory() {
+        assert!(matches!(
+            Slot::new(1, 0, 0, 100),
+            Err(Error::Memory { slot: 1, .. })
+        ));
+        assert!(
+            Slot::new(1, 0x800, 0, PAGE_SIZE).is_err(),
+            "unaligned guest"
+        );
+        assert!(Slot::new(1, 0, 0x800, PAGE_SIZE).is_err(), "unaligned host");
+        assert!(Slot::new(1, !0xfff, 0, 2 * PAGE_SIZE).is_err());
+        assert!(
+            Slots::new([slot(0, 0, 4), slot(0, 0x10000, 4)]).is_err(),
+            "same id"
+        );
+        assert!(
+            Slots::new([slot(0, 0, 4), slot(1, 0x3000, 4)]).is_err(),
+            "overlap"
+        );
+        let s = Slots::new([slot(0, 0, 4), slot(1, 0x4000, 4)]).unwrap();
+        assert_eq!(s.as_slice()[1].len(), 4 * PAGE_SIZE);
+    }
+
+    #[test]
+    fn a_subset_keeps_the_slots_named_in_their_order() {
+        let all = Slots::new([slot(0, 0, 4), slot(5, 0x10000, 8), slot(9, 0x20000, 2)]).unwrap();
+        let some = all.only(&[9, 0]).unwrap();
+        let ids: Vec<u32> = some.as_slice().iter().map(|s| s.id).collect();
+        assert_eq!(ids, [0, 9]);
+        assert!(
+            matches!(some.only(&[5]), Err(Error::Config(_))),
+            "5 is gone"
+        );
     }
 }

@@ -58,7 +58,7 @@ struct Setup {
     log: Box<dyn DirtyLog + Send>,
     ring: Option<RingFull>,
     vcpus: Vec<VcpuFd>,
-    manual: Option<KvmManualProtect<vm_memory::bitmap::AtomicBitmap>>,
+    manual: Option<KvmManualProtect>,
 }
 
 /// A VM with `writers.len()` vCPUs, each writing its own half of the data.
@@ -79,15 +79,19 @@ fn setup(backend: Backend, writers: &[Writer]) -> Setup {
         .collect();
     let slots = vm.slots().unwrap();
     let (mut log, ring, manual): (Box<dyn DirtyLog + Send>, _, _) = match backend {
-        Backend::Bitmap => (Box::new(KvmBitmap::new(vm.vm.clone(), slots)), None, None),
+        Backend::Bitmap => (
+            Box::new(KvmBitmap::new(&*vm.vm, slots).unwrap()),
+            None,
+            None,
+        ),
         Backend::Manual { initially_set } => {
             let mut config = ManualConfig::default();
             config.initially_set = initially_set;
-            let log = KvmManualProtect::new(vm.vm.clone(), slots, config).unwrap();
+            let log = KvmManualProtect::new(&*vm.vm, slots, config).unwrap();
             (Box::new(log), None, None)
         }
         Backend::Ring => {
-            let log = KvmDirtyRing::new(vm.vm.clone(), slots, RING_BYTES);
+            let log = KvmDirtyRing::new(&*vm.vm, slots, RING_BYTES).unwrap();
             for (i, v) in vcpus.iter().enumerate() {
                 log.attach(i, v).unwrap();
             }
@@ -197,7 +201,10 @@ fn copy_into(
     }
     let offset = (run.first_page * PAGE) as usize;
     memory
-        .read_slice(&mut dest[offset..offset + run.len()], run.guest_addr())
+        .read_slice(
+            &mut dest[offset..offset + run.len()],
+            GuestAddress(run.guest_addr()),
+        )
         .map_err(|e| dirty_log::Error::Config(e.to_string()))
 }
 
@@ -226,7 +233,7 @@ fn a_pre_copy_of_a_writing_guest_ends_byte_for_byte_equal() {
         if pipelined {
             let slots = s.vm.slots().unwrap();
             let mut manual =
-                KvmManualProtect::new(s.vm.vm.clone(), slots, ManualConfig::default()).unwrap();
+                KvmManualProtect::new(&*s.vm.vm, slots, ManualConfig::default()).unwrap();
             s.log.disable().unwrap();
             manual.enable().unwrap();
             s.manual = Some(manual);
@@ -303,7 +310,7 @@ fn misuse_and_bad_configuration_are_errors_not_panics() {
     })
     .unwrap();
     let slots = || vm.slots().unwrap();
-    let mut log = KvmBitmap::new(vm.vm.clone(), slots());
+    let mut log = KvmBitmap::new(&*vm.vm, slots()).unwrap();
     let mut set = DirtySet::for_slots(log.slots());
     assert!(matches!(
         log.harvest(&mut set),
@@ -318,9 +325,9 @@ fn misuse_and_bad_configuration_are_errors_not_panics() {
     ));
     let mut bad_chunk = ManualConfig::default();
     bad_chunk.chunk_bytes = 100 << 10;
-    assert!(KvmManualProtect::new(vm.vm.clone(), slots(), bad_chunk).is_err());
+    assert!(KvmManualProtect::new(&*vm.vm, slots(), bad_chunk).is_err());
     assert!(
-        Slots::with_ids(&vm.memory, &[0]).is_err(),
+        Slots::from_memory_with_ids(&vm.memory, &[0]).is_err(),
         "two regions, one id"
     );
 }
@@ -339,9 +346,9 @@ fn misuse_that_would_lose_writes_is_a_named_error() {
     })
     .unwrap();
     let vcpu = vm.vcpu(0, Writer::Sequential, 0, 16).unwrap();
-    let mut unattached = KvmDirtyRing::new(vm.vm.clone(), vm.slots().unwrap(), RING_BYTES);
+    let mut unattached = KvmDirtyRing::new(&*vm.vm, vm.slots().unwrap(), RING_BYTES).unwrap();
     assert!(matches!(unattached.enable(), Err(dirty_log::Error::NoRing)));
-    let ring = KvmDirtyRing::new(vm.vm.clone(), vm.slots().unwrap(), RING_BYTES);
+    let ring = KvmDirtyRing::new(&*vm.vm, vm.slots().unwrap(), RING_BYTES).unwrap();
     ring.attach(0, &vcpu).unwrap();
     let full = ring.full_handler();
     // vCPU 1's ring was never attached; vCPU 0's, empty, may have been
@@ -351,19 +358,19 @@ fn misuse_that_would_lose_writes_is_a_named_error() {
     assert!(full.drain(0).is_ok());
     assert!(nothing(full.drain(0)));
     // The VMM registered the memory itself and did not say so.
-    let unsaid = Slots::new(&vm.memory).unwrap();
-    assert!(!unsaid.is_registered());
-    let mut bitmap = KvmBitmap::new(vm.vm.clone(), unsaid);
+    let unsaid = Slots::from_memory(&vm.memory).unwrap();
+    assert!(!unsaid.has_owner());
+    let mut bitmap = KvmBitmap::new(&*vm.vm, unsaid).unwrap();
     let e = bitmap.enable().unwrap_err();
     assert!(matches!(e, dirty_log::Error::NotRegistered), "{e}");
-    assert!(e.to_string().contains("Slots::assume_registered"), "{e}");
+    assert!(e.to_string().contains("Slots::owned_by"), "{e}");
     let mut no_stall = ManualConfig::default();
     no_stall.max_stall = Duration::ZERO;
-    let e = KvmManualProtect::new(vm.vm.clone(), vm.slots().unwrap(), no_stall).unwrap_err();
+    let e = KvmManualProtect::new(&*vm.vm, vm.slots().unwrap(), no_stall).unwrap_err();
     assert!(e.to_string().contains("max_stall of 0"), "{e}");
     // A ring larger than the VM's, and a VM with none: touching the pages
     // past KVM's ring would raise SIGBUS.
-    let larger = KvmDirtyRing::new(vm.vm.clone(), vm.slots().unwrap(), RING_BYTES * 2);
+    let larger = KvmDirtyRing::new(&*vm.vm, vm.slots().unwrap(), RING_BYTES * 2).unwrap();
     let e = larger.attach(0, &vcpu).unwrap_err();
     assert!(
         matches!(e, dirty_log::Error::RingNotEnabled { vcpu: 0, .. }),
@@ -371,7 +378,7 @@ fn misuse_that_would_lose_writes_is_a_named_error() {
     );
     let plain = WriterVm::new(4 << 20, false, |_| Ok(())).unwrap();
     let vcpu = plain.vcpu(0, Writer::Sequential, 0, 16).unwrap();
-    let never = KvmDirtyRing::new(plain.vm.clone(), plain.slots().unwrap(), RING_BYTES);
+    let never = KvmDirtyRing::new(&*plain.vm, plain.slots().unwrap(), RING_BYTES).unwrap();
     let e = never.attach(0, &vcpu).unwrap_err();
     assert!(
         e.to_string().contains("enable_dirty_ring with that size"),
@@ -396,12 +403,8 @@ fn resets_on_a_full_ring_are_counted_where_they_run() {
     let pages = vm.data_pages();
     let mut vcpu = vm.vcpu(0, Writer::Sequential, 0, pages).unwrap();
     let stats = Arc::new(DirtyStats::default());
-    let mut log = KvmDirtyRing::with_events(
-        vm.vm.clone(),
-        vm.slots().unwrap(),
-        SMALL_RING,
-        stats.clone(),
-    );
+    let mut log =
+        KvmDirtyRing::with_events(&*vm.vm, vm.slots().unwrap(), SMALL_RING, stats.clone()).unwrap();
     log.attach(0, &vcpu).unwrap();
     let full = log.full_handler();
     log.enable().unwrap();
@@ -426,7 +429,7 @@ fn a_slow_clear_shrinks_the_chunk_so_no_single_call_stalls_long() {
     config.initially_set = true;
     config.chunk_bytes = 4 << 20;
     config.max_stall = std::time::Duration::from_nanos(1);
-    let mut log = KvmManualProtect::new(vm.vm.clone(), vm.slots().unwrap(), config).unwrap();
+    let mut log = KvmManualProtect::new(&*vm.vm, vm.slots().unwrap(), config).unwrap();
     assert_eq!(log.chunk_pages(), 1024);
     log.enable().unwrap();
     let dirty = log.get(1).unwrap();
@@ -463,7 +466,7 @@ fn a_dirty_limit_slows_a_writer_through_its_ring_full_exits() {
     })
     .unwrap();
     let mut vcpu = vm.vcpu(0, Writer::Sequential, 0, vm.data_pages()).unwrap();
-    let mut log = KvmDirtyRing::new(vm.vm.clone(), vm.slots().unwrap(), RING);
+    let mut log = KvmDirtyRing::new(&*vm.vm, vm.slots().unwrap(), RING).unwrap();
     log.attach(0, &vcpu).unwrap();
     let full = log.full_handler();
     log.enable().unwrap();

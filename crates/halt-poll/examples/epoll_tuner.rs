@@ -28,7 +28,7 @@ mod vm {
     use std::thread;
     use std::time::{Duration, Instant};
 
-    use halt_poll::kvm::{BinaryStats, KvmHaltStats, TunerConfig, WindowTuner};
+    use halt_poll::kvm::{BinaryStats, KvmHaltStats, TunedVcpus, TunerConfig, WindowTuner};
     use kvm_bindings::{KVMIO, kvm_enable_cap, kvm_regs, kvm_userspace_memory_region};
     use kvm_ioctls::{Kvm, VcpuExit};
     use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -101,7 +101,7 @@ mod vm {
         // One stats fd for this report, one for the tuner (opened here: the
         // vCPU fd moves to its thread).
         let stats = BinaryStats::for_vcpu(&vcpu)?;
-        let tuner_stats = [BinaryStats::for_vcpu(&vcpu)?];
+        let tuner_stats = TunedVcpus::open([&vcpu])?;
         let before = KvmHaltStats::read(&stats)?;
 
         // The vCPU thread: every halt stays in KVM; a signal ends KVM_RUN.

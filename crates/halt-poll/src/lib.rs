@@ -62,13 +62,6 @@ pub mod stats;
 pub mod timer_slack;
 pub mod wake;
 
-/// The kvm-ioctls whose `VmFd` and `VcpuFd` the [`kvm`] module takes. Name
-/// them through this re-export, or depend on the same kvm-ioctls (0.25):
-/// another version's `VmFd` is another type. A new kvm-ioctls is a new
-/// minor version of this crate (0.x).
-#[cfg(feature = "kvm")]
-pub use kvm_ioctls;
-
 pub use clock::{Clock, FakeClock, MonotonicClock};
 pub use events::{HaltEvents, NoEvents};
 pub use policy::{Fixed, HaltOutcome, Never, PollPlan, PollPolicy, WokenDuring};

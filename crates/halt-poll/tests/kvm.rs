@@ -8,8 +8,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use halt_poll::kvm::{
-    BinaryStats, HALT_POLL_NS_GROW_START, KvmHaltStats, StatKind, TunerConfig, WindowTuner,
-    set_vm_halt_poll,
+    BinaryStats, HALT_POLL_NS_GROW_START, KvmHaltStats, StatKind, TunedVcpus, TunerConfig,
+    WindowTuner, set_vm_halt_poll,
 };
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit, VmFd};
@@ -247,14 +247,14 @@ fn a_window_that_does_not_fit_32_bits_is_an_error() {
 fn the_tuner_reads_long_halts_and_switches_kvm_polling_off() {
     let Some(kvm) = kvm() else { return };
     let (vm, vcpu, _mem) = halting_vm(&kvm);
-    let stats = [BinaryStats::for_vcpu(&vcpu).unwrap()];
+    let stats = TunedVcpus::open([&vcpu]).unwrap();
     let mut tuner = WindowTuner::default();
     assert_eq!(tuner.tune(&vm, &stats).unwrap(), None, "no halt yet");
     // Halts of 2 ms and more (longer still on a busy host): polling never pays.
     let (vcpu, _) = halt_and_kick(vcpu, 40, Duration::from_millis(2));
     assert_eq!(tuner.tune(&vm, &stats).unwrap(), Some(Duration::ZERO));
     // The window is set on the VM: short halts now never poll.
-    let before = KvmHaltStats::read(&stats[0]).unwrap();
+    let before = KvmHaltStats::read(&BinaryStats::for_vcpu(&vcpu).unwrap()).unwrap();
     let (_, after) = halt_and_kick(vcpu, 200, Duration::from_micros(30));
     assert_eq!(
         after.halt_attempted_poll, before.halt_attempted_poll,
@@ -268,7 +268,8 @@ fn the_tuner_reads_long_halts_and_switches_kvm_polling_off() {
 fn a_budget_keeps_kvms_polling_within_it() {
     let Some(kvm) = kvm() else { return };
     let (vm, vcpu, _mem) = halting_vm(&kvm);
-    let stats = [BinaryStats::for_vcpu(&vcpu).unwrap()];
+    let stats = TunedVcpus::open([&vcpu]).unwrap();
+    let own = BinaryStats::for_vcpu(&vcpu).unwrap();
     let polled = |s: &KvmHaltStats| s.halt_poll_success_ns + s.halt_poll_fail_ns;
     let budget = 0.2;
     let mut config = TunerConfig::default();
@@ -288,9 +289,7 @@ fn a_budget_keeps_kvms_polling_within_it() {
             if let Some(w) = tuner.tune(&vm, &stats).unwrap() {
                 untuned.get_or_insert(tuner.polling_share().unwrap_or_default());
                 windows.push(w);
-                since.get_or_insert_with(|| {
-                    (Instant::now(), KvmHaltStats::read(&stats[0]).unwrap())
-                });
+                since.get_or_insert_with(|| (Instant::now(), KvmHaltStats::read(&own).unwrap()));
             }
         }
     });
@@ -318,4 +317,58 @@ fn a_budget_keeps_kvms_polling_within_it() {
         share <= budget * 1.25,
         "polled {share:.3} of the vCPU: {windows:?}"
     );
+}
+
+#[test]
+fn a_vcpu_joins_the_tuner_from_its_own_thread_while_its_lock_is_held_and_leaves() {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    use std::sync::{Mutex, mpsc};
+    let Some(kvm) = kvm() else { return };
+    let (vm, vcpu, _mem) = halting_vm(&kvm);
+    register_signal_handler(SIGRTMIN(), on_kick).unwrap();
+    let tuned = TunedVcpus::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Cloud Hypervisor's shape: the vCPU thread holds its vCPU's lock for as
+    // long as it runs, so only that thread can reach the vCPU's fd.
+    let vcpu = Arc::new(Mutex::new(vcpu));
+    let (joined, has_joined) = mpsc::channel();
+    let runner = {
+        let (tuned, stop, vcpu) = (tuned.clone(), stop.clone(), vcpu.clone());
+        thread::spawn(move || {
+            let mut vcpu = vcpu.lock().unwrap();
+            tuned.join(3, &*vcpu).unwrap();
+            joined.send(()).unwrap();
+            while !stop.load(SeqCst) {
+                match vcpu.run() {
+                    Err(e) if e.errno() == libc::EINTR => {}
+                    Ok(VcpuExit::Intr) => {}
+                    other => panic!("unexpected exit: {other:?}"),
+                }
+            }
+        })
+    };
+    has_joined.recv().unwrap();
+    assert!(vcpu.try_lock().is_err(), "the vCPU thread holds its lock");
+    // The VM as a bare borrowed fd: no kvm-ioctls type is needed.
+    // SAFETY: `vm` owns the fd and outlives `raw`.
+    let raw = unsafe { BorrowedFd::borrow_raw(vm.as_raw_fd()) };
+    let mut tuner = WindowTuner::starting_from(TunerConfig::default(), &tuned).unwrap();
+    halt_poll::set_timer_slack(Duration::from_nanos(1)).unwrap();
+    for _ in 0..40 {
+        thread::sleep(Duration::from_millis(2));
+        runner.kill(SIGRTMIN()).unwrap();
+    }
+    // Long halts, read through the joined vCPU's stats while it runs.
+    assert_eq!(tuner.tune(&raw, &tuned).unwrap(), Some(Duration::ZERO));
+    assert_eq!(tuned.ids(), [3]);
+    stop.store(true, SeqCst);
+    while !runner.is_finished() {
+        runner.kill(SIGRTMIN()).unwrap();
+        thread::sleep(Duration::from_millis(1));
+    }
+    runner.join().unwrap();
+    assert!(tuned.leave(3), "vCPU 3 was there");
+    assert!(!tuned.leave(3), "and is gone");
+    assert_eq!(tuner.tune(&raw, &tuned).unwrap(), Some(Duration::ZERO));
+    assert!(tuned.ids().is_empty());
 }

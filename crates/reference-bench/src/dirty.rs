@@ -145,7 +145,7 @@ fn measure(mode: Mode, mib: u64, iterations: usize) -> Result<perf::Row, Error> 
     let stats = Arc::new(DirtyStats::default());
     let slots = vm.dirty_slots()?;
     let vcpus: Vec<_> = vm.vcpu_fds().iter().collect();
-    let (mut tracker, ring) = Tracker::new(mode, vm.vm_fd(), slots, stats.clone(), &vcpus)?;
+    let (mut tracker, ring) = Tracker::new(mode, &*vm.vm_fd(), slots, stats.clone(), &vcpus)?;
     if let Some(ring) = ring {
         vm.set_ring_full(ring);
     }
@@ -215,9 +215,9 @@ mod tests {
         vm.add_device(GATE_PORT, 1, gate.clone());
         let slots = vm.dirty_slots().unwrap();
         let mut log: Box<dyn DirtyLog + Send> = match ring_bytes {
-            None => Box::new(KvmBitmap::new(vm.vm_fd(), slots)),
+            None => Box::new(KvmBitmap::new(&*vm.vm_fd(), slots).unwrap()),
             Some(bytes) => {
-                let ring = KvmDirtyRing::new(vm.vm_fd(), slots, bytes);
+                let ring = KvmDirtyRing::new(&*vm.vm_fd(), slots, bytes).unwrap();
                 for (i, v) in vm.vcpu_fds().iter().enumerate() {
                     ring.attach(i, v).unwrap();
                 }

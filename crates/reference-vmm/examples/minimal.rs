@@ -104,7 +104,7 @@ fn run() -> Result<Summary, Box<dyn Error>> {
     // Two vCPUs bounce 500 IPIs, halting between them (1, 3).
     let pingpong = vm(&config, &[500, 0])?;
     // 5. dirty-log: KVM's bitmap over the slots the VM registered.
-    let mut log = KvmBitmap::new(pingpong.vm_fd(), pingpong.dirty_slots()?);
+    let mut log = KvmBitmap::new(&*pingpong.vm_fd(), pingpong.dirty_slots()?)?;
     log.enable()?;
     // 4. rcu-qs: a writer waits for grace periods while the vCPUs run.
     let (domain, stop) = (pingpong.rcu_domain(), Arc::new(AtomicBool::new(false)));

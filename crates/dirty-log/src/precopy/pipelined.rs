@@ -8,7 +8,6 @@ use crate::error::Error;
 use crate::events::DirtyEvents;
 use crate::log::{DirtyLog, DirtySet};
 use crate::manual::KvmManualProtect;
-use crate::slots::VmmWrites;
 
 /// One manual-protect round with the clear work on a background thread: per
 /// slot, one GET; a worker thread CLEARs the reported pages chunk by chunk in
@@ -18,8 +17,8 @@ use crate::slots::VmmWrites;
 /// the pages handed over.
 ///
 /// [`ManualConfig::max_stall`]: crate::ManualConfig::max_stall
-pub fn copy_round_pipelined<B: VmmWrites, E: DirtyEvents>(
-    log: &KvmManualProtect<B, E>,
+pub fn copy_round_pipelined<E: DirtyEvents>(
+    log: &KvmManualProtect<E>,
     mut copy: impl FnMut(CopyRun) -> Result<(), Error>,
 ) -> Result<u64, Error> {
     let slots = log.slots().to_vec();

@@ -1,97 +1,113 @@
-//! The KVM half of the slots: registering them with a VM, switching logging
-//! on and off, and what every KVM backend holds.
+//! The KVM half of the slots: who switches their logging, and what every
+//! KVM backend holds.
 
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use kvm_bindings::{KVM_MEM_LOG_DIRTY_PAGES, kvm_userspace_memory_region};
-use kvm_ioctls::VmFd;
-
-use super::{PAGE_SIZE, Slot, Slots, VmmWrites};
+use super::owner::Registrar;
+use super::{Slot, SlotOwner, Slots};
 use crate::error::{Error, kvm};
 use crate::events::{DirtyEvents, Ioctl};
+use crate::ioctls::{GuardedWords, get_dirty_log};
 
-impl<B: VmmWrites> Slots<B> {
-    /// Registers every slot with KVM (`KVM_SET_USER_MEMORY_REGION`), logging off:
-    /// what a VMM does once when it creates the VM.
+impl Slots {
+    /// These slots, whose logging the VMM that registered them switches
+    /// through `owner`: this crate never registers or re-registers them.
+    pub fn owned_by(mut self, owner: impl SlotOwner + 'static) -> Self {
+        self.owner = Some(Box::new(owner));
+        self
+    }
+
+    /// Registers every slot with the VM whose fd is `vm`
+    /// (`KVM_SET_USER_MEMORY_REGION`, logging off), and from then on
+    /// switches their logging by registering them again: for a VMM that
+    /// leaves its memslots to this crate.
     ///
     /// # Safety
-    /// KVM maps the regions' memory into the guest: the caller keeps that
-    /// memory mapped for as long as the VM can run (these slots hold a handle
-    /// to it, so keeping them alive beside the VM is enough).
-    pub unsafe fn register(&self, vm: &VmFd) -> Result<(), Error> {
-        self.set_logging(vm, false, &crate::NoEvents)?;
-        self.registered.store(true, Relaxed);
-        Ok(())
+    /// KVM maps the slots' memory into the guest: the caller keeps that
+    /// memory mapped for as long as the VM can run.
+    pub unsafe fn register(self, vm: &impl AsRawFd) -> Result<Self, Error> {
+        // SAFETY: the caller's contract is this one's.
+        let slots = unsafe { self.assume_registered(vm) }?;
+        slots.set_logging(false, &crate::NoEvents)?;
+        Ok(slots)
     }
 
-    /// Says that the VMM registered these slots with the VM itself, so that
-    /// a KVM backend may switch their logging. Without this or
-    /// [`register`](Self::register), enabling logging is
-    /// [`Error::NotRegistered`]: re-registering a slot that does not exist
-    /// would create it.
+    /// Says that the VMM registered each slot with the VM whose fd is `vm`
+    /// with `KVM_SET_USER_MEMORY_REGION`, no flags and this memory, and
+    /// lets this crate switch logging by registering them again. A VMM with
+    /// other flags, `KVM_SET_USER_MEMORY_REGION2` or its own view of which
+    /// slots log gives its [`SlotOwner`] instead ([`Slots::owned_by`]).
     ///
     /// # Safety
-    /// Each slot is registered with the VM the backend will use, as its id,
-    /// with this memory's region (its guest address, size and host mapping),
-    /// and that memory stays mapped as long as the VM can run: a backend
-    /// re-registers the slots to switch logging on and off.
-    pub unsafe fn assume_registered(&self) {
-        self.registered.store(true, Relaxed);
+    /// Each slot is registered as said, and its memory stays mapped as long
+    /// as the VM can run: re-registering a slot that does not exist would
+    /// create it.
+    pub unsafe fn assume_registered(self, vm: &impl AsRawFd) -> Result<Self, Error> {
+        let vm = duplicate(vm)?;
+        Ok(self.owned_by(Registrar { vm }))
     }
 
-    /// Whether [`register`](Self::register) or
-    /// [`assume_registered`](Self::assume_registered) was called.
-    pub fn is_registered(&self) -> bool {
-        self.registered.load(Relaxed)
+    /// Whether someone switches these slots' logging: [`Slots::owned_by`],
+    /// [`Slots::register`] or [`Slots::assume_registered`].
+    pub fn has_owner(&self) -> bool {
+        self.owner.is_some()
     }
 
-    /// Re-registers every slot with logging on or off.
-    pub(crate) fn set_logging(
-        &self,
-        vm: &VmFd,
-        on: bool,
-        events: &impl DirtyEvents,
-    ) -> Result<(), Error> {
-        for s in &self.slots {
-            let region = kvm_userspace_memory_region {
-                slot: s.id,
-                flags: if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
-                guest_phys_addr: s.guest_addr,
-                memory_size: s.pages * PAGE_SIZE,
-                userspace_addr: s.host_addr,
-            };
+    /// Switches logging of every slot on or off through the owner.
+    fn set_logging(&self, on: bool, events: &impl DirtyEvents) -> Result<(), Error> {
+        let owner = self.owner.as_ref().ok_or(Error::NotRegistered)?;
+        for slot in &self.slots {
             let start = Instant::now();
-            // SAFETY: the mapping of a region of `self.memory`, which these
-            // slots keep alive; its registration for the VM's lifetime is the
-            // caller's, as with any memory a VMM registers (see `register`).
-            unsafe { vm.set_user_memory_region(region) }
-                .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+            owner
+                .set_dirty_logging(slot, on)
+                .map_err(|source| Error::Owner {
+                    slot: slot.id,
+                    source,
+                })?;
             events.ioctl(Ioctl::SetMemoryRegion, start.elapsed());
         }
         Ok(())
     }
 }
 
-/// What every backend holds: the VM, the slots, the events, and whether
-/// logging is on.
-#[derive(Debug)]
-pub(crate) struct Tracked<B: VmmWrites, E> {
-    pub vm: Arc<VmFd>,
-    pub slots: Slots<B>,
-    pub events: E,
-    pub enabled: bool,
+/// A descriptor of the same VM the VMM's handle holds, that a backend keeps.
+pub(crate) fn duplicate(fd: &impl AsRawFd) -> Result<OwnedFd, Error> {
+    // SAFETY: `fd` is borrowed for this call, so its descriptor is open
+    // while it is duplicated.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd.as_raw_fd()) };
+    borrowed
+        .try_clone_to_owned()
+        .map_err(kvm("fcntl(F_DUPFD_CLOEXEC) of the VM fd"))
 }
 
-impl<B: VmmWrites, E: DirtyEvents> Tracked<B, E> {
-    pub fn new(vm: Arc<VmFd>, slots: Slots<B>, events: E) -> Self {
-        Self {
-            vm,
+/// What every backend holds: the VM, the slots, the events, whether
+/// logging is on, and room for each slot's bitmap.
+#[derive(Debug)]
+pub(crate) struct Tracked<E> {
+    pub vm: Arc<OwnedFd>,
+    pub slots: Slots,
+    pub events: E,
+    pub enabled: bool,
+    bitmaps: std::sync::Mutex<Vec<GuardedWords>>,
+}
+
+impl<E: DirtyEvents> Tracked<E> {
+    pub fn new(vm: &impl AsRawFd, slots: Slots, events: E) -> Result<Self, Error> {
+        let bitmaps = slots
+            .as_slice()
+            .iter()
+            .map(|s| GuardedWords::new(s.pages.div_ceil(64) as usize))
+            .collect::<Result<_, _>>()
+            .map_err(kvm("mmap(dirty bitmap)"))?;
+        Ok(Self {
+            vm: Arc::new(duplicate(vm)?),
             slots,
             events,
             enabled: false,
-        }
+            bitmaps: std::sync::Mutex::new(bitmaps),
+        })
     }
 
     /// Starts a harvest: logging must be on. Returns the start time.
@@ -103,21 +119,36 @@ impl<B: VmmWrites, E: DirtyEvents> Tracked<B, E> {
         }
     }
 
-    /// `KVM_GET_DIRTY_LOG` of `slot`, timed.
-    pub fn get_dirty_log(&self, slot: &Slot) -> Result<Vec<u64>, Error> {
-        let size = (slot.pages * PAGE_SIZE) as usize;
-        self.timed(Ioctl::GetDirtyLog, || self.vm.get_dirty_log(slot.id, size))
-            .map_err(kvm("KVM_GET_DIRTY_LOG"))
+    /// `KVM_GET_DIRTY_LOG` of the slot at position `index`, timed. A slot
+    /// KVM no longer logs (removed, or registered again without logging)
+    /// or that grew is [`Error::SlotChanged`].
+    pub fn get_dirty_log(&self, index: usize) -> Result<Vec<u64>, Error> {
+        let slot: &Slot = &self.slots.as_slice()[index];
+        let mut bitmaps = self
+            .bitmaps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let result = self.timed(Ioctl::GetDirtyLog, || {
+            // SAFETY: the words end at a guard page (`GuardedWords`).
+            bitmaps[index].fill(|words| unsafe { get_dirty_log(&*self.vm, slot.id, words) })
+        });
+        result.map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT | libc::EFAULT) => Error::SlotChanged {
+                slot: slot.id,
+                pages: slot.pages,
+            },
+            _ => Error::Kvm {
+                op: "KVM_GET_DIRTY_LOG",
+                source: e,
+            },
+        })
     }
 
     pub fn set_logging(&mut self, on: bool) -> Result<(), Error> {
         if self.enabled == on {
             return Err(Error::Enabled(on));
         }
-        if !self.slots.is_registered() {
-            return Err(Error::NotRegistered);
-        }
-        self.slots.set_logging(&self.vm, on, &self.events)?;
+        self.slots.set_logging(on, &self.events)?;
         self.enabled = on;
         Ok(())
     }

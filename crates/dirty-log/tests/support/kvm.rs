@@ -167,12 +167,11 @@ impl WriterVm {
 
     /// The memory as dirty-log slots: region i as slot i, which `new`
     /// registered.
-    pub fn slots(&self) -> Result<dirty_log::Slots<AtomicBitmap>, dirty_log::Error> {
-        let slots = dirty_log::Slots::new(&self.memory)?;
+    pub fn slots(&self) -> Result<dirty_log::Slots, dirty_log::Error> {
+        let slots = dirty_log::Slots::from_memory(&self.memory)?;
         // SAFETY: `new` registered region i of this memory as slot i of this
-        // VM, and the memory lives beside the VM.
-        unsafe { slots.assume_registered() };
-        Ok(slots)
+        // VM with no flags, and the memory lives beside the VM.
+        unsafe { slots.assume_registered(&*self.vm) }
     }
 
     /// Pages of data memory.

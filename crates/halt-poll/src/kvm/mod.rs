@@ -14,16 +14,19 @@ use kvm_bindings::{
     KVM_CAP_HALT_POLL, KVM_STATS_BASE_MASK, KVM_STATS_BASE_POW2, KVM_STATS_TYPE_MASK,
     KVM_STATS_UNIT_MASK, KVMIO, kvm_enable_cap,
 };
-use kvm_ioctls::{VcpuFd, VmFd};
-use vmm_sys_util::ioctl::ioctl;
+use vmm_sys_util::ioctl::{ioctl, ioctl_with_ref};
 
 pub mod tuner;
+pub mod vcpus;
 pub use tuner::{HALT_POLL_NS_GROW_START, TunerConfig, WindowTuner};
+pub use vcpus::TunedVcpus;
 
-/// The stats-fd ioctl, which kvm-ioctls does not wrap.
+/// The two ioctls this module issues itself, on whatever file descriptor
+/// the VMM holds (a kvm-ioctls `VmFd`/`VcpuFd` of any version, or its own).
 mod ioctls {
-    use super::KVMIO;
+    use super::{KVMIO, kvm_enable_cap};
     vmm_sys_util::ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
+    vmm_sys_util::ioctl_iow_nr!(KVM_ENABLE_CAP, KVMIO, 0xa3, kvm_enable_cap);
 }
 
 /// What went wrong talking to KVM.
@@ -35,7 +38,7 @@ pub enum KvmError {
     WindowTooLong(Duration),
     /// `KVM_ENABLE_CAP(KVM_CAP_HALT_POLL)` failed.
     #[error("KVM_ENABLE_CAP(KVM_CAP_HALT_POLL) failed: {0}")]
-    EnableCap(#[source] kvm_ioctls::Error),
+    EnableCap(#[source] io::Error),
     /// `KVM_GET_STATS_FD` failed.
     #[error("KVM_GET_STATS_FD failed: {0}")]
     StatsFd(#[source] io::Error),
@@ -50,17 +53,27 @@ pub enum KvmError {
     NoSuchStat(String),
 }
 
-/// Sets the VM's maximum halt-polling window (0 stops in-kernel polling). It may
-/// be set again at any time; KVM's grow/shrink rule then works under the new
-/// maximum.
-pub fn set_vm_halt_poll(vm: &VmFd, max: Duration) -> Result<(), KvmError> {
+/// Sets the maximum halt-polling window of the VM whose file descriptor is
+/// `vm` (0 stops in-kernel polling). It may be set again at any time; KVM's
+/// grow/shrink rule then works under the new maximum.
+///
+/// `vm` is anything that holds the VM's fd: a kvm-ioctls `VmFd` of any
+/// version, or a VMM's own handle. One system call, `ioctl(KVM_ENABLE_CAP)`.
+pub fn set_vm_halt_poll(vm: &impl AsRawFd, max: Duration) -> Result<(), KvmError> {
     let ns = u32::try_from(max.as_nanos()).map_err(|_| KvmError::WindowTooLong(max))?;
     let mut cap = kvm_enable_cap {
         cap: KVM_CAP_HALT_POLL,
         ..Default::default()
     };
     cap.args[0] = u64::from(ns);
-    vm.enable_cap(&cap).map_err(KvmError::EnableCap)
+    // SAFETY: KVM reads one `kvm_enable_cap` from the pointer, which lives
+    // for the call; on anything but a VM fd the ioctl fails with an error.
+    let ret = unsafe { ioctl_with_ref(vm, ioctls::KVM_ENABLE_CAP(), &cap) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(KvmError::EnableCap(io::Error::last_os_error()))
+    }
 }
 
 /// What a statistic measures (`KVM_STATS_TYPE_*`).
@@ -124,13 +137,17 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 impl BinaryStats {
-    /// The statistics of `vcpu`.
-    pub fn for_vcpu(vcpu: &VcpuFd) -> Result<Self, KvmError> {
+    /// The statistics of the vCPU whose file descriptor is `vcpu` (a
+    /// kvm-ioctls `VcpuFd` of any version, or a VMM's own handle). Needs
+    /// `ioctl(KVM_GET_STATS_FD)` and `pread64` on the calling thread; the
+    /// vCPU may be running meanwhile (no KVM lock is taken), so a vCPU
+    /// thread can open its own before its first `KVM_RUN`.
+    pub fn for_vcpu(vcpu: &impl AsRawFd) -> Result<Self, KvmError> {
         Self::open(vcpu)
     }
 
-    /// The statistics of `vm`.
-    pub fn for_vm(vm: &VmFd) -> Result<Self, KvmError> {
+    /// The statistics of the VM whose file descriptor is `vm`.
+    pub fn for_vm(vm: &impl AsRawFd) -> Result<Self, KvmError> {
         Self::open(vm)
     }
 

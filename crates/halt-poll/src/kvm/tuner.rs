@@ -76,11 +76,10 @@
 //! the success histogram, one that blocked in the wait histogram. So the
 //! window can always move either way.
 
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use kvm_ioctls::VmFd;
-
-use super::{BinaryStats, KvmError, KvmHaltStats, set_vm_halt_poll};
+use super::{KvmError, KvmHaltStats, TunedVcpus, set_vm_halt_poll};
 use crate::stats::HIST_BUCKETS;
 
 /// KVM's `halt_poll_ns_grow_start` (10 µs on x86): a vCPU's window grows
@@ -151,18 +150,20 @@ impl Default for TunerConfig {
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use halt_poll::kvm::{BinaryStats, KvmError, TunerConfig, WindowTuner};
-/// use kvm_ioctls::{VcpuFd, VmFd};
+/// use std::os::fd::AsRawFd;
+/// use halt_poll::kvm::{KvmError, TunedVcpus, TunerConfig, WindowTuner};
 ///
-/// /// Tunes `vm` until `running` says stop (a VMM runs this on a thread of its own).
-/// fn tune(vm: &VmFd, vcpus: &[VcpuFd], running: impl Fn() -> bool) -> Result<(), KvmError> {
-///     let stats: Vec<BinaryStats> = vcpus.iter().map(BinaryStats::for_vcpu).collect::<Result<_, _>>()?;
+/// /// Tunes the VM whose fd is `vm` until `running` says stop (a VMM runs
+/// /// this on a thread of its own). `vm` and `vcpus` are whatever the VMM
+/// /// holds: kvm-ioctls' `VmFd` and `VcpuFd` of any version fit.
+/// fn tune<F: AsRawFd>(vm: &impl AsRawFd, vcpus: &[F], running: impl Fn() -> bool) -> Result<(), KvmError> {
+///     let tuned = TunedVcpus::open(vcpus)?;
 ///     let mut config = TunerConfig::default();
 ///     config.budget = Some(0.05); // poll at most 5 % of each vCPU's time
-///     let mut tuner = WindowTuner::starting_from(config, &stats)?;
+///     let mut tuner = WindowTuner::starting_from(config, &tuned)?;
 ///     while running() {
 ///         std::thread::sleep(Duration::from_millis(10));
-///         if let Some(window) = tuner.tune(vm, &stats)? {
+///         if let Some(window) = tuner.tune(vm, &tuned)? {
 ///             println!("halt polling up to {window:?}, {} changes", tuner.changes());
 ///         }
 ///     }
@@ -172,7 +173,11 @@ impl Default for TunerConfig {
 #[derive(Clone, Debug, Default)]
 pub struct WindowTuner {
     config: TunerConfig,
-    last: Vec<KvmHaltStats>,
+    /// Every vCPU's statistics as last read, by id.
+    last: Vec<(u32, KvmHaltStats)>,
+    /// Whether statistics were ever read: from then on a vCPU that joins
+    /// counts from its first read.
+    seen: bool,
     /// When `last` was read (by [`WindowTuner::tune`]).
     read_at: Option<Instant>,
     halts: [f64; HIST_BUCKETS],
@@ -203,8 +208,10 @@ impl WindowTuner {
     /// A tuner whose first [`tune`](Self::tune) counts only the halts after
     /// this call: it reads every vCPU's statistics now. A stats fd opened
     /// long before holds halts that say nothing about the guest now.
-    pub fn starting_from(config: TunerConfig, vcpus: &[BinaryStats]) -> Result<Self, KvmError> {
-        let mut tuner = Self::from_baseline(config, &read_all(vcpus)?);
+    pub fn starting_from(config: TunerConfig, vcpus: &TunedVcpus) -> Result<Self, KvmError> {
+        let mut tuner = Self::new(config);
+        tuner.last = vcpus.read_all()?;
+        tuner.seen = true;
         tuner.read_at = Some(Instant::now());
         Ok(tuner)
     }
@@ -213,7 +220,8 @@ impl WindowTuner {
     /// since `baseline` (every vCPU's statistics, as `update` takes them).
     pub fn from_baseline(config: TunerConfig, baseline: &[KvmHaltStats]) -> Self {
         Self {
-            last: baseline.to_vec(),
+            last: by_position(baseline),
+            seen: true,
             ..Self::new(config)
         }
     }
@@ -236,16 +244,23 @@ impl WindowTuner {
         self.share
     }
 
-    /// Reads every vCPU's statistics, updates the window and sets it on `vm`
-    /// when it changed. Returns the window now chosen.
-    pub fn tune(&mut self, vm: &VmFd, vcpus: &[BinaryStats]) -> Result<Option<Duration>, KvmError> {
-        let now = read_all(vcpus)?;
+    /// Reads the statistics of every vCPU in `vcpus` (those that joined
+    /// since the last call count from now; those that left are forgotten),
+    /// updates the window and sets it on the VM whose fd is `vm` when it
+    /// changed. Returns the window now chosen. System calls: a `pread64`
+    /// per statistic per vCPU, and `ioctl(KVM_ENABLE_CAP)` on a change.
+    pub fn tune(
+        &mut self,
+        vm: &impl AsRawFd,
+        vcpus: &TunedVcpus,
+    ) -> Result<Option<Duration>, KvmError> {
+        let now = vcpus.read_all()?;
         let read_at = Instant::now();
         let elapsed = self
             .read_at
             .map_or(Duration::ZERO, |last| read_at.duration_since(last));
         self.read_at = Some(read_at);
-        let window = self.update(elapsed, &now);
+        let window = self.update_by_id(elapsed, &now);
         if let Some(w) = window.filter(|&w| Some(w) != self.applied) {
             set_vm_halt_poll(vm, w)?;
             self.applied = Some(w);
@@ -257,21 +272,37 @@ impl WindowTuner {
     /// vCPU, in the same order each time), `elapsed` after the last ones,
     /// and returns the window chosen. This is the rule without KVM: unit
     /// tests feed it recorded statistics. A zero `elapsed` adds halts but no
-    /// time, so a budget cannot be checked against it.
+    /// time, so a budget cannot be checked against it. vCPU `i` of one call
+    /// is vCPU `i` of the next.
     pub fn update(&mut self, elapsed: Duration, vcpus: &[KvmHaltStats]) -> Option<Duration> {
-        if self.last.len() != vcpus.len() {
-            self.last = vec![KvmHaltStats::default(); vcpus.len()];
-        }
+        self.update_by_id(elapsed, &by_position(vcpus))
+    }
+
+    /// As [`update`](Self::update), with each vCPU's statistics under its
+    /// id: a vCPU missing from the last call (it joined) counts from this
+    /// one, and one missing from this call (it left) is forgotten, so the
+    /// budget covers the vCPUs there are now.
+    pub fn update_by_id(
+        &mut self,
+        elapsed: Duration,
+        vcpus: &[(u32, KvmHaltStats)],
+    ) -> Option<Duration> {
         let keep = self.config.keep;
         self.halts.iter_mut().for_each(|h| *h *= keep);
         self.time_ns = self.time_ns * keep + elapsed.as_nanos() as f64;
         self.polled_ns *= keep;
         let mut polled_ns = 0;
-        for (now, last) in vcpus.iter().zip(&mut self.last) {
+        let never = KvmHaltStats::default();
+        for (id, now) in vcpus {
+            let last = self.last.iter().find(|(v, _)| v == id).map(|(_, s)| s);
+            let Some(last) = last.or((!self.seen).then_some(&never)) else {
+                continue;
+            };
             add_halts(&mut self.halts, now, last);
             polled_ns += polled(now).saturating_sub(polled(last));
-            *last = now.clone();
         }
+        self.last = vcpus.to_vec();
+        self.seen = true;
         self.polled_ns += polled_ns as f64;
         let capacity_ns = elapsed.as_nanos() as f64 * vcpus.len() as f64;
         self.share = (capacity_ns > 0.0).then(|| polled_ns as f64 / capacity_ns);
@@ -460,9 +491,9 @@ impl WindowTuner {
     }
 }
 
-/// Every vCPU's halt statistics, read now.
-fn read_all(vcpus: &[BinaryStats]) -> Result<Vec<KvmHaltStats>, KvmError> {
-    vcpus.iter().map(KvmHaltStats::read).collect()
+/// Statistics by position, as ids `0, 1, ...`.
+fn by_position(vcpus: &[KvmHaltStats]) -> Vec<(u32, KvmHaltStats)> {
+    (0..).zip(vcpus.iter().cloned()).collect()
 }
 
 /// All the polling KVM reports for a vCPU, ns.
@@ -724,6 +755,30 @@ mod tests {
     /// The windows a tuner chooses over 60 intervals of a bimodal load (a
     /// VM's vCPUs together): two intervals of 40 µs halts that polls catch,
     /// two of five times as many 1 ms halts, and so on.
+    #[test]
+    fn a_vcpu_that_joins_counts_from_its_first_read_and_one_that_leaves_is_forgotten() {
+        let mut t = WindowTuner::default();
+        let a = stats(&[40 * US; 10], &[]);
+        t.update_by_id(TICK, &[(0, a.clone())]);
+        // vCPU 7 joins with 1000 halts behind it: they happened before it
+        // joined, so none of them counts (10 * 0.75 < 16 halts: no window).
+        let old = stats(&[40 * US; 1000], &[]);
+        assert_eq!(
+            t.update_by_id(TICK, &[(0, a.clone()), (7, old.clone())]),
+            None
+        );
+        assert_eq!(t.last.len(), 2);
+        // Its next 20 halts do.
+        let newer = more(&old, &[40 * US; 20], &[]);
+        assert_eq!(
+            t.update_by_id(TICK, &[(0, a.clone()), (7, newer)]),
+            Some(Duration::from_nanos(1 << 16))
+        );
+        // vCPU 7 leaves: the budget's capacity is one vCPU again.
+        t.update_by_id(TICK, &[(0, a)]);
+        assert_eq!(t.last.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [0]);
+    }
+
     fn bimodal(mut t: WindowTuner) -> (Vec<Option<Duration>>, u64) {
         let mut now = stats(&[], &[]);
         let windows = (0..60)

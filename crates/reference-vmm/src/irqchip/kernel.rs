@@ -12,7 +12,7 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use halt_poll::kvm::{
-    BinaryStats, KvmError, KvmHaltStats, TunerConfig, WindowTuner, set_vm_halt_poll,
+    BinaryStats, KvmError, KvmHaltStats, TunedVcpus, TunerConfig, WindowTuner, set_vm_halt_poll,
 };
 use kvm_ioctls::{VcpuFd, VmFd};
 
@@ -120,10 +120,7 @@ impl TunerThread {
     /// first window fits, and a budget the first interval broke by twice
     /// shrinks it at once.
     pub fn spawn(vm: Arc<VmFd>, vcpus: &[VcpuFd], budget: Option<f64>) -> Result<Self, Error> {
-        let stats = vcpus
-            .iter()
-            .map(BinaryStats::for_vcpu)
-            .collect::<Result<Vec<_>, _>>()?;
+        let stats = TunedVcpus::open(vcpus)?;
         let mut config = TunerConfig::default();
         config.budget = budget;
         let mut tuner = WindowTuner::starting_from(config, &stats)?;

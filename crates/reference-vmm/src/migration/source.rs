@@ -15,7 +15,6 @@ use dirty_log::{
     CopyRun, DirtyLog, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig, copy_round,
     copy_round_pipelined,
 };
-use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
@@ -211,7 +210,7 @@ enum Log {
     /// Harvested, then copied.
     Plain(Box<dyn DirtyLog + Send>),
     /// Manual protect: cleared chunk by chunk beside the copy.
-    Manual(KvmManualProtect<AtomicBitmap>),
+    Manual(KvmManualProtect),
 }
 
 impl Log {
@@ -324,15 +323,15 @@ impl Migration {
         let slots = vm.dirty_slots()?;
         let mut counts = Counts::Rounds(0);
         let log = match options.backend {
-            DirtyLogBackend::Bitmap => Log::Plain(Box::new(KvmBitmap::new(vm.vm_fd(), slots))),
+            DirtyLogBackend::Bitmap => Log::Plain(Box::new(KvmBitmap::new(&*vm.vm_fd(), slots)?)),
             DirtyLogBackend::Manual => Log::Manual(KvmManualProtect::new(
-                vm.vm_fd(),
+                &*vm.vm_fd(),
                 slots,
                 ManualConfig::default(),
             )?),
             DirtyLogBackend::Ring => {
                 let bytes = vm.dirty_ring_bytes().unwrap_or(RING_BYTES);
-                let ring = KvmDirtyRing::new(vm.vm_fd(), slots, bytes);
+                let ring = KvmDirtyRing::new(&*vm.vm_fd(), slots, bytes)?;
                 for (i, fd) in vm.vcpu_fds().iter().enumerate() {
                     ring.attach(i, fd)?;
                 }
@@ -630,7 +629,7 @@ impl Copier {
         let mut buf = Vec::new();
         let mut failed = None;
         let pages = self.log.round(|run| {
-            match send_pages(memory, out, run.guest_addr().0, run.len() as u64, &mut buf) {
+            match send_pages(memory, out, run.guest_addr(), run.len() as u64, &mut buf) {
                 Ok(_) => Ok(()),
                 Err(e) => {
                     failed = Some(e);

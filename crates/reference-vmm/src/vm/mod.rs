@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
-use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::CpuFeatures;
@@ -144,12 +143,12 @@ impl Vm {
 
     /// Guest memory as dirty-log slots (region i as slot i), as this VM
     /// registered them: what a dirty-log backend tracks.
-    pub fn dirty_slots(&self) -> Result<dirty_log::Slots<AtomicBitmap>, dirty_log::Error> {
-        let slots = dirty_log::Slots::new(&self.memory)?;
+    pub fn dirty_slots(&self) -> Result<dirty_log::Slots, dirty_log::Error> {
+        let slots = dirty_log::Slots::from_memory(&self.memory)?;
         // SAFETY: `Vm::new` registered region i of this memory as slot i
-        // (`register_memory`), and the VM and its vCPU threads keep it mapped.
-        unsafe { slots.assume_registered() };
-        Ok(slots)
+        // with no flags (`register_memory`), and the VM and its vCPU threads
+        // keep it mapped.
+        unsafe { slots.assume_registered(&*self.vm) }
     }
 
     /// The VM, for dirty logging.
@@ -235,10 +234,12 @@ fn write_params(memory: &VmMemory, params: &[u64; PARAMS]) -> Result<(), Error> 
 }
 
 fn register_memory(vm: &VmFd, memory: &VmMemory) -> Result<(), Error> {
-    let slots = dirty_log::Slots::new(memory).map_err(Error::RegisterMemory)?;
+    let slots = dirty_log::Slots::from_memory(memory).map_err(Error::RegisterMemory)?;
     // SAFETY: `memory` stays mapped as long as the VM can run: the Vm and
     // then the vCPU threads' shared state hold it.
-    unsafe { slots.register(vm) }.map_err(Error::RegisterMemory)
+    unsafe { slots.register(vm) }
+        .map(drop)
+        .map_err(Error::RegisterMemory)
 }
 
 /// Writes the GDT, page tables, guest image, and each vCPU's TSS and IDT.
