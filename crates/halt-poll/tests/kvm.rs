@@ -372,3 +372,27 @@ fn a_vcpu_joins_the_tuner_from_its_own_thread_while_its_lock_is_held_and_leaves(
     assert_eq!(tuner.tune(&raw, &tuned).unwrap(), Some(Duration::ZERO));
     assert!(tuned.ids().is_empty());
 }
+
+#[test]
+fn observing_chooses_a_window_and_meters_the_polling_without_setting_it() {
+    let Some(kvm) = kvm() else { return };
+    let (_vm, vcpu, _mem) = halting_vm(&kvm);
+    let stats = TunedVcpus::open([&vcpu]).unwrap();
+    let mut tuner = WindowTuner::default();
+    assert_eq!(tuner.observe(&stats).unwrap(), None, "no halt yet");
+    let (vcpu, _) = halt_and_kick(vcpu, 40, Duration::from_millis(2));
+    assert_eq!(tuner.observe(&stats).unwrap(), Some(Duration::ZERO));
+    // Nothing was set: KVM's own window still polls short halts.
+    let before = KvmHaltStats::read(&BinaryStats::for_vcpu(&vcpu).unwrap()).unwrap();
+    let (_, after) = halt_and_kick(vcpu, 200, Duration::from_micros(30));
+    assert!(
+        after.halt_attempted_poll > before.halt_attempted_poll,
+        "{after:?}"
+    );
+    // The meter counts what KVM reported between the reads.
+    tuner.observe(&stats).unwrap();
+    let (polled, vcpu_time) = tuner.polling_total();
+    let reported = |s: &KvmHaltStats| s.halt_poll_success_ns + s.halt_poll_fail_ns;
+    assert!(polled >= Duration::from_nanos(reported(&after) - reported(&before)));
+    assert!(vcpu_time > Duration::ZERO && polled < vcpu_time);
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::peer_run::{self, Launch, PeerBinary, PeerError, PeerRun};
+use crate::peer_run::{self, Launch, PeerBinary, PeerEnv, PeerError, PeerRun};
 
 /// Its binary's name.
 pub const BINARY: &str = "cloud-hypervisor";
@@ -21,6 +21,9 @@ pub const HINT: &str = "build it from its source, or set VM_LATENCY_PEERS to a f
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CloudHypervisor {
     binary: PathBuf,
+    env: PeerEnv,
+    /// Arguments after the boot arguments.
+    args: Vec<OsString>,
 }
 
 impl PeerBinary for CloudHypervisor {
@@ -29,6 +32,8 @@ impl PeerBinary for CloudHypervisor {
     fn at(path: impl Into<PathBuf>) -> Self {
         Self {
             binary: path.into(),
+            env: PeerEnv::default(),
+            args: Vec::new(),
         }
     }
 
@@ -38,11 +43,31 @@ impl PeerBinary for CloudHypervisor {
 }
 
 impl CloudHypervisor {
+    /// This binary, run with `key` set to `value` in its environment (how
+    /// an integration patch takes its settings).
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.set(key, value);
+        self
+    }
+
+    /// The environment it runs with beyond this process's.
+    pub fn env(&self) -> &PeerEnv {
+        &self.env
+    }
+
+    /// This binary, run with `args` after the boot arguments.
+    pub fn with_args(mut self, args: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
     /// The command line that boots `image` with `vcpus` vCPUs and
     /// `mem_mib` MiB: its serial port on standard output, no console.
     pub fn command(&self, image: &Path, vcpus: u32, mem_mib: u64) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.args(boot_args(image, vcpus, mem_mib));
+        cmd.args(&self.args);
+        self.env.apply(&mut cmd);
         cmd
     }
 

@@ -325,11 +325,13 @@ impl CloudHypervisor {
         let _unix_socket = link.unix_socket();
         let (source_ns, destination_ns) = link.namespaces();
         let mut destination = in_namespace(destination_ns, self.binary());
+        self.env().apply(&mut destination);
         destination
             .arg("--api-socket")
             .arg(sockets.api("destination"));
         let mut destination = Vmm::spawn(destination)?;
         let mut source = in_namespace(source_ns, self.binary());
+        self.env().apply(&mut source);
         source
             .args(cloud_hypervisor::boot_args(image, vcpus, mem_mib))
             .arg("--api-socket")

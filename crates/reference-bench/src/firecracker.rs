@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::peer_run::{self, Launch, PeerBinary, PeerError, PeerRun};
+use crate::peer_run::{self, Launch, PeerBinary, PeerEnv, PeerError, PeerRun};
 
 /// Its binary's name.
 pub const BINARY: &str = "firecracker";
@@ -21,6 +21,7 @@ pub const HINT: &str = "build it from its source, or set VM_LATENCY_PEERS to a f
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Firecracker {
     binary: PathBuf,
+    env: PeerEnv,
 }
 
 /// The configuration that boots `image` with `vcpus` vCPUs and `mem_mib`
@@ -40,6 +41,7 @@ impl PeerBinary for Firecracker {
     fn at(path: impl Into<PathBuf>) -> Self {
         Self {
             binary: path.into(),
+            env: PeerEnv::default(),
         }
     }
 
@@ -49,10 +51,23 @@ impl PeerBinary for Firecracker {
 }
 
 impl Firecracker {
+    /// This binary, run with `key` set to `value` in its environment (how
+    /// an integration patch takes its settings).
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.set(key, value);
+        self
+    }
+
+    /// The environment it runs with beyond this process's.
+    pub fn env(&self) -> &PeerEnv {
+        &self.env
+    }
+
     /// The command line that boots the VM `config_file` describes, its log
     /// on standard error (not among the guest's lines).
     pub fn command(&self, config_file: &Path) -> Command {
         let mut cmd = Command::new(&self.binary);
+        self.env.apply(&mut cmd);
         cmd.args(["--no-api", "--log-path", "/dev/stderr", "--config-file"])
             .arg(config_file);
         cmd

@@ -35,6 +35,7 @@ impl FirecrackerApi {
     pub fn start(fc: &Firecracker, socket: &Path) -> Result<Self, PeerError> {
         let _ = std::fs::remove_file(socket);
         let mut command = Command::new(fc.binary());
+        fc.env().apply(&mut command);
         command
             .arg("--api-sock")
             .arg(socket)

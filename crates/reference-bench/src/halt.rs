@@ -39,7 +39,7 @@ const BIMODAL_GAP_US: u64 = 500;
 
 /// What the guest does between halts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Workload {
+pub(crate) enum Workload {
     PingPong,
     IdleTimer,
     Bursty,
@@ -63,15 +63,15 @@ const WORKLOADS: [Workload; 7] = [
 ];
 
 /// One run of a workload, per wake-up (round trip or timer).
-struct Sample {
+pub(crate) struct Sample {
     /// The guest's latency: the mean round trip, or the median timer lateness, µs.
-    latency_us: f64,
+    pub(crate) latency_us: f64,
     /// Time the halted vCPUs spent polling, µs (NaN: not known, QEMU).
     polling_us: f64,
     /// Of which in polls that failed (the vCPU blocked after them), µs.
     failed_us: f64,
     /// Process CPU, µs.
-    cpu_us: f64,
+    pub(crate) cpu_us: f64,
     /// The run's polling as a share of each vCPU's time (NaN: not known).
     polling_share: f64,
     /// KVM windows the tuner set per second (NaN: not tuned).
@@ -95,7 +95,7 @@ impl Sample {
 }
 
 impl Workload {
-    fn name(self) -> String {
+    pub(crate) fn name(self) -> String {
         match self {
             Self::PingPong => "ping-pong".into(),
             Self::IdleTimer => format!("idle timer ({TIMER_PERIOD_US} µs)"),
@@ -185,7 +185,7 @@ impl Workload {
 /// one round trip or timer; a peer's firmware and the guest's CPL0 start-up
 /// are emulated here). The idle timer's lateness comes from a third run
 /// that reports each timer's (on COM1, after the last: not in the CPU run).
-fn peer_run(vmm: PeerVmm, workload: Workload, opts: Options) -> Result<Sample, Error> {
+pub(crate) fn peer_run(vmm: PeerVmm, workload: Workload, opts: Options) -> Result<Sample, Error> {
     let (program, vcpus, rounds) = workload.guest(opts);
     let run = |rounds, extra: &[u64]| {
         let params = [workload.params(rounds, false).as_slice(), extra].concat();

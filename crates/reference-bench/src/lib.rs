@@ -18,6 +18,7 @@ pub mod firecracker;
 pub mod firecracker_api;
 pub mod halt;
 pub mod host;
+pub mod integrations;
 pub mod migrate;
 pub mod peer;
 pub mod peer_run;
@@ -117,6 +118,12 @@ pub struct Options<'a> {
     pub cloud_hypervisor: Option<&'a Path>,
     /// The Firecracker binary for its rows; `None`: as Cloud Hypervisor's.
     pub firecracker: Option<&'a Path>,
+    /// Cloud Hypervisor built with the patches in
+    /// `integrations/cloud-hypervisor/`, for the `integrations` rows.
+    pub patched_cloud_hypervisor: Option<&'a Path>,
+    /// Firecracker built with the patches in `integrations/firecracker/`,
+    /// for the `fc-snapshot` rows.
+    pub patched_firecracker: Option<&'a Path>,
 }
 
 impl Options<'_> {
@@ -244,8 +251,9 @@ pub fn report(
     times: &[(String, Duration)],
 ) -> String {
     let mut out = format!(
-        "# Benchmarks\n\nEvery mechanism of the workspace measured end to end on real KVM by the \
-         reference VMM, each against its baseline in the same run.\n\n\
+        "# Benchmarks\n\nThe workspace's mechanisms measured end to end on real KVM, each against \
+         its baseline in the same run: through the reference VMM, or inside a peer VMM the \
+         patches in integrations/ put them in.\n\n\
          Command: `{command}` ({:.0} s).\n\n\
          Machine: {}. Runs alternate between variants, and ratios compare variants of the same \
          run.\n\n{host}\n\n{}\n\n",

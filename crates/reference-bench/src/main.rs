@@ -42,6 +42,15 @@ struct BenchArgs {
     /// The Firecracker binary for its rows [default: as Cloud Hypervisor's].
     #[arg(long, value_name = "PATH")]
     firecracker: Option<PathBuf>,
+    /// Cloud Hypervisor built with integrations/cloud-hypervisor/apply.sh,
+    /// for `ch-halt` and `ch-migrate` [without it their goals say how to
+    /// build it].
+    #[arg(long, value_name = "PATH")]
+    patched_cloud_hypervisor: Option<PathBuf>,
+    /// Firecracker built with integrations/firecracker/apply.sh, for
+    /// `fc-snapshot` [without it its goal says how to build it].
+    #[arg(long, value_name = "PATH")]
+    patched_firecracker: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -69,6 +78,8 @@ impl BenchArgs {
                 ("--qemu", &self.qemu),
                 ("--cloud-hypervisor", &self.cloud_hypervisor),
                 ("--firecracker", &self.firecracker),
+                ("--patched-cloud-hypervisor", &self.patched_cloud_hypervisor),
+                ("--patched-firecracker", &self.patched_firecracker),
             ]
             .into_iter()
             .filter_map(|(flag, path)| Some(format!(" {flag} {}", path.as_ref()?.display())))
@@ -97,6 +108,8 @@ impl BenchArgs {
             ("--qemu", &self.qemu),
             ("--cloud-hypervisor", &self.cloud_hypervisor),
             ("--firecracker", &self.firecracker),
+            ("--patched-cloud-hypervisor", &self.patched_cloud_hypervisor),
+            ("--patched-firecracker", &self.patched_firecracker),
         ] {
             if let Some(path) = path.as_ref().filter(|p| !p.is_file()) {
                 return Err(format!("{flag} {}: no such file", path.display()));
@@ -136,6 +149,17 @@ enum Scenario {
     Snapshot,
     /// Every scenario, in this order.
     All,
+    /// halt-poll's tuner inside Cloud Hypervisor, stock against patched
+    /// (not in `all`: it needs --patched-cloud-hypervisor).
+    ChHalt,
+    /// dirty-log under Cloud Hypervisor's live migration, stock against
+    /// patched (not in `all`: it needs --patched-cloud-hypervisor).
+    ChMigrate,
+    /// ch-halt and ch-migrate: integrations/cloud-hypervisor/RESULTS.md.
+    CloudHypervisor,
+    /// Firecracker's diff snapshots from dirty-log, stock against patched
+    /// (not in `all`: it needs --patched-firecracker).
+    FcSnapshot,
 }
 
 impl Scenario {
@@ -188,6 +212,8 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
         qemu: args.qemu.as_deref(),
         cloud_hypervisor: args.cloud_hypervisor.as_deref(),
         firecracker: args.firecracker.as_deref(),
+        patched_cloud_hypervisor: args.patched_cloud_hypervisor.as_deref(),
+        patched_firecracker: args.patched_firecracker.as_deref(),
     };
     let start = std::time::Instant::now();
     let whole_run = bench::HostLoad::start();
@@ -195,6 +221,7 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
     let scenarios: &[Scenario] = match args.scenario {
         // Every scenario, in the order they are declared.
         Scenario::All => &<Scenario as clap::ValueEnum>::value_variants()[..Scenario::All as usize],
+        Scenario::CloudHypervisor => &[Scenario::ChHalt, Scenario::ChMigrate],
         _ => std::slice::from_ref(&args.scenario),
     };
     let estimate = Estimate::from_benchmarks_md(scenarios, args.quick);
@@ -212,7 +239,10 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
             Scenario::Dirty => bench::dirty::run(opts, &mut progress),
             Scenario::Migrate => bench::migrate::run(opts, &mut progress),
             Scenario::Snapshot => bench::snapshot::run(opts, &mut progress),
-            Scenario::All => unreachable!("expanded above"),
+            Scenario::ChHalt => bench::integrations::ch_halt(opts, &mut progress),
+            Scenario::ChMigrate => bench::integrations::ch_migrate(opts, &mut progress),
+            Scenario::FcSnapshot => bench::integrations::fc_snapshot(opts, &mut progress),
+            Scenario::All | Scenario::CloudHypervisor => unreachable!("expanded above"),
         };
         let name = scenario.name();
         match table {

@@ -47,6 +47,23 @@ pub trait PeerBinary: Sized {
     }
 }
 
+/// Environment variables a peer runs with beyond this process's: how an
+/// integration patch (`integrations/`) takes its settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerEnv(Vec<(String, String)>);
+
+impl PeerEnv {
+    /// Sets `key` to `value`.
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.0.push((key.into(), value.into()));
+    }
+
+    /// Gives them to `command`.
+    pub fn apply(&self, command: &mut Command) {
+        command.envs(self.0.iter().map(|(k, v)| (k, v)));
+    }
+}
+
 /// What `binary --version` says (its first line naming a version), and
 /// where it is, with the build notes beside it (a `README.md` in its
 /// folder, as in `../shared/peers`) where there are some.

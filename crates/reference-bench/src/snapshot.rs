@@ -208,6 +208,39 @@ fn cloud_hypervisor(ch: &CloudHypervisor, pages: u64, mem_mib: u64) -> Result<Sa
     })
 }
 
+/// What one of Firecracker's diff snapshots took: its size on disk and
+/// pause, and the pages the guest checked after the diff, rebased onto the
+/// full snapshot, was restored.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FirecrackerDiff {
+    pub(crate) bytes: u64,
+    pub(crate) pause: Duration,
+    pub(crate) pages_checked: u64,
+    /// The pages the guest wrote, which it checks.
+    pub(crate) pages: u64,
+}
+
+/// Firecracker `fc`'s full snapshot of the scenario's guest, then its diff
+/// (`track_dirty_pages`: KVM's dirty log, else its own choice: mincore, or
+/// what an integration patch does), restored and checked: for `bench
+/// fc-snapshot`, a patched build beside the release one.
+pub(crate) fn firecracker_diff(
+    fc: &Firecracker,
+    opts: Options,
+    track_dirty_pages: bool,
+) -> Result<FirecrackerDiff, Error> {
+    let (pages, mem_mib) = size(opts);
+    let sample = firecracker(fc, pages, mem_mib, track_dirty_pages)?;
+    // `firecracker` takes the full snapshot, then the diff.
+    let diff = sample.snapshots[1];
+    Ok(FirecrackerDiff {
+        bytes: diff.bytes,
+        pause: diff.pause,
+        pages_checked: sample.pages_checked,
+        pages: pages * u64::from(VCPUS),
+    })
+}
+
 /// Firecracker's full snapshot once the guest filled its pages, its diff
 /// after the tenth (`dirty_log`: KVM's, else mincore), then the diff
 /// rebased onto the full one and restored, to the guest's end.
@@ -504,6 +537,8 @@ mod tests {
             qemu: Some(Path::new("/nonexistent")),
             cloud_hypervisor: Some(Path::new("/nonexistent")),
             firecracker: Some(Path::new("/nonexistent")),
+            patched_cloud_hypervisor: None,
+            patched_firecracker: None,
         });
         let mut ours = Cells::default();
         ours.add(sample(&[20 << 20], 30, 5600));
@@ -517,6 +552,8 @@ mod tests {
                 qemu: None,
                 cloud_hypervisor: None,
                 firecracker: None,
+                patched_cloud_hypervisor: None,
+                patched_firecracker: None,
             },
             &none,
             &cells,

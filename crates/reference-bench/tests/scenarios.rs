@@ -20,6 +20,8 @@ const QUICK: Options = Options {
     qemu: None,
     cloud_hypervisor: None,
     firecracker: None,
+    patched_cloud_hypervisor: None,
+    patched_firecracker: None,
 };
 
 /// Every cell that has a number has a finite one: nothing was left unmeasured.

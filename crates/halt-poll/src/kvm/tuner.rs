@@ -193,6 +193,10 @@ pub struct WindowTuner {
     narrowed: bool,
     changes: u64,
     share: Option<f64>,
+    /// The polling KVM reported, and the vCPU time it covers, since the
+    /// first read, ns.
+    total_polled_ns: u64,
+    total_vcpu_ns: u128,
 }
 
 impl WindowTuner {
@@ -244,6 +248,18 @@ impl WindowTuner {
         self.share
     }
 
+    /// The polling KVM reported since the first read, all vCPUs together,
+    /// and the vCPU time it covers (each interval's length times the vCPUs
+    /// then present): their ratio is the whole run's polling share, what a
+    /// [`budget`](TunerConfig::budget) bounds.
+    pub fn polling_total(&self) -> (Duration, Duration) {
+        let vcpu_ns = u64::try_from(self.total_vcpu_ns).unwrap_or(u64::MAX);
+        (
+            Duration::from_nanos(self.total_polled_ns),
+            Duration::from_nanos(vcpu_ns),
+        )
+    }
+
     /// Reads the statistics of every vCPU in `vcpus` (those that joined
     /// since the last call count from now; those that left are forgotten),
     /// updates the window and sets it on the VM whose fd is `vm` when it
@@ -254,18 +270,26 @@ impl WindowTuner {
         vm: &impl AsRawFd,
         vcpus: &TunedVcpus,
     ) -> Result<Option<Duration>, KvmError> {
+        let window = self.observe(vcpus)?;
+        if let Some(w) = window.filter(|&w| Some(w) != self.applied) {
+            set_vm_halt_poll(vm, w)?;
+            self.applied = Some(w);
+        }
+        Ok(window)
+    }
+
+    /// [`tune`](Self::tune) without setting anything: reads every vCPU's
+    /// statistics and returns the window the tuner would set. A dry run,
+    /// and a meter of KVM's own polling under whatever window is set
+    /// ([`polling_total`](Self::polling_total)).
+    pub fn observe(&mut self, vcpus: &TunedVcpus) -> Result<Option<Duration>, KvmError> {
         let now = vcpus.read_all()?;
         let read_at = Instant::now();
         let elapsed = self
             .read_at
             .map_or(Duration::ZERO, |last| read_at.duration_since(last));
         self.read_at = Some(read_at);
-        let window = self.update_by_id(elapsed, &now);
-        if let Some(w) = window.filter(|&w| Some(w) != self.applied) {
-            set_vm_halt_poll(vm, w)?;
-            self.applied = Some(w);
-        }
-        Ok(window)
+        Ok(self.update_by_id(elapsed, &now))
     }
 
     /// Feeds every vCPU's cumulative statistics as read now (one entry per
@@ -304,6 +328,8 @@ impl WindowTuner {
         self.last = vcpus.to_vec();
         self.seen = true;
         self.polled_ns += polled_ns as f64;
+        self.total_polled_ns = self.total_polled_ns.saturating_add(polled_ns);
+        self.total_vcpu_ns += elapsed.as_nanos() * vcpus.len() as u128;
         let capacity_ns = elapsed.as_nanos() as f64 * vcpus.len() as f64;
         self.share = (capacity_ns > 0.0).then(|| polled_ns as f64 / capacity_ns);
         self.held = self.held.saturating_add(1);
@@ -777,6 +803,11 @@ mod tests {
         // vCPU 7 leaves: the budget's capacity is one vCPU again.
         t.update_by_id(TICK, &[(0, a)]);
         assert_eq!(t.last.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [0]);
+        // 10 + 20 halts polled 40 µs each (vCPU 7's first 1000 not counted),
+        // over 1 + 2 + 2 + 1 vCPU-intervals.
+        let (polled, vcpu_time) = t.polling_total();
+        assert_eq!(polled, Duration::from_micros(30 * 40));
+        assert_eq!(vcpu_time, TICK * 6);
     }
 
     fn bimodal(mut t: WindowTuner) -> (Vec<Option<Duration>>, u64) {

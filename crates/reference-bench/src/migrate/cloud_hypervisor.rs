@@ -11,6 +11,7 @@ use crate::Error;
 use crate::cloud_hypervisor::CloudHypervisor;
 use crate::cloud_hypervisor_api::{MoveLink, MoveRequest, PeerMove};
 use crate::peer::{ImageFile, PeerKind, Peers, goal_against_peer};
+use crate::peer_run::PeerError;
 use crate::peer_run::PeerRun;
 use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
 use test_support::hosts;
@@ -86,17 +87,26 @@ impl How {
 
 /// Cloud Hypervisor's runs of one way at one rate.
 #[derive(Default)]
-pub(super) struct PeerCells {
+pub(crate) struct PeerCells {
     total_ms: Runs,
     downtime_ms: Runs,
-    pub(super) stall_ms: Runs,
+    pub(crate) stall_ms: Runs,
     moved: usize,
     pub(super) converged: usize,
     failed: usize,
 }
 
 impl PeerCells {
-    fn add(&mut self, moved: PeerMove) {
+    /// Whether each run moved the guest (`false`: it failed and stayed),
+    /// in no particular order.
+    pub(crate) fn moved_each(&self) -> Vec<bool> {
+        let moved = std::iter::repeat_n(true, self.moved);
+        moved
+            .chain(std::iter::repeat_n(false, self.failed))
+            .collect()
+    }
+
+    pub(crate) fn add(&mut self, moved: PeerMove) {
         match moved {
             PeerMove::Moved {
                 total,
@@ -162,12 +172,8 @@ pub(super) fn measure(
         for (h, how) in HOWS.into_iter().enumerate() {
             for (r, (rate, rate_us)) in RATES.into_iter().enumerate() {
                 progress(&format!("migrate: {rate}, {}, run {rep}", how.label()));
-                let run = how.run_time(opts);
-                let config = guest_config(mem_mib, pages, rate_us, run);
-                let image = ImageFile::write("migrate", WRITERS, mem_mib, &config.params)?;
-                let timeout = run + Duration::from_secs(30);
-                let vm = (WRITERS, mem_mib);
-                match ch.migrate(image.path(), vm, how.request(), &how.link(links), timeout) {
+                let link = how.link(links);
+                match move_once(ch, how, (mem_mib, pages), rate_us, &link, opts)? {
                     Ok(moved) => rows.cells[h][r].add(moved),
                     // The peer's failure is a finding, not the bench's.
                     Err(e) => {
@@ -180,13 +186,51 @@ pub(super) fn measure(
     }
     for (how, cells) in HOWS.into_iter().zip(&rows.cells) {
         for ((rate, _), c) in RATES.into_iter().zip(cells) {
-            t.row(row(how, rate, c, opts.reps()));
+            t.row(row(how.label(), rate, c, opts.reps()));
         }
     }
     Ok(rows)
 }
 
-fn row(how: How, rate: &str, c: &PeerCells, reps: usize) -> Vec<Cell> {
+/// One move of the `migrate` guest (`mem_mib`, `pages` per vCPU, a page
+/// every `rate_us`) by `ch`, `how`, over `link`: the bench's error where
+/// the image cannot be written, else the move or the peer's failure.
+fn move_once(
+    ch: &CloudHypervisor,
+    how: How,
+    (mem_mib, pages): (u64, u64),
+    rate_us: u64,
+    link: &MoveLink,
+    opts: Options,
+) -> Result<Result<PeerMove, PeerError>, Error> {
+    let run = how.run_time(opts);
+    let config = guest_config(mem_mib, pages, rate_us, run);
+    let image = ImageFile::write("migrate", WRITERS, mem_mib, &config.params)?;
+    let timeout = run + Duration::from_secs(30);
+    let vm = (WRITERS, mem_mib);
+    Ok(ch.migrate(image.path(), vm, how.request(), link, timeout))
+}
+
+/// The dirtying rates a move runs at, as [`precopy_once`] takes them.
+pub(crate) fn rates() -> [(&'static str, u64); 2] {
+    RATES
+}
+
+/// One pre-copy over the Unix socket by `ch` at `rate_us`, as the migrate
+/// scenario's Cloud Hypervisor rows move the guest: for `bench
+/// integrations`, a patched build beside the release one.
+pub(crate) fn precopy_once(
+    ch: &CloudHypervisor,
+    rate_us: u64,
+    opts: Options,
+) -> Result<Result<PeerMove, PeerError>, Error> {
+    let link =
+        MoveLink::Unix(std::env::temp_dir().join(format!("rb-chi-{}.sock", std::process::id())));
+    move_once(ch, How::Precopy, super::memory(opts), rate_us, &link, opts)
+}
+
+/// A row of `label`'s moves at `rate`, `reps` of them.
+pub(crate) fn row(label: &str, rate: &str, c: &PeerCells, reps: usize) -> Vec<Cell> {
     let median = |runs: &Runs, decimals| match runs.0.is_empty() {
         true => Cell::text("-"),
         false => Cell::num(runs.median(), decimals),
@@ -196,7 +240,7 @@ fn row(how: How, rate: &str, c: &PeerCells, reps: usize) -> Vec<Cell> {
         n => format!("{} of {reps}; {n} failed, the guest stayed", c.converged),
     };
     vec![
-        Cell::text(how.label()),
+        Cell::text(label),
         Cell::text(rate),
         Cell::text("-"),
         Cell::text(converged),
@@ -329,7 +373,7 @@ mod tests {
             why: "Timeout reached".into(),
             source: run(300.0),
         });
-        let cells = row(How::Precopy, "flat out", &c, 2);
+        let cells = row(How::Precopy.label(), "flat out", &c, 2);
         assert_eq!(cells[3].text, "1 of 2; 1 failed, the guest stayed");
         assert_eq!(cells[5].text, "600.0");
         assert_eq!(cells[7].text, "12.00", "the moved run's stall alone");

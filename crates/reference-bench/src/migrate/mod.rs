@@ -7,7 +7,7 @@
 //! without the limit and each backend with it; last, manual protect in
 //! plain text and in TLS, alternating, more often than the rest.
 
-mod cloud_hypervisor;
+pub(crate) mod cloud_hypervisor;
 
 use std::thread;
 use std::time::Duration;
@@ -48,6 +48,14 @@ const LINK_RATE: &str = "1gbit";
 /// under the dirty limit where it is on.
 const MAX_ROUNDS: u32 = 12;
 const MAX_PRECOPY: Duration = Duration::from_secs(2);
+
+/// The guest's memory and the pages each vCPU rewrites in it, MiB and pages.
+fn memory(opts: Options) -> (u64, u64) {
+    match opts.quick {
+        true => (64, 2048),
+        false => (MEM_MIB, PAGES_PER_VCPU),
+    }
+}
 
 /// The `migrate` guest's configuration: `mem_mib` of memory, `pages` per
 /// vCPU rewritten `rate_us` apart for `run`, a 1 ms timer on vCPU 0.
@@ -378,10 +386,7 @@ impl Drop for Links {
 /// limit over the link beside two CPU hogs, and each with the limit over
 /// the link alone (TLS against plain text at the lower rate).
 pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
-    let (mem_mib, pages) = match opts.quick {
-        true => (64, 2048),
-        false => (MEM_MIB, PAGES_PER_VCPU),
-    };
+    let (mem_mib, pages) = memory(opts);
     let mut t = Table::new(
         format!(
             "migrate: {WRITERS} vCPUs, {mem_mib} MiB, each rewriting {} MiB of it, moved over a Unix socket (or as the backend column says)",
