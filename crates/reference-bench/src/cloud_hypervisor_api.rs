@@ -252,21 +252,12 @@ impl Vmm {
     /// Waits at most `timeout` for it to end, kills it past that, and
     /// returns what it left (`None`: it had to be killed, or was gone).
     fn finish(&mut self, timeout: Duration, started: Instant) -> Option<Ended> {
-        let mut child = self.0.take()?;
-        let deadline = Instant::now() + timeout;
-        let mut status = child.try_wait().ok().flatten();
-        while status.is_none() && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(5));
-            status = child.try_wait().ok().flatten();
-        }
-        let _ = child.kill();
-        let out = child.wait_with_output().ok()?;
-        let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+        let waited = peer_run::wait_or_kill(self.0.take()?, timeout).ok()?;
         Some(Ended {
-            status: status.map(|s| s.code().unwrap_or(-1))?,
+            status: waited.status.map(|s| s.code().unwrap_or(-1))?,
             exit_status: 0,
-            stdout: text(out.stdout),
-            stderr: text(out.stderr),
+            stdout: waited.stdout,
+            stderr: waited.stderr,
             elapsed: started.elapsed(),
             cpu_time: Duration::ZERO,
         })

@@ -119,32 +119,23 @@ impl FirecrackerApi {
     /// Waits at most `timeout` for the guest to end the VMM, and returns
     /// the guest's run (`vcpus` of them reporting done).
     pub fn wait(mut self, vcpus: u32, timeout: Duration) -> Result<PeerRun, PeerError> {
-        let Some(mut child) = self.child.take() else {
+        let Some(child) = self.child.take() else {
             return Err(self.failed("it was gone"));
         };
-        let deadline = Instant::now() + timeout;
-        let mut status = child.try_wait().ok().flatten();
-        while status.is_none() && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(5));
-            status = child.try_wait().ok().flatten();
-        }
-        let _ = child.kill();
-        let out = child
-            .wait_with_output()
+        let waited = peer_run::wait_or_kill(child, timeout)
             .map_err(|source| PeerError::Wait { vmm: VMM, source })?;
-        let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
-        let Some(status) = status else {
+        let Some(status) = waited.status else {
             return Err(PeerError::Timeout {
                 vmm: VMM,
                 timeout,
-                serial: text(out.stdout),
+                serial: waited.stdout,
             });
         };
         let ended = Ended {
             status: status.code().unwrap_or(-1),
             exit_status: 0,
-            stdout: text(out.stdout),
-            stderr: text(out.stderr),
+            stdout: waited.stdout,
+            stderr: waited.stderr,
             elapsed: self.started.elapsed(),
             cpu_time: Duration::ZERO,
         };

@@ -47,6 +47,37 @@ pub trait PeerBinary: Sized {
     }
 }
 
+/// What a child given until a deadline left.
+pub(crate) struct Waited {
+    /// How it ended; `None`: it had to be killed at the deadline.
+    pub status: Option<std::process::ExitStatus>,
+    /// Its standard output and error.
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Waits at most `timeout` for `child` to end, kills it past that, and
+/// collects what it wrote.
+pub(crate) fn wait_or_kill(
+    mut child: std::process::Child,
+    timeout: Duration,
+) -> std::io::Result<Waited> {
+    let deadline = Instant::now() + timeout;
+    let mut status = child.try_wait().ok().flatten();
+    while status.is_none() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+        status = child.try_wait().ok().flatten();
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output()?;
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    Ok(Waited {
+        status,
+        stdout: text(out.stdout),
+        stderr: text(out.stderr),
+    })
+}
+
 /// Environment variables a peer runs with beyond this process's: how an
 /// integration patch (`integrations/`) takes its settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
