@@ -161,7 +161,7 @@ mod tests {
         memory
             .write_obj(7u8, GuestAddress((1 << 20) + 3 * PAGE_SIZE))
             .unwrap();
-        let mut set = DirtySet::new(&slots);
+        let mut set = DirtySet::for_slots(slots.as_slice());
         slots.merge_vmm_writes(&mut set).unwrap();
         assert!(set.get(9).unwrap().is_dirty(3));
         assert_eq!(set.count(), 1);
@@ -177,7 +177,7 @@ mod tests {
             GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), PAGE_SIZE as usize)]).unwrap();
         let slots = Slots::from_memory(&memory).unwrap();
         memory.write_obj(7u8, GuestAddress(0)).unwrap();
-        let mut set = DirtySet::new(&slots);
+        let mut set = DirtySet::for_slots(slots.as_slice());
         slots.merge_vmm_writes(&mut set).unwrap();
         assert_eq!(set.count(), 0);
     }

@@ -64,6 +64,7 @@ pub mod precopy;
 pub mod rate;
 #[cfg(feature = "kvm")]
 pub mod ring;
+pub mod slot;
 pub mod slots;
 
 pub use bitmap::{BitmapError, DirtyBitmap, Runs};
@@ -86,9 +87,10 @@ pub use precopy::{CopyRun, copy_round};
 pub use rate::{DEFAULT_HALF_LIFE, DirtyLimit, DirtyRate};
 #[cfg(feature = "kvm")]
 pub use ring::{KvmDirtyRing, RingFull, RingMode, enable_dirty_ring};
+pub use slot::{PAGE_SIZE, Slot};
 #[cfg(feature = "kvm")]
 pub use slots::SlotOwner;
-pub use slots::{PAGE_SIZE, Slot, Slots, VmmWrites};
+pub use slots::{Slots, VmmWrites};
 
 // The README's examples are doctests too: they use KVM and vm-memory 0.18.
 #[cfg(all(doctest, feature = "kvm", feature = "vm-memory-0-18"))]

@@ -2,7 +2,7 @@
 
 use crate::bitmap::DirtyBitmap;
 use crate::error::Error;
-use crate::slots::{Slot, Slots};
+use crate::slot::Slot;
 
 /// One [`DirtyBitmap`] per tracked slot, in the slots' order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,11 +11,6 @@ pub struct DirtySet {
 }
 
 impl DirtySet {
-    /// An all-clean set for `slots`.
-    pub fn new(slots: &Slots) -> Self {
-        Self::for_slots(slots.as_slice())
-    }
-
     /// An all-clean set for `slots` (as [`DirtyLog::slots`] lists them).
     pub fn for_slots(slots: &[Slot]) -> Self {
         Self {

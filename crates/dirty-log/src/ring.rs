@@ -272,7 +272,7 @@ impl<E: DirtyEvents> KvmDirtyRing<E> {
         bytes: u32,
         events: E,
     ) -> Result<Self, Error> {
-        let pending = DirtySet::new(&slots);
+        let pending = DirtySet::for_slots(slots.as_slice());
         Ok(Self {
             tracked: Tracked::new(vm, slots, events)?,
             bytes,

@@ -1090,7 +1090,7 @@ mod tests {
         // before the restore; the margin is for the restore itself).
         let cpu = Duration::from_nanos(stats.most_boost_cpu_ns.load(Relaxed));
         let held = Duration::from_nanos(stats.longest_boost_ns.load(Relaxed));
-        let no_clock = crate::probe::thread_cpu_time(current_tid()).is_err();
+        let no_clock = crate::thread::thread_cpu_time(current_tid()).is_err();
         if cpu == Duration::ZERO && (no_clock || cfg!(target_arch = "aarch64")) {
             // qemu-user (.ci/run's aarch64 step) reads no other thread's CPU clock.
             eprintln!("no thread CPU clock here: the boost's CPU time is not reported");

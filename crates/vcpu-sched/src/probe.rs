@@ -19,7 +19,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use crate::thread::Tid;
+use crate::thread::{Tid, read_cpu_clock, thread_cpu_clock};
 
 /// Samples one thread's scheduler statistics.
 #[derive(Debug)]
@@ -155,33 +155,6 @@ fn state_letter(stat: &[u8]) -> Option<u8> {
         [b' ', state] => Some(*state),
         _ => None,
     }
-}
-
-/// The CPU time thread `tid` of this process has used (one
-/// `clock_gettime`).
-pub(crate) fn thread_cpu_time(tid: Tid) -> io::Result<Duration> {
-    read_cpu_clock(thread_cpu_clock(tid))
-}
-
-fn read_cpu_clock(clock: libc::clockid_t) -> io::Result<Duration> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to write.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
-}
-
-/// The CPU clock of thread `tid` (the kernel's `MAKE_THREAD_CPUCLOCK(tid,
-/// CPUCLOCK_SCHED)`, which glibc's `pthread_getcpuclockid` builds from a
-/// `pthread_t`; a VMM knows its vCPU threads by tid).
-fn thread_cpu_clock(tid: Tid) -> libc::clockid_t {
-    const CPUCLOCK_PERTHREAD: libc::clockid_t = 4;
-    const CPUCLOCK_SCHED: libc::clockid_t = 2;
-    (!tid << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED
 }
 
 #[cfg(test)]
