@@ -1091,9 +1091,20 @@ mod tests {
         let cpu = Duration::from_nanos(stats.most_boost_cpu_ns.load(Relaxed));
         let held = Duration::from_nanos(stats.longest_boost_ns.load(Relaxed));
         let no_clock = crate::thread::thread_cpu_time(current_tid()).is_err();
-        if cpu == Duration::ZERO && (no_clock || cfg!(target_arch = "aarch64")) {
-            // qemu-user (.ci/run's aarch64 step) reads no other thread's CPU clock.
-            eprintln!("no thread CPU clock here: the boost's CPU time is not reported");
+        if (cpu == Duration::ZERO && no_clock) || cfg!(target_arch = "aarch64") {
+            // qemu-user (.ci/run's aarch64 step) reads another thread's CPU
+            // clock as none at all or as more than the wall time between
+            // two reads (5.7 ms in a boost held 1.2 ms): no bound holds.
+            let why = "no trustworthy thread CPU clock here: the boost's CPU time is not checked";
+            eprintln!("SKIPPED (in part): {why}");
+            if let Some(log) = std::env::var_os("SKIPPED_TESTS_LOG") {
+                let line = format!("vcpu-sched::a_real_thread_that_spins_once_boosted: {why}\n");
+                let _ = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+            }
             return;
         }
         assert!(
