@@ -2,7 +2,8 @@
 //! (`integrations/`): `reference-bench ch-halt`, Cloud Hypervisor with
 //! halt-poll's budget tuner on its own vCPUs, on the halt scenario's
 //! guests; `reference-bench ch-migrate`, its live migration with dirty-log's
-//! manual protect, on the migrate scenario's guest; `reference-bench
+//! manual protect, and with its ring alone and under the dirty limit, on the
+//! migrate scenario's guest; `reference-bench
 //! fc-snapshot`, Firecracker's diff snapshots from dirty-log against its
 //! own (`mincore`, KVM's log).
 //!
@@ -29,6 +30,7 @@ use crate::peer_run::PeerBinary;
 use crate::runs::{Runs, goal};
 use crate::snapshot;
 use crate::table::{Cell, Table};
+use test_support::hosts::TwoHosts;
 use crate::{Error, Options};
 
 /// The budgets the patched build runs with: the halt scenario's.
@@ -189,43 +191,51 @@ pub fn ch_halt(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, E
     Ok(t)
 }
 
+/// The dirty limit the patched build's ring runs under (`CH_DIRTY_LIMIT`,
+/// MiB/s per vCPU): under the lower rate's 10k pages (39 MiB) per second.
+const DIRTY_LIMIT_MIB: &str = "16";
+
 /// `ch-migrate`'s rows: the migrate scenario's guest moved pre-copy over
 /// the Unix socket by the release build (`KVM_GET_DIRTY_LOG`) and by the
-/// patched one with `CH_DIRTY_LOG=manual`, at both rates, alternating;
-/// without both builds, says how to get them.
+/// patched one with `CH_DIRTY_LOG=manual`, `ring`, and `ring` under the
+/// dirty limit, at both rates, alternating; without both builds, says how
+/// to get them.
 pub fn ch_migrate(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error> {
     let mut t = Table::new(
-        "ch-migrate: dirty-log's manual protect under Cloud Hypervisor's live migration, stock against patched",
+        "ch-migrate: dirty-log under Cloud Hypervisor's live migration, stock against patched",
         &[
             "build",
             "rate",
-            "-",
             "converged",
-            "-",
             "total (ms)",
             "downtime (ms)",
             "longest guest stall (ms)",
-            "-",
-            "-",
-            "pages checked",
         ],
     );
-    let asks = "Cloud Hypervisor's live migration with dirty-log's manual protect: the guest \
-                moves in every run at both rates and checks every page on the destination";
     let peers = Peers::find(opts);
     let patched = opts.patched_cloud_hypervisor.map(CloudHypervisor::at);
     let (Some(stock), Some(patched)) = (peers.cloud_hypervisor(), patched) else {
-        t.peer_goal(format!(
-            "Goal: {asks}. Not measured: {}.",
-            missing(peers.cloud_hypervisor().is_some())
-        ));
+        let why = missing(peers.cloud_hypervisor().is_some());
+        for asks in [MANUAL_ASKS, RING_ASKS] {
+            t.peer_goal(format!("Goal: {asks}. Not measured: {why}."));
+        }
         return Ok(t);
     };
+    let limit = format!("patched, CH_DIRTY_LOG=ring, CH_DIRTY_LIMIT={DIRTY_LIMIT_MIB}");
     let builds = [
-        ("stock (KVM_GET_DIRTY_LOG)", stock.clone()),
+        ("stock (KVM_GET_DIRTY_LOG)".to_string(), stock.clone()),
         (
-            "patched, CH_DIRTY_LOG=manual",
+            "patched, CH_DIRTY_LOG=manual".into(),
             patched.clone().with_env("CH_DIRTY_LOG", "manual"),
+        ),
+        (
+            "patched, CH_DIRTY_LOG=ring".into(),
+            patched.clone().with_env("CH_DIRTY_LOG", "ring"),
+        ),
+        (
+            limit,
+            (patched.clone().with_env("CH_DIRTY_LOG", "ring"))
+                .with_env("CH_DIRTY_LIMIT", DIRTY_LIMIT_MIB),
         ),
     ];
     let rates = migrate::cloud_hypervisor::rates();
@@ -242,39 +252,127 @@ pub fn ch_migrate(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table
             }
         }
     }
-    for ((label, _), cells) in builds.iter().zip(&cells) {
-        for ((rate, _), c) in rates.into_iter().zip(cells) {
-            t.row(migrate::cloud_hypervisor::row(label, rate, c, opts.reps()));
+    let hosts = TwoHosts::new("chi", migrate::LINK_RATE);
+    let over_link = [0, 2, 3].map(|i| &builds[i]);
+    let mut link_cells: Vec<PeerCells> = over_link.iter().map(|_| Default::default()).collect();
+    for rep in 1..=opts.reps() {
+        for ((label, ch), c) in over_link.iter().zip(&mut link_cells) {
+            progress(&format!("ch-migrate: {label}, flat out over the link, run {rep}"));
+            let hosts = hosts.as_ref().ok();
+            match migrate::cloud_hypervisor::flat_out_over_link(ch, hosts, opts)? {
+                Ok(moved) => c.add(moved),
+                Err(e) => failures.push(format!("{label}, over the link, run {rep}: {e}")),
+            }
         }
     }
-    let moved: Vec<bool> = cells[1].iter().flat_map(|c| c.moved_each()).collect();
-    let stalls: Vec<String> = rates
-        .iter()
-        .zip(cells[1].iter().zip(&cells[0]))
-        .map(|((rate, _), (ours, theirs))| {
-            let ratio = ours.stall_ms.ratio_to(&theirs.stall_ms).ratio_text();
-            format!(
-                "{rate}: moved {} of {}, longest stall {ratio} of stock",
-                ours.moved_each().iter().filter(|&&m| m).count(),
-                opts.reps()
-            )
-        })
-        .collect();
-    let all = moved.len() == 2 * opts.reps() && moved.iter().all(|&m| m);
-    t.peer_goal(goal(asks, &stalls.join("; "), all, &moved));
+    for ((label, _), cells) in builds.iter().zip(&cells) {
+        for ((rate, _), c) in rates.into_iter().zip(cells) {
+            t.row(measured_row(label, rate, c, opts.reps()));
+        }
+    }
+    let link_rate = format!("flat out, over the {}/s link", migrate::LINK_RATE);
+    for ((label, _), c) in over_link.iter().zip(&link_cells) {
+        t.row(measured_row(label, &link_rate, c, opts.reps()));
+    }
+    let rates: Vec<&str> = rates.iter().map(|(rate, _)| *rate).collect();
+    t.peer_goal(manual_goal(&rates, &cells, opts.reps()));
+    t.peer_goal(ring_goal(&rates, &cells, &link_cells, opts.reps()));
     t.better("converged in every run, a shorter stall and downtime");
     t.note(format!(
         "Stock: {}. Patched: {}, built by integrations/cloud-hypervisor/apply.sh. Both move the \
          guest as the migrate scenario's Cloud Hypervisor pre-copy rows do (its limits, the \
          Unix socket, this host's seccomp and nested-state workarounds); the guest checks \
-         every page on the destination, so a moved run lost no write.",
+         every page on the destination, so a moved run lost no write. CH_DIRTY_LIMIT={} \
+         engages the patched build's dirty limit ({} MiB/s of writes per vCPU, each vCPU \
+         pausing at most 50 ms at each full ring of one page) once two rounds each dirtied \
+         more than half of what the round before sent, as QEMU's dirty-limit does.",
         crate::peer_run::describe(stock.binary()),
         crate::peer_run::describe(patched.binary()),
+        DIRTY_LIMIT_MIB,
+        DIRTY_LIMIT_MIB,
     ));
+    t.note(match &hosts {
+        Ok(_) => format!(
+            "Over the link: TCP between two network namespaces joined by a veth pair limited to \
+             {}/s, pre-copy bounded by {} s, where the first copy alone takes 4.3 s.",
+            migrate::LINK_RATE,
+            migrate::cloud_hypervisor::LINK_PRECOPY.as_secs()
+        ),
+        Err(why) => format!("Over the link: loopback, unlimited, since {why}."),
+    });
     for failure in failures {
         t.note(format!("no result: {failure}"));
     }
     Ok(t)
+}
+
+/// What `ch-migrate`'s manual protect is to show.
+const MANUAL_ASKS: &str = "Cloud Hypervisor's live migration with dirty-log's manual protect: \
+                           the guest moves in every run at both rates and checks every page on \
+                           the destination";
+
+/// What `ch-migrate`'s ring under the dirty limit is to show.
+const RING_ASKS: &str = "Cloud Hypervisor's live migration with dirty-log's ring under the \
+                         dirty limit: the guest moves in every run at both rates and checks \
+                         every page on the destination, and the flat-out writer, faster than \
+                         the 1 Gbit/s link, converges over it in every run";
+
+/// `ch-migrate`'s build at position `i` of `cells`: at each rate, how many
+/// moves of `reps` moved and converged, and its longest stall against
+/// stock's.
+fn moves_text(rates: &[&str], cells: &[[PeerCells; 2]], i: usize, reps: usize) -> String {
+    let each = rates.iter().zip(cells[i].iter().zip(&cells[0]));
+    let texts: Vec<String> = each
+        .map(|(rate, (ours, theirs))| {
+            let ratio = ours.stall_ms.ratio_to(&theirs.stall_ms).ratio_text();
+            let moved = ours.moved_each().iter().filter(|&&m| m).count();
+            format!(
+                "{rate}: moved {moved} of {reps}, converged {} (stock {}), longest stall {ratio} of \
+                 stock",
+                ours.converged, theirs.converged
+            )
+        })
+        .collect();
+    texts.join("; ")
+}
+
+/// Whether manual protect (`cells[1]`) moved the guest in every run.
+fn manual_goal(rates: &[&str], cells: &[[PeerCells; 2]], reps: usize) -> String {
+    let moved: Vec<bool> = cells[1].iter().flat_map(|c| c.moved_each()).collect();
+    let all = moved.len() == 2 * reps && moved.iter().all(|&m| m);
+    goal(MANUAL_ASKS, &moves_text(rates, cells, 1, reps), all, &moved)
+}
+
+/// Whether the ring under the dirty limit (`cells[3]`, `link[2]`) moved
+/// the guest in every run and the flat-out writer converged over the link
+/// (`link`: stock, the ring, the ring under the limit) in every run.
+fn ring_goal(
+    rates: &[&str],
+    cells: &[[PeerCells; 2]],
+    link: &[PeerCells],
+    reps: usize,
+) -> String {
+    let mut met: Vec<bool> = cells[3].iter().flat_map(|c| c.moved_each()).collect();
+    met.extend(link[2].moved_each());
+    met.extend((0..reps).map(|run| run < link[2].converged));
+    let all = met.len() == 4 * reps && met.iter().all(|&m| m);
+    let stall = link[2].stall_ms.ratio_to(&link[0].stall_ms).ratio_text();
+    let measured = format!(
+        "{}; flat out over the link: converged {} of {reps} (the ring alone {}, stock {}), \
+         longest stall {stall} of stock",
+        moves_text(rates, cells, 3, reps),
+        link[2].converged,
+        link[1].converged,
+        link[0].converged,
+    );
+    goal(RING_ASKS, &measured, all, &met)
+}
+
+/// A row of `label`'s moves at `rate`, `reps` of them.
+fn measured_row(label: &str, rate: &str, c: &PeerCells, reps: usize) -> Vec<Cell> {
+    let mut row = vec![Cell::text(label), Cell::text(rate)];
+    row.extend(migrate::cloud_hypervisor::measured(c, reps));
+    row
 }
 
 /// A Firecracker build and how its diff snapshots find their pages.
@@ -528,5 +626,8 @@ mod tests {
         let t = ch_halt(opts, &mut |_| {}).unwrap();
         assert_eq!(t.peer_goals.len(), BUDGETS.len());
         assert!(t.peer_goals[0].contains("apply.sh"), "{}", t.peer_goals[0]);
+        let t = ch_migrate(opts, &mut |_| {}).unwrap();
+        assert_eq!(t.peer_goals.len(), 2, "manual protect, the ring");
+        assert!(t.peer_goals.iter().all(|g| g.contains("apply.sh")), "{t:?}");
     }
 }

@@ -81,13 +81,14 @@ fn an_unpatched_cloud_hypervisor_moves_the_guest_at_both_rates() {
         return;
     }
     let t = integrations::ch_migrate(quick(Some(ch.binary()), None), &mut |_| {}).unwrap();
-    assert_eq!(t.rows.len(), 4, "two builds, two rates");
+    assert_eq!(t.rows.len(), 11, "four builds, two rates; three over the link");
     assert!(
         t.rows
             .iter()
-            .all(|r| r[3].text == "1 of 1" || r[3].text == "0 of 1"),
+            .all(|r| r[2].text == "1 of 1" || r[2].text == "0 of 1"),
         "{t:?}"
     );
+    assert_eq!(t.peer_goals.len(), 2, "manual protect, the ring");
     assert!(t.peer_goals[0].ends_with(": met."), "{}", t.peer_goals[0]);
 }
 

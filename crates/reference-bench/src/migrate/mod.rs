@@ -42,7 +42,7 @@ const RUN: Duration = Duration::from_secs(4);
 const RUN_AFTER: Duration = Duration::from_secs(1);
 const AFTER: Duration = Duration::from_millis(300);
 /// The link's rate (tc's token bucket).
-const LINK_RATE: &str = "1gbit";
+pub(crate) const LINK_RATE: &str = "1gbit";
 /// Pre-copy's limits here, in rounds and in time: a backend that has not
 /// converged by then is stopped and copied (the table says so), or goes on
 /// under the dirty limit where it is on.
