@@ -6,7 +6,7 @@
 //!
 //! `cargo run --release -p dirty-log --example perf -- [--vcpus N] [--mib-per-vcpu M] [--iterations I] [--thp]`
 //!
-//! The table also goes to the crate's RESULTS.md, section "perf, 4 KiB" (or
+//! With `--update-results` the table also goes to the crate's RESULTS.md, section "perf, 4 KiB" (or
 //! "perf, THP").
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +43,7 @@ fn parse() -> Result<Options, String> {
         iterations: 3,
         thp: false,
     };
-    let mut args = std::env::args().skip(1);
+    let mut args = results::args();
     while let Some(flag) = args.next() {
         let mut value = |name: &str| -> Result<u64, String> {
             let v = args.next().ok_or(format!("{name} needs a value"))?;
@@ -197,5 +197,5 @@ fn main() {
     let command = results::command("cargo run --release -p dirty-log --example perf");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
     let section = format!("perf, {backing}");
-    results::write_section(&path, "dirty-log", &section, &command, &table);
+    results::write_section_if_asked(&path, "dirty-log", &section, &command, &table);
 }

@@ -1,5 +1,6 @@
-//! Two threads ping-pong through `HaltPoller`s, as the seed's contextswitch
-//! benchmark does: round-trip time and CPU time per round trip for each policy,
+//! Two threads ping-pong through `HaltPoller`s, as the contextswitch
+//! benchmark of the guest halt-polling series ("x86/paravirt: Add
+//! pv_idle_ops", 2017) does: round-trip time and CPU time per round trip for each policy,
 //! with block-only as the baseline, on an idle machine and with one CPU-hog
 //! thread per core, the latter once without and once with the poller's check
 //! for threads waiting for the CPU (`yield_to_waiting_threads`).
@@ -10,8 +11,8 @@
 //! take turns between the policies (the machine is shared and noisy); the table
 //! gives the median of the rounds. The hogs run for the whole configuration.
 //! With TRACE_FILE, the halts of the "always poll" runs on the idle machine (the
-//! first 20 000) are recorded there for `--example simulate`. The tables also
-//! go to the crate's RESULTS.md, section "pingpong".
+//! first 20 000) are recorded there for `--example simulate`. With
+//! `--update-results` the tables also go to the crate's RESULTS.md, section "pingpong".
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -134,7 +135,7 @@ fn run(
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let mut args = results::args();
     let secs: f64 = match args.next().map(|s| s.parse()) {
         None => 5.0,
         Some(Ok(s)) if s > 0.0 => s,
@@ -189,7 +190,7 @@ fn main() {
     }
     let command = results::command("cargo run --release -p halt-poll --example pingpong");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
-    results::write_section(&path, "halt-poll", "pingpong", &command, &out);
+    results::write_section_if_asked(&path, "halt-poll", "pingpong", &command, &out);
     if let Some(path) = record {
         let trace = recorder.trace("pingpong (recorded)");
         match trace.save(std::path::Path::new(&path)) {

@@ -1,7 +1,7 @@
 //! Prints the simulator's table: every policy on every synthetic trace (and on
 //! recorded traces given as arguments), beside the oracle, then `Predictive`
 //! against `KvmGrowShrink` on each trace (the goal `tests/goal.rs` checks).
-//! The output also goes to the crate's RESULTS.md, section "simulator".
+//! With `--update-results` the output also goes to the crate's RESULTS.md, section "simulator".
 //!
 //! `cargo run --release -p halt-poll --example simulate [TRACE_FILE...]`
 
@@ -51,7 +51,7 @@ fn no_slack() -> PredictiveConfig {
 fn main() {
     let params = SimParams::default();
     let mut traces = Trace::synthetic(20_000);
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = results::args().collect();
     for arg in &args {
         match Trace::load(Path::new(arg)) {
             Ok(t) => traces.push(t),
@@ -95,7 +95,7 @@ fn main() {
     print!("{out}");
     let command = results::command("cargo run --release -p halt-poll --example simulate");
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
-    results::write_section(&path, "halt-poll", "simulator", &command, &out);
+    results::write_section_if_asked(&path, "halt-poll", "simulator", &command, &out);
 }
 
 fn by_name<'a>(results: &'a [SimResult], name: &str) -> &'a SimResult {

@@ -21,8 +21,8 @@
 //! `--policy`, it runs none, KvmAdaptive and Percentile (not the Fixed sweep).
 //! `--json` prints one JSON object per policy and period instead of tables.
 //!
-//! The tables of a run of every policy (no `--policy`) also go to the crate's
-//! RESULTS.md, section "cyclictest" (or "cyclictest with stalls").
+//! With `--update-results`, the tables of a run of every policy (no
+//! `--policy`) also go to the crate's RESULTS.md, section "cyclictest" (or "cyclictest with stalls").
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -116,7 +116,7 @@ fn parse() -> Result<Opts, String> {
     };
     let (mut every, mut ms) = (None, None);
     let mut positional = 0;
-    let mut args = std::env::args().skip(1);
+    let mut args = results::args();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| {
             let v = args.next().ok_or(format!("{name} needs a value"))?;
@@ -362,7 +362,7 @@ fn main() {
         };
         let command = results::command("cargo run --release -p lapic-timer --example cyclictest");
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
-        results::write_section(&path, "lapic-timer", section, &command, &out);
+        results::write_section_if_asked(&path, "lapic-timer", section, &command, &out);
     }
     if let Some(path) = o.trace {
         let trace = recorder.trace("timerfd wake lateness, 1 ms period (recorded)");

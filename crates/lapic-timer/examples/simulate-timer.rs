@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p lapic-timer --example simulate-timer [TRACE_FILE...]`
 //!
-//! The tables also go to the crate's RESULTS.md, section "simulator".
+//! With `--update-results` the tables also go to the crate's RESULTS.md, section "simulator".
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -23,7 +23,7 @@ const SPIN_WEIGHT: f64 = 0.1;
 fn main() {
     let mut traces = Trace::synthetic(20_000);
     let mut out = String::new();
-    for arg in std::env::args().skip(1) {
+    for arg in results::args() {
         match Trace::load(Path::new(&arg)) {
             Ok(t) => traces.push(t),
             Err(e) => {
@@ -57,5 +57,5 @@ fn main() {
     print!("{out}");
     let command = results::command("cargo run --release -p lapic-timer --example simulate-timer");
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
-    results::write_section(&path, "lapic-timer", "simulator", &command, &out);
+    results::write_section_if_asked(&path, "lapic-timer", "simulator", &command, &out);
 }

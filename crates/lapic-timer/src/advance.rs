@@ -86,7 +86,8 @@ impl AdvancePolicy for NoAdvance {
     fn learn(&mut self, _: &Wakeup) {}
 }
 
-/// A fixed advance (the seed's hand-tuned `lapic_timer_advance_ns`).
+/// A fixed advance (the hand-tuned `lapic_timer_advance_ns` of "KVM: x86:
+/// add option to advance tscdeadline hrtimer expiration", 2014).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fixed(pub Duration);
 
@@ -308,7 +309,8 @@ impl Window {
     }
 }
 
-/// This crate's own policy: the seed author's "rightmost bucket", made explicit.
+/// This crate's own policy: Marcelo Tosatti's "rightmost bucket" (in the
+/// thread of his tscdeadline advance patch), made explicit.
 ///
 /// It keeps a decayed histogram of the host timer's wake lateness (independent
 /// of the advance it used) and advances by the quantile that minimises

@@ -600,7 +600,7 @@ fn notes<'a>(
         .0
         .ratio_to(pingpong.of(Variant::GuestSide).0);
     t.note(goal(
-        "guest-side polling at least 3x faster than block-only on the ping-pong, as in the seed (its polling is the guest's, at CPL3, outside the VMM's accounting)",
+        "guest-side polling at least 3x faster than block-only on the ping-pong, as in the guest halt-polling series (its polling is the guest's, at CPL3, outside the VMM's accounting)",
         &format!("{} faster", speedup.ratio_text()),
         speedup.median() >= 3.0,
         &speedup.each(|s| s >= 3.0),

@@ -438,7 +438,7 @@ mod tests {
         }
         let view = sched.guest();
         assert!(!view.runnable(1) && !view.runnable(9), "nothing pending");
-        irqs.post(2, 0x40); // marks it ready, as the seed does
+        irqs.post(2, 0x40); // marks it ready, as KVM's delivery boost does
         assert!(view.runnable(2) && sched.state(2).is_ready());
         let mut tried = Vec::new();
         sched.ctx().on_spin(0, |v| {

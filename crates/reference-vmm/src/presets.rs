@@ -262,7 +262,7 @@ impl fmt::Display for TimerAdvance {
 pub enum Boost {
     /// Nothing: the baseline.
     None,
-    /// Mark it ready for directed yield (`KvmReady`, the seed).
+    /// Mark it ready for directed yield (`KvmReady`, KVM's delivery boost).
     Ready,
     /// vcpu-sched's `DirectedYield`: yields or boosts by who competes for
     /// the CPU.

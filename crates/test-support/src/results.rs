@@ -23,13 +23,47 @@ pub fn write_section(results_md: &Path, crate_name: &str, name: &str, command: &
     }
 }
 
+/// The argument that asks a measuring example to rewrite its section of the
+/// crate's tracked `RESULTS.md`; without it a run only prints.
+pub const UPDATE_RESULTS: &str = "--update-results";
+
+/// Whether `args` (a process's arguments) include [`UPDATE_RESULTS`].
+pub fn update_asked(mut args: impl Iterator<Item = String>) -> bool {
+    args.any(|a| a == UPDATE_RESULTS)
+}
+
+/// This process's arguments, less [`UPDATE_RESULTS`]: what an example's own
+/// parser reads.
+pub fn args() -> impl Iterator<Item = String> {
+    std::env::args().skip(1).filter(|a| a != UPDATE_RESULTS)
+}
+
+/// [`write_section`] where this process was run with [`UPDATE_RESULTS`];
+/// otherwise says how to ask, leaving `results_md` as it was.
+pub fn write_section_if_asked(
+    results_md: &Path,
+    crate_name: &str,
+    name: &str,
+    command: &str,
+    body: &str,
+) {
+    if update_asked(std::env::args().skip(1)) {
+        write_section(results_md, crate_name, name, command, body);
+    } else {
+        eprintln!(
+            "{} not rewritten (run with {UPDATE_RESULTS} to record this run there)",
+            results_md.display()
+        );
+    }
+}
+
 /// The command line that ran this process: `cargo_command` (say, `cargo run
 /// --release -p halt-poll --example pingpong`) and, after `--`, the arguments
-/// (less the `--bench` that `cargo bench` adds).
+/// (less the `--bench` that `cargo bench` adds, and [`UPDATE_RESULTS`]).
 pub fn command(cargo_command: &str) -> String {
     let args: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|a| a != "--bench")
+        .filter(|a| a != "--bench" && a != UPDATE_RESULTS)
         .collect();
     if args.is_empty() {
         cargo_command.to_owned()

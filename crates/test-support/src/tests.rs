@@ -32,6 +32,20 @@ mod results {
     }
 
     #[test]
+    fn only_the_update_flag_asks_for_results_md() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>().into_iter();
+        assert!(update_asked(args(&["--runs", "3", "--update-results"])));
+        assert!(!update_asked(args(&["--runs", "3", "--update"])));
+        assert!(!update_asked(args(&[])));
+        // This test process was not run with the flag: nothing is written.
+        let dir = super::scratch_dir("results-unasked");
+        let path = dir.join("RESULTS.md");
+        write_section_if_asked(&path, "x", "a", "cargo run -p x", "| a |\n");
+        assert!(!path.exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn a_section_is_replaced_in_place_and_others_are_kept() {
         let text = title("x");
         let one = replace_section(&text, "a", "first\n");

@@ -46,7 +46,8 @@
 //! the runs (default 1), `--hogs N` keeps N CPU-hog threads running
 //! throughout (default 0), as other tenants would, `--max-boost-us N` sets
 //! `max_boost` (default 1000, `BoostBudget`'s; 100 is the reference VMM's
-//! for boosts on delivery). The table also goes to the crate's RESULTS.md,
+//! for boosts on delivery). With `--update-results` the table also goes to the
+//! crate's RESULTS.md,
 //! section "boost bound" (or "boost bound beside hogs", with ", N µs
 //! boosts" for another `max_boost`).
 
@@ -140,7 +141,7 @@ fn args() -> Result<Args, String> {
         requests: None,
         max_boost_us: None,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = results::args();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--json" => args.json = true,
@@ -436,7 +437,7 @@ fn main() {
     if let Some(us) = args.max_boost_us {
         section.push_str(&format!(", {us} µs boosts"));
     }
-    results::write_section(&path, "vcpu-sched", &section, &command, &table);
+    results::write_section_if_asked(&path, "vcpu-sched", &section, &command, &table);
 }
 
 /// One run: boosts the targets for `args.seconds` while the sampler watches.

@@ -17,7 +17,7 @@
 //! Prints a table, per policy: interrupts raised, handled by the guest (an edge the
 //! vCPU had not taken before the next merges with it in the PIC), what
 //! `deliver` found (waiting for a CPU, running, asleep), and the boosts;
-//! the table also goes to the crate's RESULTS.md, section "irqfd".
+//! with `--update-results` the table also goes to the crate's RESULTS.md, section "irqfd".
 //!
 //! The device thread's system calls, for a seccomp allowlist: `read`
 //! (timerfd), `write` (the irqfd's eventfd), `clock_gettime`, `pread64` (the
@@ -59,7 +59,7 @@ fn main() {
     println!("{table}");
     let command = results::command("cargo run --release -p vcpu-sched --example irqfd");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
-    results::write_section(&path, "vcpu-sched", "irqfd", &command, &table);
+    results::write_section_if_asked(&path, "vcpu-sched", "irqfd", &command, &table);
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -70,7 +70,7 @@ fn main() {
 /// `--seconds N` (default 2).
 #[cfg(target_arch = "x86_64")]
 fn parse_seconds() -> Result<u64, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = results::args().collect();
     match args.as_slice() {
         [] => Ok(2),
         [flag, n] if flag == "--seconds" => n

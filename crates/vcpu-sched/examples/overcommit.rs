@@ -1,5 +1,6 @@
-//! The seed's pattern on host threads, under overcommit: N "vCPU" threads and H
-//! CPU-hog threads (the other tenants) on this machine's cores. vCPU 0
+//! The pattern of "KVM: Boost vCPUs that are delivering interrupts" (2019)
+//! on host threads, under overcommit: N "vCPU" threads and H CPU-hog threads
+//! (the other tenants) on this machine's cores. vCPU 0
 //! repeatedly sends an "IPI" to all others and spins until all acknowledge
 //! (`smp_call_function_many`); the others spin for a window waiting for the
 //! next IPI, then block. Every 2 µs of spinning, as a pause-loop exit would,
@@ -12,7 +13,8 @@
 //! bound costs.
 //!
 //! `cargo run --release -p vcpu-sched --example overcommit [-- SECONDS_PER_RUN [VCPUS HOGS SPIN_US]]`:
-//! the whole table, or the one configuration named.
+//! the whole table, or the one configuration named. With `--update-results`
+//! the whole table also goes to the crate's RESULTS.md, section "overcommit".
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -267,7 +269,7 @@ fn parse_args(args: &[String], cores: usize) -> Result<(f64, Vec<Config>), Strin
 
 fn main() {
     let cores = thread::available_parallelism().map_or(2, |n| n.get());
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = results::args().collect();
     let (secs, configs) = parse_args(&args, cores).unwrap_or_else(|e| {
         eprintln!("overcommit: {e}");
         std::process::exit(2);
@@ -298,7 +300,7 @@ fn main() {
 fn write_results(table: &str) {
     let command = results::command("cargo run --release -p vcpu-sched --example overcommit");
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md");
-    results::write_section(&path, "vcpu-sched", "overcommit", &command, table);
+    results::write_section_if_asked(&path, "vcpu-sched", "overcommit", &command, table);
 }
 
 /// Runs every policy in turn on one configuration; returns its table rows.

@@ -22,7 +22,7 @@
 //!   [`GuestView`].
 //! - [`policy`]: the [`BoostPolicy`] hooks (delivery, wait, idle spin, run),
 //!   the [`Ctx`] a policy acts through, and the presets [`NoBoost`],
-//!   [`KvmReady`] (the seed), [`FifoOnDelivery`] and this crate's
+//!   [`KvmReady`] (KVM's "Boost vCPUs that are delivering interrupts"), [`FifoOnDelivery`] and this crate's
 //!   [`DirectedYield`]; [`pv_yield_to`] for a guest's "yield to vCPU n".
 //! - [`boost`]: the [`Booster`], which boosts through a [`ThreadControl`] and
 //!   undoes every boost when the vCPU runs, and at the latest after

@@ -272,7 +272,7 @@ impl BoostPolicy for FifoOnDelivery {
 /// This crate's own: a directed yield that picks *how* to give the CPU by who
 /// else wants it.
 ///
-/// Delivery marks the target ready (as the seed). A vCPU that waits picks a
+/// Delivery marks the target ready (as KVM's delivery boost does). A vCPU that waits picks a
 /// target as `kvm_vcpu_on_spin` does. Userspace has no `yield_to(task)`, so:
 /// - when the only runnable threads on the host are this VM's own vCPUs, a
 ///   plain `sched_yield` can only go to one of them: it yields, which is cheap

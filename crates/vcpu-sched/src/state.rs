@@ -38,7 +38,7 @@ impl RunState {
 ///
 /// The flags have KVM's meanings:
 /// - `ready`: an interrupt or wake-up was delivered and the vCPU has not run
-///   since (`vcpu->ready`, the seed's change): a good directed-yield target.
+///   since (`vcpu->ready`, as KVM's delivery boost sets it): a good directed-yield target.
 /// - `preempted`: runnable but not running. KVM learns it from its
 ///   sched-out notifier; a userspace VMM cannot, and sets it from what it sees
 ///   (a thread that is runnable and whose run delay grew: [`crate::probe`]).
