@@ -224,7 +224,7 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
         Scenario::CloudHypervisor => &[Scenario::ChHalt, Scenario::ChMigrate],
         _ => std::slice::from_ref(&args.scenario),
     };
-    let estimate = Estimate::from_benchmarks_md(scenarios, args.quick);
+    let mut estimate = Estimate::from_benchmarks_md(scenarios, args.quick);
     eprintln!("{}", estimate.before());
     let (mut tables, mut times) = (Vec::new(), Vec::new());
     let mut failed = None;
@@ -248,6 +248,8 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
         match table {
             Ok(mut t) => {
                 t.note(host.note());
+                // The tables as each scenario finishes; the report at the end.
+                eprintln!("\n{}", t.markdown());
                 tables.push(t);
                 times.push((name.clone(), began.elapsed()));
                 progress(&estimate.after(&name, began.elapsed(), &scenarios[done + 1..]));
@@ -305,6 +307,9 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
 struct Estimate {
     times: Vec<(String, Duration)>,
     quick: bool,
+    /// The scenarios finished so far that BENCHMARKS.md times: the time
+    /// they took, and the time they were estimated to take.
+    finished: (Duration, Duration),
 }
 
 impl Estimate {
@@ -315,7 +320,11 @@ impl Estimate {
             .iter()
             .filter_map(|s| known.iter().find(|(n, _)| *n == s.name()).cloned())
             .collect();
-        Self { times, quick }
+        Self {
+            times,
+            quick,
+            finished: (Duration::ZERO, Duration::ZERO),
+        }
     }
 
     /// The time a scenario took in BENCHMARKS.md's run.
@@ -345,15 +354,33 @@ impl Estimate {
         }
     }
 
-    /// The line printed once scenario `name` has taken `took`, with `left` to go.
-    fn after(&self, name: &str, took: Duration, left: &[Scenario]) -> String {
-        let expected = match (self.quick, self.of(name)) {
-            (false, Some(d)) => format!(" (estimate {:.0} s)", d.as_secs_f64()),
-            _ => String::new(),
+    /// The line printed once scenario `name` has taken `took`, with `left`
+    /// to go: the time left by the estimate, scaled by how the finished
+    /// scenarios ran against theirs (a busy machine runs them all slower).
+    fn after(&mut self, name: &str, took: Duration, left: &[Scenario]) -> String {
+        let estimated = self.of(name).filter(|_| !self.quick);
+        let expected = match estimated {
+            Some(d) => {
+                self.finished.0 += took;
+                self.finished.1 += d;
+                format!(" (estimate {:.0} s)", d.as_secs_f64())
+            }
+            None => String::new(),
         };
         let remaining: Option<Duration> = left.iter().map(|s| self.of(&s.name())).sum();
+        let (ran, planned) = self.finished;
+        let scale = match planned.is_zero() {
+            true => 1.0,
+            false => ran.as_secs_f64() / planned.as_secs_f64(),
+        };
         let rest = match (left.len(), remaining.filter(|_| !self.quick)) {
             (0, _) => "; that was the last".to_owned(),
+            (n, Some(d)) if (scale - 1.0).abs() >= 0.05 => format!(
+                "; {n} to go, about {:.0} s: the estimate's {:.0} s times {scale:.2}, as the \
+                 finished ones ran",
+                d.as_secs_f64() * scale,
+                d.as_secs_f64()
+            ),
             (n, Some(d)) => format!(
                 "; {n} to go, about {:.0} s by the estimate",
                 d.as_secs_f64()
@@ -382,29 +409,38 @@ mod tests {
             ("halt".to_owned(), secs(150)),
             ("timer".to_owned(), secs(120)),
         ];
-        let full = Estimate {
+        let estimate = |quick| Estimate {
             times: times.clone(),
-            quick: false,
+            quick,
+            finished: (Duration::ZERO, Duration::ZERO),
         };
+        let mut full = estimate(false);
         assert_eq!(
             full.before(),
             "estimate: about 270 s (halt 150 s, timer 120 s), as BENCHMARKS.md's run took on an \
              idle machine; a busy or slower one takes longer"
         );
         assert_eq!(
-            full.after("halt", secs(160), &[Scenario::Timer]),
-            "halt done in 160 s (estimate 150 s); 1 to go, about 120 s by the estimate"
+            full.after("halt", secs(153), &[Scenario::Timer]),
+            "halt done in 153 s (estimate 150 s); 1 to go, about 120 s by the estimate"
         );
         assert_eq!(
             full.after("timer", secs(130), &[]),
             "timer done in 130 s (estimate 120 s); that was the last"
+        );
+        // A scenario that ran twice as long as its estimate doubles the rest.
+        let mut slow = estimate(false);
+        assert_eq!(
+            slow.after("halt", secs(300), &[Scenario::Timer]),
+            "halt done in 300 s (estimate 150 s); 1 to go, about 240 s: the estimate's 120 s \
+             times 2.00, as the finished ones ran"
         );
         // A scenario BENCHMARKS.md does not time leaves the rest unestimated.
         assert_eq!(
             full.after("halt", secs(1), &[Scenario::Rcu]),
             "halt done in 1 s (estimate 150 s); 1 to go"
         );
-        let quick = Estimate { times, quick: true };
+        let mut quick = estimate(true);
         assert!(quick.before().starts_with("estimate: none for --quick"));
         assert_eq!(
             quick.after("halt", secs(3), &[Scenario::Timer]),
@@ -413,6 +449,7 @@ mod tests {
         let none = Estimate {
             times: Vec::new(),
             quick: false,
+            finished: (Duration::ZERO, Duration::ZERO),
         };
         assert!(
             none.before()

@@ -53,8 +53,8 @@ pub struct Table {
     pub rows: Vec<Vec<Cell>>,
     /// Lines under the table: the setup, the goal and how it went.
     pub notes: Vec<String>,
-    /// Of the notes, the goals against a peer VMM, which the report
-    /// also gathers at its top.
+    /// Of the notes, the goals against a peer VMM (the report's summary
+    /// gathers every goal).
     pub peer_goals: Vec<String>,
 }
 
