@@ -30,8 +30,8 @@ use crate::peer_run::PeerBinary;
 use crate::runs::{Runs, goal};
 use crate::snapshot;
 use crate::table::{Cell, Table};
-use test_support::hosts::TwoHosts;
 use crate::{Error, Options};
+use test_support::hosts::TwoHosts;
 
 /// The budgets the patched build runs with: the halt scenario's.
 const BUDGETS: [f64; 2] = [0.05, 0.2];
@@ -257,7 +257,9 @@ pub fn ch_migrate(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table
     let mut link_cells: Vec<PeerCells> = over_link.iter().map(|_| Default::default()).collect();
     for rep in 1..=opts.reps() {
         for ((label, ch), c) in over_link.iter().zip(&mut link_cells) {
-            progress(&format!("ch-migrate: {label}, flat out over the link, run {rep}"));
+            progress(&format!(
+                "ch-migrate: {label}, flat out over the link, run {rep}"
+            ));
             let hosts = hosts.as_ref().ok();
             match migrate::cloud_hypervisor::flat_out_over_link(ch, hosts, opts)? {
                 Ok(moved) => c.add(moved),
@@ -346,12 +348,7 @@ fn manual_goal(rates: &[&str], cells: &[[PeerCells; 2]], reps: usize) -> String 
 /// Whether the ring under the dirty limit (`cells[3]`, `link[2]`) moved
 /// the guest in every run and the flat-out writer converged over the link
 /// (`link`: stock, the ring, the ring under the limit) in every run.
-fn ring_goal(
-    rates: &[&str],
-    cells: &[[PeerCells; 2]],
-    link: &[PeerCells],
-    reps: usize,
-) -> String {
+fn ring_goal(rates: &[&str], cells: &[[PeerCells; 2]], link: &[PeerCells], reps: usize) -> String {
     let mut met: Vec<bool> = cells[3].iter().flat_map(|c| c.moved_each()).collect();
     met.extend(link[2].moved_each());
     met.extend((0..reps).map(|run| run < link[2].converged));

@@ -27,6 +27,7 @@ pub mod rcu;
 pub mod runs;
 pub mod sched;
 pub mod snapshot;
+pub mod stop;
 pub mod summary;
 pub mod table;
 pub mod timer;
@@ -280,7 +281,10 @@ fn times_line(times: &[(String, Duration)]) -> String {
         .iter()
         .map(|(name, took)| format!("{name} {:.0} s", took.as_secs_f64()))
         .collect();
-    format!("{TIMES} {}.", each.join(", "))
+    match each.is_empty() {
+        true => format!("{TIMES} none finished."),
+        false => format!("{TIMES} {}.", each.join(", ")),
+    }
 }
 
 /// Each scenario's time in a [`report`], by name: what the next run can

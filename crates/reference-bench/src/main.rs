@@ -4,13 +4,14 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use reference_bench as bench;
 
 /// Measure each mechanism end to end against its baseline, and write the report.
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(version, about)]
 struct BenchArgs {
     /// The scenario.
@@ -204,6 +205,63 @@ impl Failure {
     }
 }
 
+/// What a run has to report so far: the scenarios that finished, their
+/// times, and the one running.
+#[derive(Default)]
+struct Finished {
+    tables: Vec<bench::Table>,
+    times: Vec<(String, Duration)>,
+    running: String,
+}
+
+/// The report of `finished` (Markdown), and what goes to stdout and the
+/// report file (that, or JSON with `--json`).
+fn render(args: &BenchArgs, finished: &Finished, took: Duration, note: &str) -> (String, String) {
+    let markdown = bench::report(
+        &finished.tables,
+        &args.command(std::env::var_os(bench::peer_run::PEERS_DIR).as_deref()),
+        took,
+        note,
+        &finished.times,
+    );
+    let output = if args.json {
+        let items: Vec<_> = finished.tables.iter().map(bench::Table::json).collect();
+        serde_json::to_string_pretty(&items).unwrap_or_default() + "\n"
+    } else {
+        markdown.clone()
+    };
+    (markdown, output)
+}
+
+/// On Ctrl-C or SIGTERM: once the run's child processes, namespaces and
+/// temporary files are gone, writes the report of what finished and exits
+/// with 128 + the signal.
+fn stop_writing_what_finished(
+    args: &BenchArgs,
+    finished: Arc<Mutex<Finished>>,
+    start: Instant,
+) -> Result<(), Failure> {
+    let args = args.clone();
+    let stop = move |signal: i32| {
+        let finished = finished.lock().unwrap_or_else(PoisonError::into_inner);
+        let note = format!(
+            "Stopped by {} during {} after {:.0} s: the tables below are the scenarios that \
+             finished.",
+            bench::stop::name(signal),
+            finished.running,
+            start.elapsed().as_secs_f64()
+        );
+        let (_, output) = render(&args, &finished, start.elapsed(), &note);
+        let path = args.out();
+        match write_report(&path, &output) {
+            Ok(()) => eprintln!("wrote {} (the scenarios that finished)", path.display()),
+            Err(e) => eprintln!("cannot write {}: {e}", path.display()),
+        }
+        std::process::exit(128 + signal);
+    };
+    bench::stop::on_stop(stop).map_err(|e| Failure::run(format!("cannot watch for Ctrl-C: {e}")))
+}
+
 /// Runs the scenarios `args` names, prints the report and writes it.
 fn bench(args: BenchArgs) -> Result<(), Failure> {
     args.check().map_err(Failure::usage)?;
@@ -215,8 +273,11 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
         patched_cloud_hypervisor: args.patched_cloud_hypervisor.as_deref(),
         patched_firecracker: args.patched_firecracker.as_deref(),
     };
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     let whole_run = bench::HostLoad::start();
+    let finished = Arc::new(Mutex::new(Finished::default()));
+    stop_writing_what_finished(&args, finished.clone(), start)?;
+    let lock = || finished.lock().unwrap_or_else(PoisonError::into_inner);
     let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
     let scenarios: &[Scenario] = match args.scenario {
         // Every scenario, in the order they are declared.
@@ -226,11 +287,12 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
     };
     let mut estimate = Estimate::from_benchmarks_md(scenarios, args.quick);
     eprintln!("{}", estimate.before());
-    let (mut tables, mut times) = (Vec::new(), Vec::new());
     let mut failed = None;
     for (done, scenario) in scenarios.iter().enumerate() {
         let host = bench::HostLoad::start();
-        let began = std::time::Instant::now();
+        let began = Instant::now();
+        let name = scenario.name();
+        lock().running = name.clone();
         let table = match scenario {
             Scenario::Halt => bench::halt::run(opts, &mut progress),
             Scenario::Timer => bench::timer::run(opts, &mut progress),
@@ -244,14 +306,15 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
             Scenario::FcSnapshot => bench::integrations::fc_snapshot(opts, &mut progress),
             Scenario::All | Scenario::CloudHypervisor => unreachable!("expanded above"),
         };
-        let name = scenario.name();
         match table {
             Ok(mut t) => {
                 t.note(host.note());
                 // The tables as each scenario finishes; the report at the end.
                 eprintln!("\n{}", t.markdown());
-                tables.push(t);
-                times.push((name.clone(), began.elapsed()));
+                let mut finished = lock();
+                finished.tables.push(t);
+                finished.times.push((name.clone(), began.elapsed()));
+                drop(finished);
                 progress(&estimate.after(&name, began.elapsed(), &scenarios[done + 1..]));
             }
             Err(e) => {
@@ -266,19 +329,9 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
             "\n\nIncomplete: {e}; the tables below are the scenarios that finished before it."
         ));
     }
-    let markdown = bench::report(
-        &tables,
-        &args.command(std::env::var_os(bench::peer_run::PEERS_DIR).as_deref()),
-        start.elapsed(),
-        &host_note,
-        &times,
-    );
-    let output = if args.json {
-        let items: Vec<_> = tables.iter().map(bench::Table::json).collect();
-        serde_json::to_string_pretty(&items).unwrap_or_default() + "\n"
-    } else {
-        markdown.clone()
-    };
+    // Held to the end: a signal from here on waits for this report.
+    let finished = lock();
+    let (markdown, output) = render(&args, &finished, start.elapsed(), &host_note);
     let mut files = vec![(args.out(), &output)];
     // BENCHMARKS.md is the report of a whole run.
     if args.update_benchmarks_md && failed.is_none() {

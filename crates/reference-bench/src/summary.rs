@@ -103,12 +103,21 @@ mod tests {
         let mut timer = Table::new("timer: y", &["a"]);
         timer.note("Goal: t. Not measured: no KVM.");
         let s = summary(&[halt, timer]);
-        assert!(s.starts_with("## Summary\n\n3 goals: 1 met, 1 not met, 1 not measured."), "{s}");
+        assert!(
+            s.starts_with("## Summary\n\n3 goals: 1 met, 1 not met, 1 not measured."),
+            "{s}"
+        );
         let own = s.find("- *not met*: own.").unwrap();
         let peer = s.find("- *met*: peer.").unwrap();
         let timer = s.find("**timer**").unwrap();
-        assert!(s.find("**halt**").unwrap() < own && own < peer && peer < timer, "{s}");
-        assert!(s.contains("- *not measured*: t. Not measured: no KVM."), "{s}");
+        assert!(
+            s.find("**halt**").unwrap() < own && own < peer && peer < timer,
+            "{s}"
+        );
+        assert!(
+            s.contains("- *not measured*: t. Not measured: no KVM."),
+            "{s}"
+        );
         assert!(!s.contains("setup"), "{s}");
         assert!(summary(&[Table::new("halt: y", &[])]).is_empty());
     }

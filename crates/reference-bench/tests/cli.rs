@@ -106,7 +106,14 @@ fn a_bench_runs_the_qemu_it_is_given() {
     // Its report goes to a temporary folder, never where the main job's does.
     let dir = std::env::temp_dir().join(format!("reference-bench-qemu-{}", std::process::id()));
     let path = dir.join("sched.md");
-    let out = bench(&["sched", "--quick", "--qemu", "/bin/false", "--out", path.to_str().unwrap()]);
+    let out = bench(&[
+        "sched",
+        "--quick",
+        "--qemu",
+        "/bin/false",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report = text(&out.stdout);
@@ -187,4 +194,154 @@ fn bench_all_writes_what_finished_when_a_scenario_fails_and_exits_1() {
         written.contains("Incomplete: bench halt: cannot open /dev/kvm"),
         "{written}"
     );
+}
+
+/// The network namespaces whose names start with `prefix`.
+fn namespaces(prefix: &str) -> Vec<String> {
+    let dir = std::fs::read_dir("/var/run/netns");
+    let names = dir.into_iter().flatten().flatten();
+    let names = names.filter_map(|e| e.file_name().into_string().ok());
+    names.filter(|n| n.starts_with(prefix)).collect()
+}
+
+/// A bench started with `args`, its stderr read until a line contains
+/// `wanted` (at most 120 s): the child, the lines so far, and the rest.
+struct Started {
+    child: std::process::Child,
+    seen: Vec<String>,
+    rest: std::sync::mpsc::Receiver<String>,
+}
+
+fn start_until(args: &[&str], wanted: &str) -> Started {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reference-bench"))
+        .args(args)
+        .env_remove("VM_LATENCY_PEERS")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (lines, rest) = std::sync::mpsc::channel();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains(wanted)) {
+        match rest.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(line) => seen.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no {wanted:?} ({e}): {seen:?}");
+            }
+        }
+    }
+    Started { child, seen, rest }
+}
+
+impl Started {
+    /// Sends `signal`; the exit status and every line of stderr.
+    fn stop(mut self, signal: i32) -> (Option<i32>, String) {
+        // SAFETY: kill(2) on the child this test spawned and has not reaped.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+        let status = self.child.wait().unwrap();
+        self.seen.extend(self.rest.iter());
+        (status.code(), self.seen.join("\n"))
+    }
+}
+
+/// The children of process `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[test]
+fn sigterm_ends_what_the_run_started_and_writes_what_finished() {
+    let name = "sigterm_ends_what_the_run_started_and_writes_what_finished";
+    if !kvm_available(name) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("reference-bench-stop-{}", std::process::id()));
+    let report = dir.join("migrate.md");
+    // The first move under way: its namespaces made (where they can be).
+    let run = start_until(
+        &["migrate", "--quick", "--out", report.to_str().unwrap()],
+        "] migrate:",
+    );
+    let pid = run.child.id();
+    let prefix = format!("rvmm-{}-", pid % 100_000);
+    let made = namespaces(&prefix);
+    let (status, stderr) = run.stop(libc::SIGTERM);
+    assert_eq!(status, Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(stderr.contains("stopping on SIGTERM: ended "), "{stderr}");
+    assert!(namespaces(&prefix).is_empty(), "left behind, of {made:?}");
+    let written = std::fs::read_to_string(&report).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        written.contains("Stopped by SIGTERM during migrate after "),
+        "{written}"
+    );
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("rvmm-bench-") && n.contains(&pid.to_string()))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn ctrl_c_ends_the_processes_a_run_started() {
+    let name = "ctrl_c_ends_the_processes_a_run_started";
+    if !kvm_available(name) {
+        return;
+    }
+    if Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        skip(name, "no qemu-system-x86_64 on PATH to start as a peer");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("reference-bench-ctrl-c-{}", std::process::id()));
+    let report = dir.join("sched.md");
+    let run = start_until(
+        &["sched", "--quick", "--out", report.to_str().unwrap()],
+        "sched: qemu",
+    );
+    // QEMU starts after the progress line; give it a moment to appear.
+    let pid = run.child.id();
+    let mut peers = children(pid);
+    for _ in 0..50 {
+        if !peers.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        peers = children(pid);
+    }
+    assert!(!peers.is_empty(), "no peer started");
+    let (status, stderr) = run.stop(libc::SIGINT);
+    assert_eq!(status, Some(128 + libc::SIGINT), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Killed, then reaped by whoever inherited them.
+    let alive = || {
+        peers
+            .iter()
+            .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            .count()
+    };
+    for _ in 0..50 {
+        if alive() == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(alive(), 0, "{peers:?} outlived the run: {stderr}");
 }

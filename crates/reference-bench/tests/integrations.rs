@@ -81,7 +81,11 @@ fn an_unpatched_cloud_hypervisor_moves_the_guest_at_both_rates() {
         return;
     }
     let t = integrations::ch_migrate(quick(Some(ch.binary()), None), &mut |_| {}).unwrap();
-    assert_eq!(t.rows.len(), 11, "four builds, two rates; three over the link");
+    assert_eq!(
+        t.rows.len(),
+        11,
+        "four builds, two rates; three over the link"
+    );
     assert!(
         t.rows
             .iter()

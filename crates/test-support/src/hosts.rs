@@ -37,12 +37,37 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// The part of every name this process gives its namespaces and links.
+fn process_id() -> u32 {
+    std::process::id() % 100_000
+}
+
+/// Removes every namespace and unmoved veth end this process made, for a
+/// process stopped before its [`TwoHosts`] were dropped; returns the
+/// namespaces it removed.
+pub fn remove_all_of_this_process() -> Vec<String> {
+    let prefix = format!("rvmm-{}-", process_id());
+    let names: Vec<String> = std::fs::read_dir("/var/run/netns")
+        .map(|dir| {
+            let names = dir
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok());
+            names.filter(|n| n.starts_with(&prefix)).collect()
+        })
+        .unwrap_or_default();
+    let _ = ip(&["link", "del", &format!("rv{}s", process_id())]);
+    names
+        .into_iter()
+        .filter(|ns| ip(&["netns", "del", ns]).is_ok())
+        .collect()
+}
+
 impl TwoHosts {
     /// Two namespaces named after `tag`, the link between them limited to
     /// `rate` (tc's syntax, e.g. `1gbit`) from the source. An error says
     /// why they cannot be made here (not root, no `ip`).
     pub fn new(tag: &str, rate: &str) -> Result<Self, String> {
-        let id = std::process::id() % 100_000;
+        let id = process_id();
         let (a, b) = (format!("rv{id}s"), format!("rv{id}d"));
         let hosts = Self {
             source: format!("rvmm-{id}-{tag}-src"),

@@ -33,7 +33,12 @@ mod results {
 
     #[test]
     fn only_the_update_flag_asks_for_results_md() {
-        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>().into_iter();
+        let args = |a: &[&str]| {
+            a.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
         assert!(update_asked(args(&["--runs", "3", "--update-results"])));
         assert!(!update_asked(args(&["--runs", "3", "--update"])));
         assert!(!update_asked(args(&[])));
