@@ -93,7 +93,11 @@ fn an_unpatched_cloud_hypervisor_moves_the_guest_at_both_rates() {
         "{t:?}"
     );
     assert_eq!(t.peer_goals.len(), 2, "manual protect, the ring");
-    let failures: Vec<_> = t.notes.iter().filter(|n| n.starts_with("no result")).collect();
+    let failures: Vec<_> = t
+        .notes
+        .iter()
+        .filter(|n| n.starts_with("no result"))
+        .collect();
     assert!(failures.is_empty(), "{failures:?}");
     assert!(t.peer_goals[0].ends_with(": met."), "{}", t.peer_goals[0]);
 }

@@ -63,9 +63,10 @@ pub enum VcpuError {
     NoDirtyRing,
 }
 
-/// The most named values one vCPU may report in a run: a guest that reports
-/// in a loop would otherwise grow the VMM without bound. The built-in
-/// programs report a handful each.
+/// The most named values one vCPU may report in a run, unless its
+/// [`VmConfig::max_reports`](crate::VmConfig::max_reports) says otherwise: a
+/// guest that reports in a loop would otherwise grow the VMM without bound.
+/// The built-in programs report a handful each.
 pub const MAX_REPORTS: usize = 1024;
 
 /// The exits a vCPU's local APIC and its scheduler hooks take.
@@ -121,6 +122,10 @@ pub trait ExitContext {
     fn memory(&self) -> &Self::Memory;
     /// Where the guest's named values go.
     fn reports(&mut self) -> &mut Vec<Report>;
+    /// The most named values the vCPU may report.
+    fn max_reports(&self) -> usize {
+        MAX_REPORTS
+    }
     /// Runs `f` on the device bus, as the VMM shares it between vCPUs.
     fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R;
     /// The vCPU's local APIC.
@@ -130,7 +135,8 @@ pub trait ExitContext {
 }
 
 /// Handles one exit; named values the guest reports go to the context's
-/// reports (at most [`MAX_REPORTS`]: one more is [`GuestFault::TooManyReports`]).
+/// reports (at most [`ExitContext::max_reports`]: one more is
+/// [`GuestFault::TooManyReports`]).
 pub fn handle_exit(exit: VcpuExit<'_>, ctx: &mut impl ExitContext) -> Result<Flow, ExitError> {
     match exit {
         VcpuExit::X86Rdmsr(msr) => {
@@ -177,7 +183,8 @@ pub fn handle_exit(exit: VcpuExit<'_>, ctx: &mut impl ExitContext) -> Result<Flo
         }
         VcpuExit::IoOut(UCALL_PORT, data) => {
             let call = ucall::decode(ctx.memory(), data).map_err(GuestFault::from)?;
-            handle_ucall(call, ctx.reports())
+            let max = ctx.max_reports();
+            handle_ucall(call, ctx.reports(), max)
         }
         VcpuExit::IoOut(port, data) => ctx.with_bus(|bus| port_out(bus, port, data)),
         VcpuExit::IoIn(UCALL_PORT, data) => {
@@ -282,10 +289,10 @@ impl<M: GuestMemory> ExitContext for Devices<'_, M> {
     }
 }
 
-fn handle_ucall(call: Ucall, reports: &mut Vec<Report>) -> Result<Flow, ExitError> {
+fn handle_ucall(call: Ucall, reports: &mut Vec<Report>, max: usize) -> Result<Flow, ExitError> {
     match call {
-        Ucall::Report { .. } if reports.len() >= MAX_REPORTS => {
-            Err(GuestFault::TooManyReports { max: MAX_REPORTS }.into())
+        Ucall::Report { .. } if reports.len() >= max => {
+            Err(GuestFault::TooManyReports { max }.into())
         }
         Ucall::Report { name, value } => {
             reports.push(Report { name, value });

@@ -54,9 +54,12 @@ pub enum GuestFault {
         b: u64,
     },
     /// More named values than one vCPU may report.
-    #[error("more than {max} reports from one vCPU (a guest that reports in a loop?)")]
+    #[error(
+        "more than {max} reports from one vCPU (a guest that reports in a loop? \
+         `run --max-reports N` lifts the cap)"
+    )]
     TooManyReports {
-        /// The cap, [`crate::exit::MAX_REPORTS`].
+        /// The cap ([`crate::VmConfig::max_reports`]).
         max: usize,
     },
     /// A ucall that cannot be decoded.

@@ -43,6 +43,8 @@ pub(crate) struct Devices {
     pub bus: BusRead,
     /// Lookups on exits, and their cost.
     pub lookups: BusLookups,
+    /// The most named values each vCPU may report at the ucall port.
+    pub max_reports: usize,
 }
 
 /// The vCPU threads as RCU readers.

@@ -278,6 +278,10 @@ impl<C: IrqChip> ExitContext for VcpuExits<'_, C> {
         self.reports
     }
 
+    fn max_reports(&self) -> usize {
+        self.shared.devices.max_reports
+    }
+
     /// Times the lookup and the device's handling, for `reference-bench rcu`.
     fn with_bus<R>(&mut self, f: impl FnOnce(&IoBus) -> R) -> R {
         let start = rdtsc();

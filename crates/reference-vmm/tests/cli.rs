@@ -19,7 +19,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 27] = [
+    let cases: [(&[&str], &str); 28] = [
         (
             &["conformance", "--seeds", "0"],
             "invalid value '0' for '--seeds <SEEDS>'",
@@ -36,6 +36,10 @@ fn bad_arguments_get_a_clear_error_and_status_2() {
         (
             &["run", "--guest", "nope"],
             "no guest program is called \"nope\"; the built-in ones are: hello",
+        ),
+        (
+            &["run", "--guest", "hello", "--max-reports", "0"],
+            "0 is not within 1..=16777216",
         ),
         (
             &["run", "--guest", "hello", "--vcpus", "0"],
@@ -251,6 +255,35 @@ fn run_prints_serial_output_and_the_report() {
     assert!(
         stdout.contains("vcpu 1: ") && stdout.contains("apic_id = 1"),
         "{stdout}"
+    );
+}
+
+#[test]
+fn a_guest_reports_at_most_max_reports_values_per_vcpu() {
+    if !kvm_available("a_guest_reports_at_most_max_reports_values_per_vcpu") {
+        return;
+    }
+    // hello reports two values per vCPU (its APIC id and the TSC).
+    let run = |max: &str| {
+        vmm(&[
+            "run",
+            "--guest",
+            "hello",
+            "--timeout-ms",
+            "60000",
+            "--max-reports",
+            max,
+        ])
+    };
+    let out = run("2");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run("1");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("error: vCPU 0: more than 1 reports from one vCPU")
+            && stderr.contains("`run --max-reports N` lifts the cap"),
+        "{stderr}"
     );
 }
 

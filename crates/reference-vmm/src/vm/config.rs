@@ -59,6 +59,11 @@ pub struct VmConfig {
     /// refuses, naming them, any this host lacks. `None`: all this host's
     /// KVM offers.
     pub cpu_features: Option<CpuFeatures>,
+    /// The most named values one vCPU may report in a run
+    /// ([`MAX_REPORTS`](crate::MAX_REPORTS) by default): a guest that
+    /// reports in a loop would otherwise grow the VMM without bound, and a
+    /// longer measurement asks for more.
+    pub max_reports: usize,
 }
 
 /// How a VM's vCPUs start.
@@ -95,6 +100,7 @@ impl Default for VmConfig {
             kvm_halt_poll: KvmHaltPoll::default(),
             guest_boosts: None,
             cpu_features: None,
+            max_reports: crate::MAX_REPORTS,
         }
     }
 }

@@ -216,6 +216,7 @@ impl Vm {
         let devices = Devices {
             bus: c.policies.bus(bus, &self.domain),
             lookups: Default::default(),
+            max_reports: c.max_reports,
         };
         let rcu = Rcu {
             domain: self.domain.clone(),

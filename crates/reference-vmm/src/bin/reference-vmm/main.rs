@@ -15,7 +15,7 @@ use reference_vmm::migration::{
     MigrateOptions, Migration, MigrationError, MigrationReport, Progress, StreamReader, Target,
 };
 use reference_vmm::presets::{Boost, Choices, HaltPoll, Presets, TimerAdvance};
-use reference_vmm::{Boot, CpuFeatures, Error, StopHandle, StopReason, Vm, VmConfig};
+use reference_vmm::{Boot, CpuFeatures, Error, MAX_REPORTS, StopHandle, StopReason, Vm, VmConfig};
 use reference_vmm::{Irqchip, TimerPlacement};
 use test_guests::ProgramError;
 use test_guests::apic_script::{MAX_OPS, Mode};
@@ -143,6 +143,10 @@ struct OutputArgs {
     /// guest reported until then.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: Option<u64>,
+    /// The most named values one vCPU may report; one more ends the run
+    /// with an error (a bound on a guest that reports in a loop)
+    #[arg(long, value_name = "N", default_value_t = MAX_REPORTS, value_parser = parse_max_reports)]
+    max_reports: usize,
 }
 
 impl OutputArgs {
@@ -164,6 +168,7 @@ impl OutputArgs {
     fn destination(&self) -> VmConfig {
         VmConfig {
             timeout: self.timeout(),
+            max_reports: self.max_reports,
             ..VmConfig::default()
         }
     }
@@ -306,6 +311,14 @@ impl ReceiveArgs {
             max_handshakes: self.max_handshakes,
             wait: self.wait_ms.map(Duration::from_millis),
         }
+    }
+}
+
+fn parse_max_reports(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=16_777_216) => Ok(n),
+        Ok(n) => Err(format!("{n} is not within 1..=16777216")),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
     }
 }
 
@@ -695,6 +708,7 @@ fn run(args: RunArgs) -> ExitCode {
         timeout,
         dirty_ring: args.migrate.options().dirty_ring(),
         min_timer_period: Duration::from_micros(args.min_timer_period_us),
+        max_reports: args.output.max_reports,
         ..VmConfig::default()
     });
     let mut vm = match Vm::new(&config) {
