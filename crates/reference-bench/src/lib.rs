@@ -245,7 +245,7 @@ pub fn ticks_per_us() -> f64 {
 /// The Markdown report of a run: the command, the machine, how busy the
 /// host was, how long each scenario took (`times`, by name: the next run's
 /// estimate, [`scenario_times`]), the goals against the peer VMMs
-/// ([`summary`]), and every table.
+/// ([`summary()`]), and every table.
 pub fn report(
     tables: &[Table],
     command: &str,
