@@ -229,10 +229,10 @@ impl Vmm {
             })
     }
 
-    /// Waits for its API socket `path`.
+    /// Waits for its API socket `path` to take connections.
     fn wait_for(&mut self, path: &Path) -> Result<(), PeerError> {
         let deadline = Instant::now() + API_TIMEOUT;
-        while !path.exists() {
+        while !peer_run::accepting(path) {
             let exited = self.0.as_mut().and_then(|c| c.try_wait().ok().flatten());
             if exited.is_some() || Instant::now() >= deadline {
                 let ended = self.finish(Duration::ZERO, Instant::now());

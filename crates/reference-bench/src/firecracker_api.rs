@@ -57,7 +57,7 @@ impl FirecrackerApi {
             started: Instant::now(),
         };
         let deadline = Instant::now() + API_TIMEOUT;
-        while !socket.exists() {
+        while !peer_run::accepting(socket) {
             let exited = api.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
             if exited.is_some() || Instant::now() >= deadline {
                 return Err(api.failed("it did not open its API socket"));

@@ -29,6 +29,13 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
+/// Whether a VMM's API socket at `socket` takes connections: the file
+/// appears at `bind(2)`, before the VMM listens, and a request sent then
+/// is refused (seen beside CPU hogs).
+pub fn accepting(socket: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
 /// A peer VMM's binary: where it is, found by its name.
 pub trait PeerBinary: Sized {
     /// The binary's name.
