@@ -1,62 +1,15 @@
-//! The RCU domain: the global grace-period counter, the registry of readers, and
-//! grace periods.
-//!
-//! # Protocol (liburcu's QSBR flavour)
-//! The domain's counter `gp` is odd and grows by 2 per grace period. Each reader
-//! has a slot holding either [`OFFLINE`] (0) or the value of `gp` it last saw. A
-//! grace period increments `gp` and waits until every slot is [`OFFLINE`] or
-//! equal to the new value. A reader publishes `gp` in a quiescent state, or
-//! [`OFFLINE`] for an extended one.
-//!
-//! Memory ordering:
-//! - A reader publishes its slot with Release, and a writer reads slots with
-//!   Acquire: a writer that sees a reader quiescent or offline also sees that
-//!   the reader's earlier reads are over.
-//! - A writer publishes a new pointer, runs a SeqCst fence, then advances `gp`;
-//!   a reader loads `gp`, stores the value in its slot, then runs the SeqCst
-//!   fence in [`ReaderSlot::publish`]. When the reader's load returns the new
-//!   value, the writer's fence (a release fence before the `fetch_add`)
-//!   synchronizes with the reader's (an acquire fence after the load): once its
-//!   slot says it saw the new grace period, it also sees the new pointer. The
-//!   fence pair carries the ordering, so `gp` is Relaxed on both sides. The
-//!   writer's fence must stay before the `fetch_add`: after it, a reader could
-//!   see the new `gp`, publish it with its own fence first in the SeqCst order,
-//!   and still load the old pointer, which the writer frees once it sees that
-//!   slot. Loom cannot catch that misplacement: a fence is no scheduling point
-//!   in loom, so it runs together with the `fetch_add` before it, and loom
-//!   orders SeqCst fences as they run; the argument here is the check.
-//! - Two store-then-load handshakes need a SeqCst fence on each side (Dekker): a
-//!   reader coming online stores its slot then loads pointers, while a writer
-//!   stores a pointer then loads the slots (either the writer sees the reader
-//!   online or the reader sees the new pointer); and a reader storing its slot
-//!   then loading its `waiting` flag, while a blocking writer stores `waiting`
-//!   then re-reads the slot (no lost wake-up).
-//!
-//! Fences rather than SeqCst accesses, because loom models SeqCst fences (at
-//! least as strongly as C11, above) but treats SeqCst accesses as AcqRel: the
-//! code loom checks is the code that runs. The quiescent-state fast path is one
-//! Relaxed load (a plain load) and a compare.
+//! The RCU domain: what readers register with, writers wait on, and
+//! retired values wait in (the protocol is in `grace_period`).
 
+#[cfg(not(loom))]
+use std::mem;
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
-use std::time::{Duration, Instant};
-
-use crossbeam_utils::CachePadded;
+use std::time::Duration;
 
 use crate::error::RcuError;
-use crate::events::{GracePeriod, NoEvents, RcuEvents};
-use crate::reader::Reader;
-use crate::sync::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use crate::sync::{
-    Arc, AtomicBool, AtomicU64, Condvar, Mutex, ThreadId, current_thread, fence, lock, spin_hint,
-    wait,
-};
-
-/// A slot value meaning "this reader is in an extended quiescent state".
-pub(crate) const OFFLINE: u64 = 0;
-/// The first value of the grace-period counter (odd, so never [`OFFLINE`]).
-const GP_START: u64 = 1;
-/// How much each grace period adds to the counter.
-const GP_STEP: u64 = 2;
+use crate::events::{NoEvents, RcuEvents};
+use crate::grace_period::GpState;
+use crate::sync::Arc;
 
 /// How long a writer spins re-checking the readers before it blocks, by default.
 ///
@@ -71,179 +24,6 @@ pub const DEFAULT_SPIN: Duration = Duration::ZERO;
 
 /// Default bound on the bytes of values waiting for reclamation.
 pub const DEFAULT_MAX_PENDING_BYTES: usize = 64 << 20;
-
-/// One reader's published state, on its own cache line.
-#[derive(Debug)]
-pub(crate) struct ReaderSlot {
-    state: CachePadded<SlotState>,
-    /// The thread that registered the reader.
-    pub(crate) owner: ThreadId,
-}
-
-#[derive(Debug)]
-struct SlotState {
-    ctr: AtomicU64,
-    /// Set by a writer about to block on this reader.
-    waiting: AtomicBool,
-}
-
-impl ReaderSlot {
-    pub(crate) fn new(owner: ThreadId) -> Self {
-        let state = SlotState {
-            ctr: AtomicU64::new(OFFLINE),
-            waiting: AtomicBool::new(false),
-        };
-        Self {
-            state: CachePadded::new(state),
-            owner,
-        }
-    }
-
-    pub(crate) fn is_online(&self) -> bool {
-        self.state.ctr.load(Acquire) != OFFLINE
-    }
-
-    /// Publishes `ctr`; returns whether a blocked writer must be woken.
-    ///
-    /// The fence orders the store before the caller's next loads: the `waiting`
-    /// flag here, and RCU-protected pointers after coming online. It is also
-    /// the acquire side for the counter the caller loaded and publishes: it
-    /// synchronizes with the writer's fence before that value's `fetch_add`.
-    pub(crate) fn publish(&self, ctr: u64) -> bool {
-        self.state.ctr.store(ctr, Release);
-        fence(SeqCst);
-        self.state.waiting.load(Relaxed) && self.state.waiting.swap(false, Relaxed)
-    }
-
-    /// Whether this reader has no reference from before grace period `gp`.
-    fn passed(&self, gp: u64) -> bool {
-        let ctr = self.state.ctr.load(Acquire);
-        ctr == OFFLINE || ctr == gp
-    }
-}
-
-/// Grace periods requested and finished, to batch concurrent callers.
-#[derive(Debug, Default)]
-struct GpSequence {
-    started: u64,
-    completed: u64,
-}
-
-/// Everything grace periods need; shared with the reclaim thread.
-pub(crate) struct GpState {
-    gp: CachePadded<AtomicU64>,
-    registry: Mutex<Vec<Arc<ReaderSlot>>>,
-    sequence: Mutex<GpSequence>,
-    sequence_done: Condvar,
-    /// A writer waiting for readers blocks here; readers wake it.
-    writer: Mutex<()>,
-    writer_wake: Condvar,
-    spin: Duration,
-    pub(crate) events: std::sync::Arc<dyn RcuEvents>,
-}
-
-impl GpState {
-    /// The current grace-period counter. Relaxed, because the load carries no
-    /// ordering of its own: a reader acts on a new value only by publishing it,
-    /// and the fence in [`ReaderSlot::publish`] after that store synchronizes
-    /// with the fence the writer ran before advancing the counter (see the
-    /// module docs). A value equal to the reader's own copy was published, fence
-    /// included, when the reader first saw it.
-    pub(crate) fn counter(&self) -> u64 {
-        self.gp.load(Relaxed)
-    }
-
-    pub(crate) fn register(&self, slot: Arc<ReaderSlot>) {
-        lock(&self.registry).push(slot);
-    }
-
-    pub(crate) fn unregister(&self, slot: &Arc<ReaderSlot>) {
-        lock(&self.registry).retain(|s| !Arc::ptr_eq(s, slot));
-    }
-
-    /// Wakes a writer blocked in a grace period.
-    pub(crate) fn wake_writer(&self) {
-        let _guard = lock(&self.writer);
-        self.writer_wake.notify_all();
-    }
-
-    /// Whether the calling thread has an online reader in this domain.
-    pub(crate) fn caller_is_online(&self) -> bool {
-        let me = current_thread().id();
-        lock(&self.registry)
-            .iter()
-            .any(|s| s.owner == me && s.is_online())
-    }
-
-    /// Waits for a grace period that starts after this call, sharing it with
-    /// concurrent callers. The caller must not be an online reader.
-    pub(crate) fn wait_for_grace_period(&self) {
-        let mut seq = lock(&self.sequence);
-        // A grace period already running may have started before this call.
-        let needed = seq.started + 1;
-        while seq.completed < needed {
-            if seq.started == seq.completed {
-                seq.started += 1;
-                let this = seq.started;
-                drop(seq);
-                let gp = self.run_grace_period();
-                self.events.grace_period(&gp);
-                seq = lock(&self.sequence);
-                seq.completed = this;
-                self.sequence_done.notify_all();
-            } else {
-                seq = wait(&self.sequence_done, seq);
-            }
-        }
-    }
-
-    /// Advances the counter and waits until every reader passed a quiescent state.
-    fn run_grace_period(&self) -> GracePeriod {
-        let start = Instant::now();
-        let readers = lock(&self.registry).clone();
-        // Pairs with the fence in `ReaderSlot::publish`, twice (see the module
-        // docs): before the slot loads, for a reader coming online; before the
-        // counter's advance, for a reader that publishes the new value.
-        fence(SeqCst);
-        let gp = self.gp.fetch_add(GP_STEP, Relaxed) + GP_STEP;
-        let mut active: Vec<&ReaderSlot> = readers
-            .iter()
-            .map(|s| &**s)
-            .filter(|s| !s.passed(gp))
-            .collect();
-        let readers_waited_on = active.len();
-        let mut blocked = false;
-        while !active.is_empty() {
-            if start.elapsed() < self.spin {
-                spin_hint();
-            } else {
-                blocked = true;
-                self.block_until_progress(&active, gp);
-            }
-            active.retain(|s| !s.passed(gp));
-        }
-        GracePeriod {
-            wait: start.elapsed(),
-            readers_waited_on,
-            blocked,
-        }
-    }
-
-    /// Blocks until one of `active` may have passed a quiescent state.
-    fn block_until_progress(&self, active: &[&ReaderSlot], gp: u64) {
-        let guard = lock(&self.writer);
-        for s in active {
-            s.state.waiting.store(true, Relaxed);
-        }
-        // Pairs with the fence in `publish`: a reader that published before
-        // seeing `waiting` is seen here.
-        fence(SeqCst);
-        if active.iter().any(|s| s.passed(gp)) {
-            return;
-        }
-        drop(wait(&self.writer_wake, guard));
-    }
-}
 
 /// An RCU domain: readers register with it, writers wait for its grace periods,
 /// and its reclaim thread frees what writers retire.
@@ -314,16 +94,7 @@ impl DomainBuilder {
     /// The domain.
     pub fn build(self) -> Domain {
         static NEXT_ID: StdAtomicU64 = StdAtomicU64::new(1);
-        let gp = std::sync::Arc::new(GpState {
-            gp: CachePadded::new(AtomicU64::new(GP_START)),
-            registry: Mutex::new(Vec::new()),
-            sequence: Mutex::new(GpSequence::default()),
-            sequence_done: Condvar::new(),
-            writer: Mutex::new(()),
-            writer_wake: Condvar::new(),
-            spin: self.spin,
-            events: self.events,
-        });
+        let gp = std::sync::Arc::new(GpState::new(self.spin, self.events));
         #[cfg(not(loom))]
         let reclaim = crate::reclaim::Reclaimer::new(gp.clone(), self.max_pending_bytes);
         #[cfg(loom)]
@@ -357,11 +128,6 @@ impl Domain {
         DomainBuilder::default()
     }
 
-    /// Registers the calling thread as a reader; the reader starts online.
-    pub fn register_reader(&self) -> Reader {
-        Reader::register(self.clone())
-    }
-
     /// Waits until every reader online when the call began has passed a quiescent
     /// state; offline readers never delay it. Concurrent callers share one grace
     /// period. The writer spins for a while, then blocks until readers wake it.
@@ -369,7 +135,7 @@ impl Domain {
     /// # Errors
     /// [`RcuError::OnlineReader`] if the calling thread has an online reader of
     /// this domain: the grace period would wait for the caller itself. Use
-    /// [`Reader::synchronize`] from reader threads.
+    /// `Reader::synchronize` from reader threads.
     pub fn synchronize(&self) -> Result<(), RcuError> {
         if self.inner.gp.caller_is_online() {
             return Err(RcuError::OnlineReader);
@@ -379,9 +145,58 @@ impl Domain {
     }
 }
 
+// Reclamation, where this build has a reclaim thread (not under loom).
+#[cfg(not(loom))]
+impl Domain {
+    /// Drops `value` after a grace period, on the domain's reclaim thread.
+    ///
+    /// Returns at once unless more than the domain's
+    /// [`max_pending_bytes`](crate::DomainBuilder::max_pending_bytes) are waiting:
+    /// then it waits for reclamation to catch up, except on a thread with an
+    /// online reader of this domain (which that reclamation would wait for).
+    pub fn defer<T: Send + 'static>(&self, value: T) {
+        self.inner
+            .reclaim
+            .enqueue(mem::size_of::<T>(), Box::new(move || drop(value)));
+    }
+
+    /// Drops a boxed value after a grace period, accounting for its heap size.
+    pub fn defer_box<T: Send + 'static>(&self, value: Box<T>) {
+        self.inner
+            .reclaim
+            .enqueue(mem::size_of::<T>(), Box::new(move || drop(value)));
+    }
+
+    /// Runs `callback` after a grace period, on the reclaim thread (`call_rcu`).
+    /// Back-pressure as for [`defer`](Domain::defer).
+    pub fn call(&self, callback: impl FnOnce() + Send + 'static) {
+        let bytes = mem::size_of_val(&callback);
+        self.inner.reclaim.enqueue(bytes, Box::new(callback));
+    }
+
+    /// Waits until every value deferred and every callback queued before this call
+    /// has been reclaimed (`rcu_barrier`).
+    ///
+    /// # Errors
+    /// [`RcuError::OnlineReader`] if the calling thread has an online reader of
+    /// this domain, which the reclamation would wait for.
+    pub fn barrier(&self) -> Result<(), RcuError> {
+        if self.inner.gp.caller_is_online() {
+            return Err(RcuError::OnlineReader);
+        }
+        self.inner.reclaim.barrier();
+        Ok(())
+    }
+
+    /// Bytes deferred and not yet reclaimed.
+    pub fn pending_reclaim_bytes(&self) -> usize {
+        self.inner.reclaim.pending_bytes()
+    }
+}
+
 impl std::fmt::Debug for Domain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let readers = lock(&self.inner.gp.registry).len();
+        let readers = self.inner.gp.readers();
         f.debug_struct("Domain")
             .field("id", &self.inner.id)
             .field("gp", &self.inner.gp.counter())

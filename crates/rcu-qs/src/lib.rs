@@ -57,6 +57,7 @@ mod cell;
 mod domain;
 mod error;
 mod events;
+mod grace_period;
 #[cfg(all(not(loom), any(test, feature = "fuzzing")))]
 pub mod model;
 mod reader;

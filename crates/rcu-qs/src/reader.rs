@@ -3,8 +3,9 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 
-use crate::domain::{Domain, GpState, OFFLINE, ReaderSlot};
+use crate::domain::Domain;
 use crate::error::RcuError;
+use crate::grace_period::{GpState, OFFLINE, ReaderSlot};
 use crate::reporter::QsReporter;
 use crate::sync::{Arc, current_thread};
 
@@ -31,6 +32,13 @@ pub struct Reader {
     /// one compare.
     online_in: Cell<u64>,
     _not_send: PhantomData<*const ()>,
+}
+
+impl Domain {
+    /// Registers the calling thread as a reader; the reader starts online.
+    pub fn register_reader(&self) -> Reader {
+        Reader::register(self.clone())
+    }
 }
 
 impl Reader {
@@ -208,7 +216,7 @@ mod exit_guard {
     use std::cell::RefCell;
     use std::sync::{Arc, Weak};
 
-    use crate::domain::{GpState, OFFLINE, ReaderSlot};
+    use crate::grace_period::{GpState, OFFLINE, ReaderSlot};
 
     #[derive(Default)]
     struct ThreadReaders(Vec<(Weak<ReaderSlot>, Weak<GpState>)>);

@@ -6,11 +6,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::{self, JoinHandle, ThreadId};
 
-use crate::domain::{Domain, GpState};
-use crate::error::RcuError;
+use crate::grace_period::GpState;
 use crate::sync::{lock, wait};
 
-type Callback = Box<dyn FnOnce() + Send>;
+pub(crate) type Callback = Box<dyn FnOnce() + Send>;
 
 /// What waits for reclamation.
 #[derive(Default)]
@@ -43,6 +42,11 @@ pub(crate) struct Reclaimer {
 }
 
 impl Reclaimer {
+    /// Bytes queued and not yet reclaimed.
+    pub(crate) fn pending_bytes(&self) -> usize {
+        lock(&self.shared.queue).pending_bytes
+    }
+
     pub(crate) fn new(gp: Arc<GpState>, max_pending_bytes: usize) -> Self {
         let shared = Shared {
             queue: Mutex::default(),
@@ -58,7 +62,7 @@ impl Reclaimer {
     }
 
     /// Queues `callback` (accounted as `bytes`) to run after a grace period.
-    fn enqueue(&self, bytes: usize, callback: Callback) {
+    pub(crate) fn enqueue(&self, bytes: usize, callback: Callback) {
         self.start();
         let s = &self.shared;
         let mut q = lock(&s.queue);
@@ -80,7 +84,7 @@ impl Reclaimer {
     }
 
     /// Waits until everything queued before the call has been reclaimed.
-    fn barrier(&self) {
+    pub(crate) fn barrier(&self) {
         let s = &self.shared;
         let mut q = lock(&s.queue);
         let target = q.queued;
@@ -141,52 +145,5 @@ fn reclaim_loop(s: &Shared) {
         q.pending_bytes -= freed;
         s.gp.events.pending_reclaim(q.pending_bytes);
         s.progress.notify_all();
-    }
-}
-
-impl Domain {
-    /// Drops `value` after a grace period, on the domain's reclaim thread.
-    ///
-    /// Returns at once unless more than the domain's
-    /// [`max_pending_bytes`](crate::DomainBuilder::max_pending_bytes) are waiting:
-    /// then it waits for reclamation to catch up, except on a thread with an
-    /// online reader of this domain (which that reclamation would wait for).
-    pub fn defer<T: Send + 'static>(&self, value: T) {
-        self.inner
-            .reclaim
-            .enqueue(mem::size_of::<T>(), Box::new(move || drop(value)));
-    }
-
-    /// Drops a boxed value after a grace period, accounting for its heap size.
-    pub fn defer_box<T: Send + 'static>(&self, value: Box<T>) {
-        self.inner
-            .reclaim
-            .enqueue(mem::size_of::<T>(), Box::new(move || drop(value)));
-    }
-
-    /// Runs `callback` after a grace period, on the reclaim thread (`call_rcu`).
-    /// Back-pressure as for [`defer`](Domain::defer).
-    pub fn call(&self, callback: impl FnOnce() + Send + 'static) {
-        let bytes = mem::size_of_val(&callback);
-        self.inner.reclaim.enqueue(bytes, Box::new(callback));
-    }
-
-    /// Waits until every value deferred and every callback queued before this call
-    /// has been reclaimed (`rcu_barrier`).
-    ///
-    /// # Errors
-    /// [`RcuError::OnlineReader`] if the calling thread has an online reader of
-    /// this domain, which the reclamation would wait for.
-    pub fn barrier(&self) -> Result<(), RcuError> {
-        if self.inner.gp.caller_is_online() {
-            return Err(RcuError::OnlineReader);
-        }
-        self.inner.reclaim.barrier();
-        Ok(())
-    }
-
-    /// Bytes deferred and not yet reclaimed.
-    pub fn pending_reclaim_bytes(&self) -> usize {
-        lock(&self.inner.reclaim.shared.queue).pending_bytes
     }
 }
