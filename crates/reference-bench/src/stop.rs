@@ -6,6 +6,8 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -14,13 +16,20 @@ use signal_hook::iterator::Signals;
 pub const STOP_SIGNALS: [i32; 2] = [SIGINT, SIGTERM];
 
 /// Runs `stop` on a thread of its own at the first SIGINT or SIGTERM, with
-/// the signal, after [`end_what_was_started`].
+/// the signal, after [`end_what_was_started`]. A second one ends the process
+/// at once (status 128 + the signal), should the first's report hang (on a
+/// stdout nobody reads, say).
 pub fn on_stop(stop: impl FnOnce(i32) + Send + 'static) -> io::Result<()> {
+    let stopping = Arc::new(AtomicBool::new(false));
+    for signal in STOP_SIGNALS {
+        signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, stopping.clone())?;
+    }
     let mut signals = Signals::new(STOP_SIGNALS)?;
     std::thread::Builder::new()
         .name("stop".into())
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
+                stopping.store(true, Ordering::SeqCst);
                 eprintln!("\nstopping on {}: {}", name(signal), end_what_was_started());
                 stop(signal);
             }

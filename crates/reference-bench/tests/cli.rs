@@ -252,6 +252,18 @@ impl Started {
     }
 }
 
+/// Whether `done` holds within 5 s, looking every 100 ms (for what another
+/// process does: starting a child, the kernel reaping one).
+fn within_5_s(done: impl Fn() -> bool) -> bool {
+    for _ in 0..50 {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    done()
+}
+
 /// The children of process `pid`.
 fn children(pid: u32) -> Vec<u32> {
     let path = format!("/proc/{pid}/task/{pid}/children");
@@ -318,15 +330,8 @@ fn ctrl_c_ends_the_processes_a_run_started() {
     );
     // QEMU starts after the progress line; give it a moment to appear.
     let pid = run.child.id();
-    let mut peers = children(pid);
-    for _ in 0..50 {
-        if !peers.is_empty() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        peers = children(pid);
-    }
-    assert!(!peers.is_empty(), "no peer started");
+    assert!(within_5_s(|| !children(pid).is_empty()), "no peer started");
+    let peers = children(pid);
     let (status, stderr) = run.stop(libc::SIGINT);
     assert_eq!(status, Some(128 + libc::SIGINT), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -337,11 +342,8 @@ fn ctrl_c_ends_the_processes_a_run_started() {
             .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
             .count()
     };
-    for _ in 0..50 {
-        if alive() == 0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert_eq!(alive(), 0, "{peers:?} outlived the run: {stderr}");
+    assert!(
+        within_5_s(|| alive() == 0),
+        "{peers:?} outlived the run: {stderr}"
+    );
 }
