@@ -139,6 +139,13 @@ impl RunReport {
     }
 }
 
+/// TSC ticks in milliseconds at this host's TSC rate (the guest's: KVM
+/// gives it the host's), for a reader who does not count in ticks.
+fn ticks_in_ms(ticks: u64) -> String {
+    let khz = lapic_timer::TscClock::shared().tsc_khz().max(1);
+    format!("{:.3} ms", ticks as f64 / khz as f64)
+}
+
 impl fmt::Display for RunReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let stopped = self.vcpus.iter().filter(|s| !s.finished).count();
@@ -159,6 +166,9 @@ impl fmt::Display for RunReport {
             }
             for Report { name, value } in &s.reports {
                 write!(f, ", {name} = {value}")?;
+                if name.ends_with("_ticks") {
+                    write!(f, " ({})", ticks_in_ms(*value))?;
+                }
             }
         }
         let st = &self.stats;

@@ -404,7 +404,7 @@ fn a_destination_that_never_answers_holds_the_guest_no_longer_than_the_limits() 
     assert_eq!(stdout.matches("pages_checked = 256").count(), 2, "{stdout}");
     let ticks_per_ms = lapic_timer::TscClock::shared().tsc_khz();
     for stall in stdout.split("max_stall_ticks = ").skip(1) {
-        let ticks: u64 = stall.split(',').next().unwrap().parse().unwrap();
+        let ticks: u64 = stall.split([',', ' ']).next().unwrap().parse().unwrap();
         let ms = ticks / ticks_per_ms;
         eprintln!(
             "longest stall {ms} ms against the {} ms limit",

@@ -363,11 +363,15 @@ fn a_guest_moves_between_two_hosts_in_tls_over_a_rate_limited_link() {
         .unwrap();
     assert_eq!(source.status.code(), Some(1));
     assert!(
-        text(&source.stderr).contains("refused this side's certificate"),
+        text(&source.stderr).contains("certificate is for intruder.example"),
         "{}",
         text(&source.stderr)
     );
-    drop(destination);
+    let log = destination.log_line_with("refused", Duration::from_secs(10));
+    assert!(
+        log.contains("intruder.example (it allows source.example)"),
+        "{log}"
+    );
 }
 
 #[test]

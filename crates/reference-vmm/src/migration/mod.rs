@@ -62,7 +62,9 @@ pub use destination::{Incoming, hand_over, receive};
 pub use handover::{HANDOVER_MARGIN, answer};
 pub use listener::{AcceptLimits, HANDSHAKE_TIMEOUT, Listener, MAX_HANDSHAKES};
 pub use local::{Moved, move_in_process, move_in_process_tls, move_to_listener};
-pub use source::{DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Progress, Target};
+pub use source::{
+    DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Mover, Progress, Target,
+};
 pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};
 pub(crate) use throttle::{PauseTaker, VcpuPauses};
@@ -319,6 +321,15 @@ impl Address {
             source,
         })
     }
+}
+
+/// Binds a Unix socket at `path` as [`Address::listen`] does (a stale
+/// socket replaced, anything else left alone), for another protocol (the
+/// binary's control socket): the socket goes when the [`BoundPath`] does.
+pub fn bind_unix(path: &Path) -> io::Result<(UnixListener, BoundPath)> {
+    claim_socket_path(path)?;
+    let listener = UnixListener::bind(path)?;
+    Ok((listener, BoundPath::new(path)?))
 }
 
 /// A source's first exchange on a new connection ([`handover`]): its

@@ -259,14 +259,17 @@ impl Target {
         match self {
             Self::Peer(address) => address.connect().map(Opened::Peer),
             Self::TlsPeer(address, tls) => address.connect_tls(tls).map(Opened::Peer),
-            Self::File(path) => create_snapshot(path)
-                .map(|f| Opened::File(f, path.clone()))
-                .map_err(|source| MigrationError::CreateSnapshot {
-                    path: path.clone(),
-                    source,
-                }),
+            Self::File(path) => open_snapshot(path).map(|f| Opened::File(f, path.clone())),
         }
     }
+}
+
+/// [`create_snapshot`], its error naming `path`.
+fn open_snapshot(path: &std::path::Path) -> Result<File, MigrationError> {
+    create_snapshot(path).map_err(|source| MigrationError::CreateSnapshot {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The snapshot file, readable and writable by its owner alone (it holds
@@ -295,17 +298,8 @@ fn create_snapshot(path: &std::path::Path) -> std::io::Result<File> {
 
 /// A migration of one VM, set up before it runs and driven beside it.
 pub struct Migration {
-    copier: Copier,
+    mover: Mover,
     target: Opened,
-}
-
-/// What sends the VM: its dirty log, its memory and the options.
-struct Copier {
-    log: Log,
-    options: MigrateOptions,
-    memory: VmMemory,
-    /// The dirty rate per vCPU and the limit.
-    throttle: Throttle,
 }
 
 impl Migration {
@@ -319,6 +313,50 @@ impl Migration {
         options: MigrateOptions,
     ) -> Result<Self, MigrationError> {
         let target = target.open()?;
+        let mover = Mover::track(vm, options)?;
+        Ok(Self { mover, target })
+    }
+
+    /// Runs the migration beside the guest: waits `after`, sends the VM,
+    /// and hands it over. On failure the guest runs on here, without
+    /// dirty logging; except [`MigrationError::Unconfirmed`], where the
+    /// hand-over was committed and the guest no longer runs here. The
+    /// guest's end or a stop ends it at once.
+    pub fn run(self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
+        let Self { mut mover, target } = self;
+        mover.move_to(control, target)
+    }
+}
+
+/// Dirty tracking set up before a VM runs, for the migrations and
+/// snapshots a controller decides on while it runs (a control socket):
+/// each starts at once, and after one that failed (the guest running on
+/// here) another may follow.
+pub struct Mover {
+    copier: Copier,
+}
+
+impl fmt::Debug for Mover {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mover")
+            .field("options", &self.copier.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mover {
+    /// Sets up dirty tracking for `vm` with `options` (before it runs, as
+    /// [`Migration::prepare`] does); `options.after` is not used: each
+    /// move starts when it is asked for.
+    pub fn prepare(vm: &mut Vm, options: MigrateOptions) -> Result<Self, MigrationError> {
+        let options = MigrateOptions {
+            after: Duration::ZERO,
+            ..options
+        };
+        Self::track(vm, options)
+    }
+
+    fn track(vm: &mut Vm, options: MigrateOptions) -> Result<Self, MigrationError> {
         let memory = vm.memory();
         let slots = vm.dirty_slots()?;
         let mut counts = Counts::Rounds(0);
@@ -340,24 +378,34 @@ impl Migration {
                 Log::Plain(Box::new(ring))
             }
         };
+        let throttle = Throttle::new(counts, vm.dirty_pauses());
         Ok(Self {
             copier: Copier {
                 log,
                 options,
                 memory,
-                throttle: Throttle::new(counts, vm.dirty_pauses()),
+                throttle,
             },
-            target,
         })
     }
 
-    /// Runs the migration beside the guest: waits `after`, sends the VM,
-    /// and hands it over. On failure the guest runs on here, without
-    /// dirty logging; except [`MigrationError::Unconfirmed`], where the
-    /// hand-over was committed and the guest no longer runs here. The
-    /// guest's end or a stop ends it at once.
-    pub fn run(self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
-        let Self { mut copier, target } = self;
+    /// Moves the running guest to `target` now, as [`Migration::run`]
+    /// does; a snapshot file ends the guest here once written.
+    pub fn migrate(
+        &mut self,
+        control: &RunControl,
+        target: &Target,
+    ) -> Result<MigrationReport, MigrationError> {
+        let opened = target.open()?;
+        self.move_to(control, opened)
+    }
+
+    fn move_to(
+        &mut self,
+        control: &RunControl,
+        target: Opened,
+    ) -> Result<MigrationReport, MigrationError> {
+        let copier = &mut self.copier;
         let moved = copier.move_vm(control, target);
         copier.throttle.release();
         if copier.options.progress == Progress::Json {
@@ -370,6 +418,42 @@ impl Migration {
         }
         moved
     }
+
+    /// Writes a snapshot of the guest that `states` came from
+    /// ([`RunControl::pause`]) to `path`, the guest staying paused:
+    /// [`RunControl::resume`] runs it on, and `restore` runs the file.
+    pub fn snapshot_paused(
+        &mut self,
+        control: &RunControl,
+        states: &[VcpuState],
+        path: &std::path::Path,
+    ) -> Result<MigrationReport, MigrationError> {
+        let file = open_snapshot(path)?;
+        let start = Instant::now();
+        let written = self.copier.write_paused(control, states, file);
+        if written.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        let pages = written?;
+        Ok(MigrationReport {
+            pages_sent: pages,
+            final_pages: pages,
+            halted: states.iter().filter(|s| s.is_halted()).count(),
+            snapshot: true,
+            total: start.elapsed(),
+            downtime: start.elapsed(),
+            ..MigrationReport::default()
+        })
+    }
+}
+
+/// What sends the VM: its dirty log, its memory and the options.
+struct Copier {
+    log: Log,
+    options: MigrateOptions,
+    memory: VmMemory,
+    /// The dirty rate per vCPU and the limit.
+    throttle: Throttle,
 }
 
 impl Copier {
@@ -458,6 +542,24 @@ impl Copier {
         report.snapshot = true;
         let synced = out.get_mut().get_ref().sync_all().map_err(StreamError::Io);
         Ok((report, paused, synced.map_err(MigrationError::from)))
+    }
+
+    /// The whole stream of a guest already paused, written to `file` and
+    /// synced; returns the pages written.
+    fn write_paused(
+        &mut self,
+        control: &RunControl,
+        states: &[VcpuState],
+        file: File,
+    ) -> Result<u64, MigrationError> {
+        let mut out = StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, file))?;
+        out.config(control.description())?;
+        let pages = self.stop_and_copy(&mut out, states, false)?;
+        out.get_mut()
+            .get_ref()
+            .sync_all()
+            .map_err(StreamError::Io)?;
+        Ok(pages)
     }
 
     /// Sends the whole stream, pre-copy first if given its deadline and

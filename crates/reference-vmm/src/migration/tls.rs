@@ -10,7 +10,7 @@
 //! `openssl x509 -req` write them.
 
 use std::fmt;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,6 +54,7 @@ pub struct TlsClient {
 #[derive(Clone)]
 pub struct TlsServer {
     config: Arc<ServerConfig>,
+    clients: Arc<AllowedClients>,
 }
 
 impl fmt::Debug for TlsClient {
@@ -167,6 +168,7 @@ impl TlsFiles {
             .build()
             .map_err(tls_error)?;
         let allowed = Arc::new(AllowedClients { verifier, names });
+        let clients = allowed.clone();
         let config = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(tls_error)?
@@ -175,6 +177,7 @@ impl TlsFiles {
             .map_err(tls_error)?;
         Ok(TlsServer {
             config: Arc::new(config),
+            clients,
         })
     }
 }
@@ -241,8 +244,29 @@ impl TlsServer {
                 return Err(tls_error(handshake_failure(&e, "the source")));
             }
         }
-        Ok(StreamOwned::new(connection, sock))
+        let refused = self.clients.check(connection.peer_certificates());
+        let mut stream = StreamOwned::new(connection, sock);
+        match refused {
+            Ok(()) => Ok(stream),
+            Err(Refused { source, log }) => {
+                let _ = super::handover::turn_away(&mut stream, &source);
+                linger(stream);
+                Err(tls_error(log))
+            }
+        }
     }
+}
+
+/// Closes a connection turned away after its handshake so that the
+/// refusal arrives: a socket closed with the source's bytes unread (its
+/// stream header) resets the connection, and the reset can overtake the
+/// refusal. Reads until the source hangs up, within the socket's timeout.
+fn linger(mut stream: StreamOwned<ServerConnection, TcpStream>) {
+    stream.conn.send_close_notify();
+    let _ = stream.flush();
+    let _ = stream.sock.shutdown(std::net::Shutdown::Write);
+    let mut sink = [0u8; 4096];
+    while matches!(stream.sock.read(&mut sink), Ok(n) if n > 0) {}
 }
 
 /// What a failed handshake means, for `peer`.
@@ -270,32 +294,71 @@ struct AllowedClients {
     names: Vec<ServerName<'static>>,
 }
 
+impl AllowedClients {
+    /// Whether the source's certificate (checked against the CA already)
+    /// is for an allowed name; if not, what the source and the log are told.
+    fn check(&self, certs: Option<&[CertificateDer<'_>]>) -> Result<(), Refused> {
+        let Some(leaf) = certs.and_then(<[_]>::first) else {
+            return Err(Refused::same("the source sent no certificate".into()));
+        };
+        let cert = webpki::EndEntityCert::try_from(leaf)
+            .map_err(|e| Refused::same(format!("the source's certificate: {e}")))?;
+        let valid_for = |name| cert.verify_is_valid_for_subject_name(name);
+        if self.names.iter().any(|n| valid_for(n).is_ok()) {
+            return Ok(());
+        }
+        let refused = match self.names.first().map(valid_for) {
+            Some(Err(webpki::Error::CertNotValidForName(context))) => context.presented,
+            _ => Vec::new(),
+        };
+        // WebPKI quotes a DNS name inside its kind: `DnsName("a.example")`.
+        let bare = |name: &String| name.split('"').nth(1).unwrap_or(name).to_owned();
+        let refused: Vec<_> = refused.iter().map(bare).collect();
+        let source = format!(
+            "this destination does not allow a source whose certificate is for {}",
+            refused.join(", ")
+        );
+        let allowed: Vec<_> = self.names.iter().map(|n| n.to_str().into_owned()).collect();
+        Err(Refused {
+            log: format!("{source} (it allows {})", allowed.join(", ")),
+            source,
+        })
+    }
+}
+
+/// A source turned away after the handshake: what it is told, and what
+/// the destination logs (with the names it allows).
+struct Refused {
+    source: String,
+    log: String,
+}
+
+impl Refused {
+    fn same(why: String) -> Self {
+        Self {
+            source: why.clone(),
+            log: why,
+        }
+    }
+}
+
 impl ClientCertVerifier for AllowedClients {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         self.verifier.root_hint_subjects()
     }
 
+    /// The CA's check only: the names are checked once the handshake is
+    /// done ([`TlsServer::handshake`]), so that a source whose name is
+    /// not allowed is told which of its names were refused, where a TLS
+    /// alert could say only that its certificate was.
     fn verify_client_cert(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .verifier
-            .verify_client_cert(end_entity, intermediates, now)?;
-        let cert = webpki::EndEntityCert::try_from(end_entity)
-            .map_err(|e| rustls::Error::General(format!("a client certificate: {e}")))?;
-        match self
-            .names
-            .iter()
-            .any(|n| cert.verify_is_valid_for_subject_name(n).is_ok())
-        {
-            true => Ok(verified),
-            false => Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            )),
-        }
+        self.verifier
+            .verify_client_cert(end_entity, intermediates, now)
     }
 
     fn verify_tls12_signature(

@@ -337,6 +337,12 @@ impl RunControl {
         &self.description
     }
 
+    /// What the mechanisms have done so far (`output_lost` is counted as
+    /// the run ends: 0 here).
+    pub fn stats(&self) -> VmStats {
+        stats(&self.shared, 0)
+    }
+
     /// Waits up to `timeout`; returns early, with `true`, if a vCPU's run
     /// ended (its program finished or failed, or the run was stopped).
     pub fn wait_for_end(&self, timeout: Duration) -> bool {

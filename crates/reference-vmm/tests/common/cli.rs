@@ -163,6 +163,26 @@ impl Background {
             .to_owned()
     }
 
+    /// The first line on stderr from here that holds `word`, within
+    /// `limit` (a panic past it).
+    pub fn log_line_with(&mut self, word: &str, limit: std::time::Duration) -> String {
+        let mut stderr = std::io::BufReader::new(self.0.stderr.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let word = word.to_owned();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap_or(0) > 0 {
+                if line.contains(&word) {
+                    let _ = tx.send(line);
+                    return;
+                }
+                line.clear();
+            }
+        });
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("no line on stderr within {limit:?}"))
+    }
+
     pub fn output(&mut self) -> Output {
         let mut out = Output {
             status: self.0.wait().unwrap(),

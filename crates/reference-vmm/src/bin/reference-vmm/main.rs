@@ -12,7 +12,8 @@ use clap::{Parser, Subcommand};
 use reference_vmm::conformance::{self, DEFAULT_OPS};
 use reference_vmm::migration::{
     self, AcceptLimits, Address, DirtyLogBackend, HANDSHAKE_TIMEOUT, MAX_HANDSHAKES,
-    MigrateOptions, Migration, MigrationError, MigrationReport, Progress, StreamReader, Target,
+    MigrateOptions, Migration, MigrationError, MigrationReport, Mover, Progress, StreamReader,
+    Target,
 };
 use reference_vmm::presets::{Boost, Choices, HaltPoll, Presets, TimerAdvance};
 use reference_vmm::{Boot, CpuFeatures, Error, MAX_REPORTS, StopHandle, StopReason, Vm, VmConfig};
@@ -23,6 +24,8 @@ use test_guests::layout::{MAX_VCPUS, PARAMS};
 use test_guests::layout::{check_mem_mib, check_vcpus};
 use test_guests::programs::{self as guest, GuestProgram, PROGRAMS};
 use test_guests::pvh::{Image, ImageError};
+
+mod control;
 
 /// A reference VMM on real KVM for the vm-latency crates.
 #[derive(Debug, Parser)]
@@ -177,7 +180,14 @@ impl OutputArgs {
 /// Live migration and snapshots of a running guest.
 #[derive(Debug, clap::Args)]
 #[command(group = clap::ArgGroup::new("moving").args(["migrate_to", "snapshot_to"]))]
+#[command(group = clap::ArgGroup::new("live").args(["migrate_to", "control"]))]
 struct MigrateArgs {
+    /// Take commands on a Unix socket at PATH while the guest runs: one
+    /// JSON object a line (`{"command": "status"}`; stats, pause, resume,
+    /// `snapshot` with "path", `migrate` with "to"), one answer a line.
+    /// The migration options below apply to its migrations
+    #[arg(long, value_name = "PATH", conflicts_with = "moving")]
+    control: Option<PathBuf>,
     /// Migrate the running guest to a `reference-vmm receive` listening at
     /// unix:<path> or tcp:<ip>:<port>; this process exits 0 once the
     /// destination has it, and runs it on if the migration fails.
@@ -195,42 +205,37 @@ struct MigrateArgs {
     snapshot_to: Option<PathBuf>,
     /// How pre-copy tracks dirty pages: bitmap (KVM_GET_DIRTY_LOG), manual
     /// (manual protect, INITIALLY_SET, chunked clears), ring (the dirty ring).
-    #[arg(long, default_value = "manual", requires = "migrate_to",
+    #[arg(long, default_value = "manual", requires = "live",
           value_parser = <DirtyLogBackend as FromStr>::from_str)]
     dirty_log: DirtyLogBackend,
     /// Start the migration or snapshot this long after the guest starts.
     #[arg(long, value_name = "MS", default_value_t = 200, requires = "moving")]
     migrate_after_ms: u64,
     /// Pre-copy ends once a round takes no longer than this.
-    #[arg(long, value_name = "MS", default_value_t = 20, requires = "migrate_to")]
+    #[arg(long, value_name = "MS", default_value_t = 20, requires = "live")]
     downtime_ms: u64,
     /// Pre-copy ends after this many rounds (the full pass counts).
-    #[arg(long, value_name = "N", default_value_t = 30, requires = "migrate_to",
+    #[arg(long, value_name = "N", default_value_t = 30, requires = "live",
           value_parser = clap::value_parser!(u32).range(1..))]
     max_rounds: u32,
     /// Pre-copy ends after this long, the full pass included, whatever the
     /// rounds left.
-    #[arg(
-        long,
-        value_name = "MS",
-        default_value_t = 60_000,
-        requires = "migrate_to"
-    )]
+    #[arg(long, value_name = "MS", default_value_t = 60_000, requires = "live")]
     max_precopy_ms: u64,
     /// Past --max-rounds or --max-precopy-ms, stop and copy at once rather
     /// than go on under a dirty limit (with the ring on the writing vCPUs,
     /// with a bitmap on all)
-    #[arg(long, requires = "migrate_to")]
+    #[arg(long, requires = "live")]
     no_dirty_limit: bool,
     /// Give up the migration after this long, the guest running on here
-    #[arg(long, value_name = "MS", default_value_t = 300_000, requires = "migrate_to",
+    #[arg(long, value_name = "MS", default_value_t = 300_000, requires = "live",
           value_parser = clap::value_parser!(u64).range(1..))]
     migrate_timeout_ms: u64,
     /// Print each pre-copy round on stderr: pages, bandwidth, dirty rate,
     /// limit, the downtime a stop would take; text, or json (a JSON object
     /// per line, the outcome last)
     #[arg(long, value_name = "FORMAT", default_value = "off", default_missing_value = "text",
-          num_args = 0..=1, requires = "migrate_to",
+          num_args = 0..=1, requires = "live",
           value_parser = <Progress as FromStr>::from_str)]
     migrate_progress: Progress,
 }
@@ -241,23 +246,35 @@ impl MigrateArgs {
     fn target(&self) -> Result<Option<Target>, String> {
         let tls = self.tls.files();
         match (&self.migrate_to, &self.snapshot_to) {
-            (Some(address), _) => {
-                self.tls.check(address)?;
-                let Some(files) = tls else {
-                    return Ok(Some(Target::Peer(address.clone())));
-                };
-                let mut client = files.client().map_err(|e| e.to_string())?;
-                if let Some(name) = &self.tls_server_name {
-                    client = client.with_server_name(name).map_err(|e| e.to_string())?;
-                }
-                Ok(Some(Target::TlsPeer(address.clone(), client)))
-            }
+            (Some(address), _) => self.peer(address).map(Some),
+            _ if self.control.is_some() => Ok(None),
             _ if tls.is_some() || self.tls.insecure => {
-                Err("--tls-cert and --insecure are for --migrate-to".into())
+                Err("--tls-cert and --insecure are for --migrate-to and --control".into())
             }
             (None, Some(path)) => Ok(Some(Target::File(path.clone()))),
             (None, None) => Ok(None),
         }
+    }
+
+    /// The destination at `address`, in TLS if the TLS options say so.
+    fn peer(&self, address: &Address) -> Result<Target, String> {
+        self.tls.check(address)?;
+        let Some(files) = self.tls.files() else {
+            return Ok(Target::Peer(address.clone()));
+        };
+        let mut client = files.client().map_err(|e| e.to_string())?;
+        if let Some(name) = &self.tls_server_name {
+            client = client.with_server_name(name).map_err(|e| e.to_string())?;
+        }
+        Ok(Target::TlsPeer(address.clone(), client))
+    }
+
+    /// What turns a control socket's `migrate` into a target.
+    fn targets(self) -> control::Targets {
+        Box::new(move |to| {
+            let address = Address::from_str(to).map_err(|e| format!("\"to\": {e}"))?;
+            self.peer(&address)
+        })
     }
 
     fn options(&self) -> MigrateOptions {
@@ -691,7 +708,7 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(target) => target,
         Err(e) => return usage_error(&e),
     };
-    let migrating = target.is_some();
+    let migrating = target.is_some() || args.migrate.control.is_some();
     if let Err(e) = program.check_run(&params, vcpus, mem_mib, timeout, migrating) {
         return usage_error(&with_flag(&e));
     }
@@ -715,6 +732,12 @@ fn run(args: RunArgs) -> ExitCode {
         Ok(vm) => vm,
         Err(e) => return fail(&e.to_string()),
     };
+    if args.migrate.control.is_some() {
+        return match controlled(&mut vm, args.migrate) {
+            Ok(()) => run_vm(vm, program, serial_out, None),
+            Err(e) => fail(&e),
+        };
+    }
     let migration = match target {
         Some(target) => match Migration::prepare(&mut vm, target, args.migrate.options()) {
             Ok(migration) => Some(migration),
@@ -730,6 +753,29 @@ fn run(args: RunArgs) -> ExitCode {
         rx
     });
     run_vm(vm, program, serial_out, migrated)
+}
+
+/// Binds the control socket and makes its server `vm`'s controller: a
+/// socket that cannot be bound is an error before the guest starts.
+fn controlled(vm: &mut Vm, migrate: MigrateArgs) -> Result<(), String> {
+    let path = migrate.control.clone().unwrap_or_default();
+    let (listener, bound) = migration::bind_unix(&path)
+        .and_then(|bound| {
+            // Whoever can connect can move the guest: its owner alone.
+            let owner_only = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+            std::fs::set_permissions(&path, owner_only).map(|()| bound)
+        })
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    let mover = Mover::prepare(vm, migrate.options())
+        .map_err(|e| format!("cannot set up migrations: {e}"))?;
+    let server = control::Server::new(listener, mover, migrate.targets())
+        .map_err(|e| format!("cannot serve {}: {e}", path.display()))?;
+    eprintln!("control: listening on {}", path.display());
+    vm.on_start(Box::new(move |control| {
+        server.serve(control);
+        drop(bound);
+    }));
+    Ok(())
 }
 
 /// What a migration beside a run sends back when it ends.
