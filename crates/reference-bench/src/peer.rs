@@ -168,24 +168,59 @@ impl PeerKind {
 /// The peer VMMs found when a scenario started.
 pub struct Peers {
     qemu: Option<Qemu>,
+    /// Why QEMU's own APIC cannot run the guests here, if it cannot.
+    qemu_own_apic: Option<&'static str>,
     cloud_hypervisor: Option<CloudHypervisor>,
     firecracker: Option<Firecracker>,
 }
 
+/// How long the probe of QEMU's own APIC may take (a guest that halts
+/// once ends in milliseconds where it works).
+pub const OWN_APIC_PROBE: Duration = Duration::from_secs(10);
+
+/// Whether QEMU's own APIC runs its rows' guest, tried once per process
+/// with ten round trips: on a host where KVM emulates the guest's kernel
+/// mode (PVM), QEMU 7.2's userspace APIC stops at the first HLT, and every
+/// row of it would spend its whole timeout to say so.
+fn probe_own_apic(qemu: &Qemu) -> Option<&'static str> {
+    static PROBED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    // pingpong: 10 round trips through the xAPIC page (QEMU's own APIC
+    // has no x2APIC), halting between.
+    const PING_PONG: [u64; 7] = [10, 0, 0, 0, 0, 1, 0];
+    PROBED
+        .get_or_init(|| {
+            let ran = ImageFile::write("pingpong", 2, 64, &PING_PONG).and_then(|image| {
+                let run = qemu.run(image.path(), 2, 64, QemuApic::User, OWN_APIC_PROBE);
+                Ok(run?)
+            });
+            ran.err().map(|e| {
+                format!(
+                    "a ping-pong through the xAPIC page did not run on it here (a {}-second \
+                     probe: {e})",
+                    OWN_APIC_PROBE.as_secs()
+                )
+            })
+        })
+        .as_deref()
+}
+
 impl Peers {
     /// Each peer from the options, else found ([`Options::qemu`] and the
-    /// others).
+    /// others); QEMU's own APIC probed once ([`probe_own_apic`]).
     pub fn find(opts: Options) -> Self {
+        let qemu = opts.qemu();
         Self {
-            qemu: opts.qemu(),
+            qemu_own_apic: qemu.as_ref().and_then(probe_own_apic),
+            qemu,
             cloud_hypervisor: opts.cloud_hypervisor(),
             firecracker: opts.firecracker(),
         }
     }
 
-    /// `kind`, if its binary was found.
+    /// `kind`, if its binary was found and can run here.
     pub fn vmm(&self, kind: PeerKind) -> Option<PeerVmm<'_>> {
         match kind {
+            PeerKind::Qemu(QemuApic::User) if self.qemu_own_apic.is_some() => None,
             PeerKind::Qemu(apic) => self.qemu.as_ref().map(|q| PeerVmm::Qemu(q, apic)),
             PeerKind::CloudHypervisor => {
                 self.cloud_hypervisor.as_ref().map(PeerVmm::CloudHypervisor)
@@ -212,7 +247,10 @@ impl Peers {
                 None => format!("{vmm}: not found"),
             })
             .collect();
-        format!("Peers in this run: {}.", described.join("; "))
+        let own_apic = self.qemu_own_apic.map_or(String::new(), |why| {
+            format!(" QEMU's own APIC (kernel-irqchip=off): not run, as {why}.")
+        });
+        format!("Peers in this run: {}.{own_apic}", described.join("; "))
     }
 
     /// Cloud Hypervisor, if it was found.
@@ -227,10 +265,14 @@ impl Peers {
 
     /// What the scenario saw of `kind`, whose run failed with `failure`.
     pub fn seen<'a>(&self, kind: PeerKind, failure: Option<&'a str>) -> PeerSeen<'a> {
+        let cannot_run = match kind {
+            PeerKind::Qemu(QemuApic::User) => self.qemu_own_apic,
+            _ => None,
+        };
         PeerSeen {
             kind,
-            found: self.vmm(kind).is_some(),
-            failure,
+            found: self.vmm(kind).is_some() || cannot_run.is_some(),
+            failure: cannot_run.or(failure),
         }
     }
 }
@@ -340,6 +382,7 @@ mod tests {
     fn peers_not_found_are_named_in_the_note_and_their_goals_say_how_to_get_them() {
         let none = Peers {
             qemu: None,
+            qemu_own_apic: None,
             cloud_hypervisor: None,
             firecracker: None,
         };
@@ -363,6 +406,23 @@ mod tests {
         assert_eq!(
             qemu.vmm(PeerKind::Qemu(QemuApic::User)).map(|v| v.name()),
             Some("QEMU")
+        );
+        // QEMU's own APIC, found unable to run here: no rows, and why.
+        let halting = Peers {
+            qemu_own_apic: Some("it stopped at the first HLT"),
+            ..qemu
+        };
+        let own = PeerKind::Qemu(QemuApic::User);
+        assert!(halting.vmm(own).is_none());
+        assert!(halting.vmm(PeerKind::Qemu(QemuApic::Kernel)).is_some());
+        let why = halting.seen(own, None).why();
+        assert!(why.contains("it stopped at the first HLT"), "{why}");
+        assert!(
+            halting
+                .note()
+                .ends_with("(kernel-irqchip=off): not run, as it stopped at the first HLT."),
+            "{}",
+            halting.note()
         );
     }
 

@@ -18,6 +18,8 @@ use serde_json::{Value, json};
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an idle server looks whether the run has ended.
 const POLL: Duration = Duration::from_millis(50);
+/// How long an answer may wait for a client that does not read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest command line taken; a longer one ends its connection.
 const MAX_LINE: usize = 64 << 10;
 /// What the commands are, for an unknown one's error.
@@ -97,6 +99,7 @@ impl Server {
         let ready = stream
             .set_nonblocking(false)
             .and_then(|()| stream.set_read_timeout(Some(POLL)))
+            .and_then(|()| stream.set_write_timeout(Some(WRITE_TIMEOUT)))
             .and_then(|()| stream.try_clone());
         let Ok(mut writer) = ready else {
             return Next::Serve;
@@ -236,6 +239,21 @@ impl Server {
             }
         }
     }
+}
+
+/// A client's side: sends `command` to the socket at `path` and reads its
+/// answer, waiting at most `timeout` for it.
+pub fn request(path: &Path, command: &Value, timeout: Duration) -> io::Result<Value> {
+    let mut stream = UnixStream::connect(path)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(format!("{command}\n").as_bytes())?;
+    let mut answer = Vec::new();
+    BufReader::new(stream.take(MAX_LINE as u64)).read_until(b'\n', &mut answer)?;
+    serde_json::from_slice(&answer).map_err(|e| match answer.is_empty() {
+        true => io::Error::new(io::ErrorKind::UnexpectedEof, "no answer came"),
+        false => io::Error::new(io::ErrorKind::InvalidData, format!("the answer: {e}")),
+    })
 }
 
 fn stats(control: &RunControl) -> Value {

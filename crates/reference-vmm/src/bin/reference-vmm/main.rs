@@ -43,6 +43,9 @@ enum Command {
     Receive(ReceiveArgs),
     /// Run on a VM saved by `run --snapshot-to`.
     Restore(RestoreArgs),
+    /// Send one command to a running VM's control socket (`run --control`)
+    /// and print its answer, a JSON object; exit 1 if it failed.
+    Control(ControlArgs),
     /// Write a guest program as an ELF image with a PVH entry, which QEMU
     /// boots with -kernel and `run --image` boots here.
     Image(ImageArgs),
@@ -61,8 +64,32 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct HelpArgs {
     /// The subcommand to explain.
-    #[arg(value_parser = ["run", "receive", "restore", "image", "guests", "cpu-features", "conformance"])]
+    #[arg(value_parser = ["run", "receive", "restore", "control", "image", "guests", "cpu-features", "conformance"])]
     command: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct ControlArgs {
+    /// The control socket (`run --control PATH`).
+    socket: PathBuf,
+    /// status, stats, pause, resume, snapshot (with path=FILE) or migrate
+    /// (with to=unix:PATH or to=tcp:IP:PORT).
+    command: String,
+    /// The command's fields, as NAME=VALUE.
+    #[arg(value_name = "NAME=VALUE", value_parser = parse_field)]
+    fields: Vec<(String, String)>,
+    /// How long to wait for the answer (a migration's takes as long as it
+    /// does).
+    #[arg(long, value_name = "MS", default_value_t = 600_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
+}
+
+fn parse_field(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.into(), value.into())),
+        _ => Err(format!("{s:?} is not NAME=VALUE")),
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -594,6 +621,7 @@ fn main() -> ExitCode {
         Command::Receive(args) => receive(args),
         Command::Restore(args) => restore(args),
         Command::Image(args) => image(args),
+        Command::Control(args) => send_command(args),
         Command::Help(args) => help(args),
         Command::Conformance(args) => conformance(args),
         Command::CpuFeatures => match CpuFeatures::of_this_host() {
@@ -890,6 +918,22 @@ fn restore(args: RestoreArgs) -> ExitCode {
     match received {
         Ok(incoming) => run_vm(incoming.vm, incoming.program, serial_out, None),
         Err(e) => fail(&format!("{}: {e}", args.snapshot.display())),
+    }
+}
+
+fn send_command(args: ControlArgs) -> ExitCode {
+    let mut request = serde_json::Map::new();
+    request.insert("command".into(), args.command.into());
+    for (name, value) in args.fields {
+        request.insert(name, value.into());
+    }
+    let timeout = Duration::from_millis(args.timeout_ms);
+    match control::request(&args.socket, &request.into(), timeout) {
+        Ok(answer) => match (print_or_fail(&format!("{answer}\n")), &answer["ok"]) {
+            (printed, serde_json::Value::Bool(true)) => printed,
+            _ => ExitCode::FAILURE,
+        },
+        Err(e) => fail(&format!("{}: {e}", args.socket.display())),
     }
 }
 
