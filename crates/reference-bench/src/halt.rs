@@ -19,7 +19,7 @@ use halt_poll::kvm::TunerConfig;
 
 use crate::Error;
 use crate::qemu::QemuApic;
-use crate::{Cell, Options, Runs, Table, goal, measure, ticks_per_us};
+use crate::{Cell, Options, Runs, Table, goal, measure, plot, ticks_per_us};
 use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
 use reference_vmm::{CpuShare, Irqchip, RunReport};
 use test_guests::layout::PARAMS;
@@ -76,6 +76,8 @@ pub(crate) struct Sample {
     polling_share: f64,
     /// KVM windows the tuner set per second (NaN: not tuned).
     changes_per_s: f64,
+    /// Each timer's lateness, µs (the idle timer's; empty for the others).
+    lateness_us: Vec<f64>,
 }
 
 impl Sample {
@@ -160,6 +162,7 @@ impl Workload {
             cpu_us: per_round(run.cpu.saturating_sub(start_up).as_secs_f64() * 1e6),
             polling_share,
             changes_per_s,
+            lateness_us: Vec::new(),
         })
     }
 }
@@ -198,9 +201,15 @@ pub(crate) fn peer_run(vmm: PeerVmm, workload: Workload, opts: Options) -> Resul
     let measured = run(rounds, &[])?;
     drop(hog);
     let per_round = |v: f64| v / rounds as f64;
-    let latency_us = match workload {
-        Workload::IdleTimer => median_lateness(vmm, &run(rounds, &[1])?, rounds)?,
-        _ => per_round(measured.value(0, "ticks").unwrap_or(0) as f64 / ticks_per_us()),
+    let (latency_us, lateness_us) = match workload {
+        Workload::IdleTimer => {
+            let lateness = peer_lateness(vmm, &run(rounds, &[1])?, rounds)?;
+            (Runs(lateness.clone()).median(), lateness)
+        }
+        _ => (
+            per_round(measured.value(0, "ticks").unwrap_or(0) as f64 / ticks_per_us()),
+            Vec::new(),
+        ),
     };
     let cpu = measured.cpu_time.saturating_sub(start_up.cpu_time);
     Ok(Sample {
@@ -210,11 +219,12 @@ pub(crate) fn peer_run(vmm: PeerVmm, workload: Workload, opts: Options) -> Resul
         cpu_us: per_round(cpu.as_secs_f64() * 1e6),
         polling_share: f64::NAN,
         changes_per_s: f64::NAN,
+        lateness_us,
     })
 }
 
-/// The median of the `timers` latenesses a peer's cyclictest reported, µs.
-fn median_lateness(vmm: PeerVmm, run: &PeerRun, timers: u64) -> Result<f64, Error> {
+/// The `timers` latenesses a peer's cyclictest reported, µs.
+fn peer_lateness(vmm: PeerVmm, run: &PeerRun, timers: u64) -> Result<Vec<f64>, Error> {
     let lateness = run.values(0, "lateness");
     if lateness.len() as u64 != timers {
         let what = format!(
@@ -225,7 +235,7 @@ fn median_lateness(vmm: PeerVmm, run: &PeerRun, timers: u64) -> Result<f64, Erro
         return Err(PeerError::Guest { vmm, what }.into());
     }
     let us = ticks_per_us();
-    Ok(Runs(lateness.into_iter().map(|t| t as i64 as f64 / us).collect()).median())
+    Ok(lateness.into_iter().map(|t| t as i64 as f64 / us).collect())
 }
 
 /// The idle timer: one vCPU, a TSC deadline every period, halting between.
@@ -239,12 +249,13 @@ fn idle_timer(m: Choices, timers: u64) -> Result<Sample, Error> {
     let per_timer = |v: f64| v / timers as f64;
     let (polling_share, changes_per_s) = Sample::of_vmm(&run.report);
     Ok(Sample {
-        latency_us: Runs(lateness).median(),
+        latency_us: Runs(lateness.clone()).median(),
         polling_us: per_timer(run.report.stats.polled_ns as f64 / 1e3),
         failed_us: per_timer(run.report.stats.failed_poll_ns as f64 / 1e3),
         cpu_us: per_timer(run.cpu.saturating_sub(start_up).as_secs_f64() * 1e6),
         polling_share,
         changes_per_s,
+        lateness_us: lateness,
     })
 }
 
@@ -399,6 +410,8 @@ struct Cells {
     cpu: Vec<Runs>,
     share: Vec<Runs>,
     changes: Vec<Runs>,
+    /// Every timer's lateness over the runs, µs (the idle timer's).
+    lateness: Vec<Vec<f64>>,
 }
 
 impl Cells {
@@ -411,6 +424,7 @@ impl Cells {
             cpu: runs.clone(),
             share: runs.clone(),
             changes: runs,
+            lateness: vec![Vec::new(); VARIANTS.len()],
         }
     }
 
@@ -421,6 +435,7 @@ impl Cells {
         self.cpu[i].push(s.cpu_us);
         self.share[i].push(s.polling_share);
         self.changes[i].push(s.changes_per_s);
+        self.lateness[i].extend(s.lateness_us);
     }
 
     fn of(&self, v: Variant) -> (&Runs, &Runs) {
@@ -488,6 +503,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     );
     for (workload, c) in WORKLOADS.into_iter().zip(&cells) {
         rows(&mut t, workload, c);
+        plots(&mut t, workload, c);
     }
     let peer = |workload: Workload, kind: PeerKind| {
         let failure = peer_failures
@@ -505,6 +521,61 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         ));
     }
     Ok(t)
+}
+
+/// A workload's plots: each run's latency against its polling, per
+/// variant that polls here; for the idle timer, every timer's lateness.
+fn plots(t: &mut Table, workload: Workload, c: &Cells) {
+    let name = plot::file_name(&workload.name());
+    if workload == Workload::IdleTimer {
+        let series: Vec<_> = VARIANTS
+            .iter()
+            .zip(&c.lateness)
+            .map(|(v, l)| (v.name(), l.clone()))
+            .collect();
+        let caption = "halt, idle timer: every timer's lateness, all runs (CDF)";
+        t.plot(plot::cdf(
+            &format!("halt-{name}-lateness"),
+            caption,
+            "µs late",
+            &series,
+        ));
+    }
+    if workload.is_xapic() {
+        return;
+    }
+    let series: Vec<_> = VARIANTS
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            (
+                v.name(),
+                c.polling[i]
+                    .0
+                    .iter()
+                    .copied()
+                    .zip(c.latency[i].0.iter().copied())
+                    .collect(),
+            )
+        })
+        .filter(|(_, p): &(String, Vec<(f64, f64)>)| p.iter().any(|(x, _)| x.is_finite()))
+        .collect();
+    let axes = plot::Axes {
+        x: "polling per wake-up (µs)",
+        y: "latency (µs)",
+        log_x: false,
+        log_y: false,
+    };
+    let caption = format!(
+        "halt, {}: latency against polling, one point per run",
+        workload.name()
+    );
+    t.plot(plot::points(
+        &format!("halt-{name}-latency-vs-polling"),
+        &caption,
+        axes,
+        &series,
+    ));
 }
 
 /// A workload's rows. On this VMM's APIC the latency baseline is the best
@@ -929,6 +1000,7 @@ mod tests {
             cpu_us,
             polling_share: f64::NAN,
             changes_per_s: f64::NAN,
+            lateness_us: Vec::new(),
         };
         let mut cells = vec![Cells::new(); WORKLOADS.len()];
         let ch = Variant::Peer(PeerKind::CloudHypervisor);

@@ -22,6 +22,7 @@ pub mod integrations;
 pub mod migrate;
 pub mod peer;
 pub mod peer_run;
+pub mod plot;
 pub mod qemu;
 pub mod rcu;
 pub mod runs;
@@ -245,13 +246,15 @@ pub fn ticks_per_us() -> f64 {
 /// The Markdown report of a run: the command, the machine, how busy the
 /// host was, how long each scenario took (`times`, by name: the next run's
 /// estimate, [`scenario_times`]), the goals against the peer VMMs
-/// ([`summary()`]), and every table.
+/// ([`summary()`]), and every table with its plots (their files in the
+/// folder `plots`, relative to the report).
 pub fn report(
     tables: &[Table],
     command: &str,
     took: Duration,
     host: &str,
     times: &[(String, Duration)],
+    plots: &str,
 ) -> String {
     let mut out = format!(
         "# Benchmarks\n\nThe workspace's mechanisms measured end to end on real KVM, each against \
@@ -268,8 +271,33 @@ pub fn report(
     for t in tables {
         out.push_str(&t.markdown());
         out.push('\n');
+        out.push_str(&t.plot_links(plots));
     }
     out
+}
+
+/// The folder of a report's plots, beside it: `all.md`'s are in
+/// `all-plots/`.
+pub fn plots_folder(report: &std::path::Path) -> std::path::PathBuf {
+    let stem = report.file_stem().unwrap_or_default().to_string_lossy();
+    report.with_file_name(format!("{stem}-plots"))
+}
+
+/// Writes each table's plots into `folder` (made afresh: plots of an
+/// earlier run do not linger).
+pub fn write_plots(folder: &std::path::Path, tables: &[Table]) -> std::io::Result<()> {
+    if folder.is_dir() {
+        std::fs::remove_dir_all(folder)?;
+    }
+    let plots: Vec<_> = tables.iter().flat_map(|t| &t.plots).collect();
+    if plots.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(folder)?;
+    for plot in plots {
+        std::fs::write(folder.join(format!("{}.svg", plot.name)), &plot.svg)?;
+    }
+    Ok(())
 }
 
 /// How a report's line of scenario times begins.
@@ -315,10 +343,40 @@ mod tests {
         let mut t = Table::new("timer: x", &["a"]);
         t.note("setup");
         t.peer_goal("Goal: g. Measured: 0.5x Firecracker's: met.");
-        let report = report(&[t], "bench", Duration::ZERO, "Host: -", &[]);
+        t.plot(crate::plot::cdf(
+            "timer-x",
+            "Lateness",
+            "µs",
+            &[("a".into(), vec![1.0])],
+        ));
+        t.plot(Err("nothing to plot".into()));
+        let report = report(
+            &[t.clone()],
+            "bench",
+            Duration::ZERO,
+            "Host: -",
+            &[],
+            "all-plots",
+        );
         let top = report.find("- *met*: g. Measured: 0.5x Firecracker's: met.");
         let table = report.find("### timer: x");
         assert!(top.is_some() && top < table, "{report}");
+        assert!(
+            report.contains("![Lateness](all-plots/timer-x.svg)"),
+            "{report}"
+        );
+        assert!(report.contains("No plot: nothing to plot."), "{report}");
+        // Written beside the report, afresh each time.
+        let dir = std::env::temp_dir().join(format!("bench-plots-{}", std::process::id()));
+        let folder = plots_folder(&dir.join("all.md"));
+        assert_eq!(folder, dir.join("all-plots"));
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("stale.svg"), "old").unwrap();
+        write_plots(&folder, &[t]).unwrap();
+        assert!(!folder.join("stale.svg").exists());
+        let svg = std::fs::read_to_string(folder.join("timer-x.svg")).unwrap();
+        assert!(svg.starts_with("<svg"));
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
@@ -333,6 +391,7 @@ mod tests {
             Duration::from_secs(126),
             "Host: -",
             &times,
+            "all-plots",
         );
         assert!(
             report.contains("Scenario times: halt 121 s, migrate 4 s."),

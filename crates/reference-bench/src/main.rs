@@ -214,15 +214,23 @@ struct Finished {
     running: String,
 }
 
-/// The report of `finished` (Markdown), and what goes to stdout and the
-/// report file (that, or JSON with `--json`).
-fn render(args: &BenchArgs, finished: &Finished, took: Duration, note: &str) -> (String, String) {
+/// The report of `finished` (Markdown, its plots in `plots`), and what
+/// goes to stdout and the report file (that, or JSON with `--json`).
+fn render(
+    args: &BenchArgs,
+    finished: &Finished,
+    took: Duration,
+    note: &str,
+    plots: &Path,
+) -> (String, String) {
+    let folder = plots.file_name().unwrap_or_default().to_string_lossy();
     let markdown = bench::report(
         &finished.tables,
         &args.command(std::env::var_os(bench::peer_run::PEERS_DIR).as_deref()),
         took,
         note,
         &finished.times,
+        &folder,
     );
     let output = if args.json {
         let items: Vec<_> = finished.tables.iter().map(bench::Table::json).collect();
@@ -251,9 +259,15 @@ fn stop_writing_what_finished(
             finished.running,
             start.elapsed().as_secs_f64()
         );
-        let (_, output) = render(&args, &finished, start.elapsed(), &note);
         let path = args.out();
-        match write_report(&path, &output) {
+        let (_, output) = render(
+            &args,
+            &finished,
+            start.elapsed(),
+            &note,
+            &bench::plots_folder(&path),
+        );
+        match write_report(&path, &output, &finished.tables) {
             Ok(()) => eprintln!("wrote {} (the scenarios that finished)", path.display()),
             Err(e) => eprintln!("cannot write {}: {e}", path.display()),
         }
@@ -331,14 +345,30 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
     }
     // Held to the end: a signal from here on waits for this report.
     let finished = lock();
-    let (markdown, output) = render(&args, &finished, start.elapsed(), &host_note);
-    let mut files = vec![(args.out(), &output)];
+    let took = start.elapsed();
+    let out = args.out();
+    let (_, output) = render(
+        &args,
+        &finished,
+        took,
+        &host_note,
+        &bench::plots_folder(&out),
+    );
+    let mut files = vec![(out, output.clone())];
     // BENCHMARKS.md is the report of a whole run.
     if args.update_benchmarks_md && failed.is_none() {
-        files.push((workspace_root().join("BENCHMARKS.md"), &markdown));
+        let path = workspace_root().join("BENCHMARKS.md");
+        let (markdown, _) = render(
+            &args,
+            &finished,
+            took,
+            &host_note,
+            &bench::plots_folder(&path),
+        );
+        files.push((path, markdown));
     }
     for (path, text) in files {
-        write_report(&path, text)
+        write_report(&path, &text, &finished.tables)
             .map_err(|e| Failure::run(format!("cannot write {}: {e}", path.display())))?;
         eprintln!("wrote {}", path.display());
     }
@@ -444,11 +474,13 @@ impl Estimate {
     }
 }
 
-fn write_report(path: &Path, text: &str) -> io::Result<()> {
+/// Writes the report and, beside it, its tables' plots.
+fn write_report(path: &Path, text: &str, tables: &[bench::Table]) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(path, text)
+    std::fs::write(path, text)?;
+    bench::write_plots(&bench::plots_folder(path), tables)
 }
 
 #[cfg(test)]

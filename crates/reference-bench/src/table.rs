@@ -5,6 +5,7 @@ use std::fmt::Write;
 use serde_json::{Value, json};
 
 use crate::Runs;
+use crate::plot::Plot;
 
 /// One cell: its text, and its number for JSON where it has one.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,6 +57,8 @@ pub struct Table {
     /// Of the notes, the goals against a peer VMM (the report's summary
     /// gathers every goal).
     pub peer_goals: Vec<String>,
+    /// Its plots, written beside the report ([`crate::plot`]).
+    pub plots: Vec<Plot>,
 }
 
 impl Table {
@@ -85,6 +88,23 @@ impl Table {
     /// Adds a note.
     pub fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());
+    }
+
+    /// Adds a plot, or a note saying why it could not be drawn.
+    pub fn plot(&mut self, plot: Result<Plot, String>) {
+        match plot {
+            Ok(plot) => self.plots.push(plot),
+            Err(e) => self.note(format!("No plot: {e}.")),
+        }
+    }
+
+    /// Its plots as Markdown images, their files in `dir` (relative to
+    /// the report).
+    pub fn plot_links(&self, dir: &str) -> String {
+        self.plots
+            .iter()
+            .map(|p| format!("![{}]({dir}/{}.svg)\n\n", p.caption, p.name))
+            .collect()
     }
 
     /// Adds a note that is a goal against a peer VMM.
@@ -138,6 +158,7 @@ impl Table {
             "rows": rows,
             "notes": self.notes,
             "peer_goals": self.peer_goals,
+            "plots": self.plots.iter().map(|p| format!("{}.svg", p.name)).collect::<Vec<_>>(),
         })
     }
 }

@@ -14,7 +14,7 @@ use crate::Error;
 use crate::peer::{PeerKind, PeerVmm, Peers, run_image};
 use crate::peer_run::PeerError;
 use crate::qemu::QemuApic;
-use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
+use crate::{Cell, Measured, Options, Runs, Table, goal, measure, plot, ticks_per_us};
 use reference_vmm::MAX_LEAD;
 use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
 use reference_vmm::{Irqchip, KvmHaltPoll, TimerPlacement};
@@ -203,12 +203,14 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         let names = variants().map(|(name, _)| name);
         let peer_rows = PEERS.map(|kind| kind.row().to_owned());
         let rows = names.into_iter().chain([HOST_ROW.into()]).chain(peer_rows);
+        let mut distributions = Vec::new();
         for (i, name) in rows.enumerate().filter(|(i, _)| !runs[*i].is_empty()) {
             // The percentiles of the run with the median p50.
             let median_run = runs[i]
                 .iter()
                 .find(|r| quantile(&r.lateness, 0.5) == p50[i].median());
             let lat = median_run.map_or(&[][..], |r| r.lateness.as_slice());
+            distributions.push((name.clone(), lat.to_vec()));
             let early = runs[i].iter().map(|r| early(&r.lateness)).sum::<usize>();
             let spin = Runs(runs[i].iter().filter_map(|r| r.spin_us).collect());
             let polling = Runs(runs[i].iter().filter_map(|r| r.polling_us).collect());
@@ -233,6 +235,12 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 Cell::text(histogram(lat)),
             ]);
         }
+        let caption = format!(
+            "timer, {period_us} µs period: lateness in the run with the median p50, per variant \
+             (CDF)"
+        );
+        let name = format!("timer-{period_us}us-lateness");
+        t.plot(plot::cdf(&name, &caption, "µs late", &distributions));
         // Per run, over this VMM's two halt-polling settings.
         let early_percentile: Vec<usize> = runs[OWN[0]]
             .iter()

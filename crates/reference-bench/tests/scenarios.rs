@@ -146,6 +146,7 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
         Duration::from_secs(1),
         "Host: -",
         &[("dirty".to_owned(), Duration::from_secs(1))],
+        "dirty-plots",
     );
     assert!(report.contains("`bench dirty --quick` (1 s)") && report.contains("### dirty"));
 }

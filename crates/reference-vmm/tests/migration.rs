@@ -144,6 +144,49 @@ per_backend_tests! {
     the_ring_moves_a_guest_byte_for_byte_over_unix_and_tcp_with_either_apic: Ring
 }
 
+#[test]
+fn the_guest_reports_each_long_stall_as_it_ends_the_move_among_them() {
+    if !kvm_available("the_guest_reports_each_long_stall_as_it_ends_the_move_among_them") {
+        return;
+    }
+    let options = MigrateOptions {
+        after: Duration::from_millis(50),
+        max_precopy: MAX_PRECOPY,
+        ..MigrateOptions::default()
+    };
+    let mut config = config(Irqchip::User);
+    let ticks_per_ms = lapic_timer::TscClock::shared().tsc_khz();
+    config.params[6] = ticks_per_ms / 2;
+    let guest = test_guests::find("migrate").unwrap();
+    let address = socket("stalls");
+    let moved = move_in_process(&config, guest, options, &address, true).unwrap();
+    check(&moved, "with stalls reported");
+    for vcpu in 0..VCPUS {
+        // Before the move at the source, from it on at the destination.
+        let values = |name: &str| -> Vec<u64> {
+            [&moved.source, &moved.destination]
+                .iter()
+                .flat_map(|r| &r.vcpus[vcpu as usize].reports)
+                .filter(|r| r.name == name)
+                .map(|r| r.value)
+                .collect()
+        };
+        let (at, stalls) = (values("stall_at_ticks"), values("stall_ticks"));
+        assert_eq!(at.len(), stalls.len(), "vCPU {vcpu}: one time per stall");
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "vCPU {vcpu}: {at:?}");
+        assert!(stalls.iter().all(|&s| s > config.params[6]), "{stalls:?}");
+        let longest = moved.destination.value(vcpu, "max_stall_ticks").unwrap();
+        // The pause is one of them, and the longest unless the cap came first.
+        assert!(
+            longest > config.params[6] && !stalls.is_empty(),
+            "vCPU {vcpu}"
+        );
+        if stalls.len() < 256 {
+            assert_eq!(stalls.iter().max(), Some(&longest), "vCPU {vcpu}");
+        }
+    }
+}
+
 /// The migration guest writing flat out over 16 MiB on each of two vCPUs,
 /// a third only computing: no round of pre-copy fits a 5 ms downtime.
 fn flat_out(irqchip: Irqchip) -> VmConfig {

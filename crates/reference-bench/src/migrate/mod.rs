@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::peer::Peers;
-use crate::{Cell, Options, Runs, Table, goal, ticks_per_us};
+use crate::{Cell, Options, Runs, Table, goal, plot, ticks_per_us};
 use reference_vmm::migration::pause::PauseError;
 use reference_vmm::migration::tls::{TlsClient, TlsFiles, TlsServer};
 use reference_vmm::migration::{
@@ -73,7 +73,28 @@ pub fn guest_config(mem_mib: u64, pages: u64, rate_us: u64, run: Duration) -> Vm
         (rate_us as f64 * ticks) as u64,
         (1000.0 * ticks) as u64,
     ]);
+    config.params[6] = (STALL_REPORTED.as_secs_f64() * 1e6 * ticks) as u64;
     config
+}
+
+/// The guest reports each stall longer than this as it ends (its time and
+/// length, for the plots of stalls over time).
+const STALL_REPORTED: Duration = Duration::from_millis(1);
+
+/// Each stall the guest reported, on either host, as (seconds from its
+/// start, ms), every vCPU's.
+fn stalls(moved: &Moved) -> Vec<(f64, f64)> {
+    let per_ms = ticks_per_us() * 1e3;
+    [&moved.source, &moved.destination]
+        .iter()
+        .flat_map(|r| &r.vcpus)
+        .flat_map(|v| {
+            let values = |name: &'static str| v.reports.iter().filter(move |r| r.name == name);
+            values("stall_at_ticks")
+                .zip(values("stall_ticks"))
+                .map(|(at, stall)| (at.value as f64 / per_ms / 1e3, stall.value as f64 / per_ms))
+        })
+        .collect()
 }
 
 /// The guest moved over the link: the run time counted from the end of
@@ -146,6 +167,10 @@ struct Cells {
     /// hand-over margin): a stop-and-copy longer than that.
     resumed: usize,
     differing: u64,
+    /// The first run's stalls, as [`stalls`] gives them.
+    stalls: Vec<(f64, f64)>,
+    /// The first run's time paused by the dirty limit per vCPU, ms.
+    limit_pauses_ms: Vec<f64>,
 }
 
 impl Cells {
@@ -168,6 +193,11 @@ impl Cells {
             self.non_writer.push(rate);
         }
         self.converged += usize::from(m.converged);
+        if self.stalls.is_empty() {
+            self.stalls = stalls(&moved);
+            let paused = moved.source.vcpus.iter().map(|v| v.dirty_paused);
+            self.limit_pauses_ms = paused.map(|d| d.as_secs_f64() * 1e3).collect();
+        }
         Ok(())
     }
 
@@ -406,6 +436,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             &BACKENDS,
             &links,
             Load {
+                group: "over a Unix socket",
                 hogs: 0,
                 reps: opts.reps(),
             },
@@ -422,6 +453,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             &LOADED,
             &links,
             Load {
+                group: "over the link beside 2 hogs",
                 hogs: 2,
                 reps: opts.reps(),
             },
@@ -438,6 +470,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             &LINKED,
             &links,
             Load {
+                group: "over the link, a vCPU computing",
                 hogs: 0,
                 reps: opts.reps(),
             },
@@ -453,6 +486,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         &TLS_PAIR,
         &links,
         Load {
+            group: "over the link, plain text and TLS",
             hogs: 0,
             reps: tls_reps,
         },
@@ -536,6 +570,8 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
 /// What runs beside a set of variants, and how often each runs.
 #[derive(Clone, Copy)]
 struct Load {
+    /// What the variants have in common, in the plots' captions and names.
+    group: &'static str,
     /// CPU hogs.
     hogs: usize,
     /// Runs of each variant.
@@ -595,7 +631,57 @@ fn measure(
             Cell::num(c.differing as f64, 0),
         ]);
     }
+    plots(t, load.group, rate, variants, &cells);
     Ok(cells)
+}
+
+/// The stalls over time in each variant's first run, and where the dirty
+/// limit paused vCPUs, how long each.
+fn plots(t: &mut Table, group: &str, rate: &str, variants: &[Variant], cells: &[Cells]) {
+    let name = plot::file_name(&format!("migrate {group} {rate}"));
+    let series: Vec<_> = variants
+        .iter()
+        .zip(cells)
+        .map(|(v, c)| (v.label.to_owned(), c.stalls.clone()))
+        .collect();
+    let axes = plot::Axes {
+        x: "seconds from the guest's start",
+        y: "stall (ms, log)",
+        log_x: false,
+        log_y: true,
+    };
+    let caption = format!(
+        "migrate {group}, {rate}: each guest stall over {} ms, either host, first run",
+        STALL_REPORTED.as_millis()
+    );
+    t.plot(plot::points(
+        &format!("{name}-stalls"),
+        &caption,
+        axes,
+        &series,
+    ));
+    let limited: Vec<_> = variants
+        .iter()
+        .zip(cells)
+        .filter(|(v, c)| v.dirty_limit && c.limit_pauses_ms.iter().any(|&ms| ms > 0.0))
+        .map(|(v, c)| (v.label.to_owned(), c.limit_pauses_ms.clone()))
+        .collect();
+    if limited.is_empty() {
+        return;
+    }
+    let axes = plot::Axes {
+        x: "vCPU",
+        y: "paused by the dirty limit (ms)",
+        log_x: false,
+        log_y: false,
+    };
+    let caption = format!("migrate {group}, {rate}: the dirty limit's pauses per vCPU, first run");
+    t.plot(plot::bars(
+        &format!("{name}-dirty-limit-pauses"),
+        &caption,
+        axes,
+        &limited,
+    ));
 }
 
 fn move_with(

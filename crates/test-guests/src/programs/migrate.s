@@ -15,7 +15,9 @@
 // (Reading their pages would not do: under shadow paging KVM maps a page
 // whose guest PTE is dirty writable at a read fault, and reports it dirty.)
 // The longest gap between two TSC reads is the
-// stall the guest saw ("max_stall_ticks"). At the end every armed timer
+// stall the guest saw ("max_stall_ticks"); with params[6] = s > 0, each gap
+// longer than s ticks is reported as it ends, "stall_at_ticks" (its end,
+// from the vCPU's start) then "stall_ticks", at most 256 per vCPU. At the end every armed timer
 // must have fired and every IPI arrived (else "a timer interrupt was lost"
 // or "an IPI was lost"), and every page must hold what its generation says
 // (else "page check failed", with the page and the word); every vCPU stays
@@ -61,7 +63,7 @@
 
     .globl test_guests_migrate
 test_guests_migrate:
-    sub rsp, 80
+    sub rsp, 96
     mov [rsp], rdi              // index
     mov [rsp + 8], rsi          // count
     lea r13, [rdx - {irq_record_below_data}]
@@ -96,6 +98,7 @@ test_guests_migrate:
     mov [rsp + 24], rax         // the longest gap
     mov [rsp + 32], rax         // timers armed
     mov [rsp + 40], rax         // IPIs sent
+    mov [rsp + 72], rax         // stalls reported
     mov rdi, rsi
     call rt_apic_enable_all
     call migrate_has_timer
@@ -105,6 +108,7 @@ test_guests_migrate:
     call rt_wrmsr
     call migrate_arm_timer
 1:  tsc64
+    mov [rsp + 80], rax         // the start
     mov [rsp + 16], rax         // the last TSC read
     mov [rsp + 48], rax         // when the last write began
     mov r15, rax
@@ -165,7 +169,9 @@ test_guests_migrate:
     cmp rcx, [rsp + 24]
     jbe 41f
     mov [rsp + 24], rcx
-41: sub rax, [rsp + 48]
+41: call migrate_note_stall     // the gap in rcx
+    mov rax, [rsp + 16]
+    sub rax, [rsp + 48]
     cmp rax, [rsp + 56]
     jb 4b
     mov rax, [rsp + 16]
@@ -247,6 +253,30 @@ test_guests_migrate:
 86: .asciz "pages_checked"
 87: .asciz "writes"
 88: .asciz "computes"
+
+// Reports the gap of rcx ticks that just ended, if params[6] is set, the
+// gap is longer and fewer than 256 were reported. The caller's frame is at
+// rsp + 8.
+migrate_note_stall:
+    mov rax, [{params} + 48]
+    test rax, rax
+    jz 1f
+    cmp rcx, rax
+    jbe 1f
+    cmp qword ptr [rsp + 8 + 72], 256
+    jae 1f
+    inc qword ptr [rsp + 8 + 72]
+    push rcx
+    lea rdi, [rip + 2f]
+    mov rsi, [rsp + 16 + 16]    // the last TSC read
+    sub rsi, [rsp + 16 + 80]    // from the start
+    call rt_report
+    pop rsi
+    lea rdi, [rip + 3f]
+    call rt_report
+1:  ret
+2: .asciz "stall_at_ticks"
+3: .asciz "stall_ticks"
 
 // ZF clear if this vCPU runs the timer (vCPU 0, with a period). The
 // caller's frame is at rsp + 8.

@@ -679,7 +679,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
     },
     GuestProgram {
         name: "migrate",
-        about: "for params[1] TSC ticks (params[4] = 1: from when a migration ended) each vCPU rewrites its params[0] pages in turn, params[2] ticks apart, keeping per-page generations (with params[5] = w > 0, vCPUs from w on only compute in registers, counting passes); vCPU 0 runs a params[3]-tick timer, each vCPU IPIs the next; at the end every page, timer and IPI is checked (for migration)",
+        about: "for params[1] TSC ticks (params[4] = 1: from when a migration ended) each vCPU rewrites its params[0] pages in turn, params[2] ticks apart, keeping per-page generations (with params[5] = w > 0, vCPUs from w on only compute in registers, counting passes; with params[6] = s > 0, each stall over s ticks is reported as it ends); vCPU 0 runs a params[3]-tick timer, each vCPU IPIs the next; at the end every page, timer and IPI is checked (for migration)",
         params: &[
             count("pages per vCPU"),
             count("run time, ticks"),
@@ -687,6 +687,7 @@ pub static PROGRAMS: &[GuestProgram] = &[
             any("timer period, ticks"),
             migration_wait("1: the run time counts from when a migration ended"),
             any("vCPUs that write (0: all); the others only compute"),
+            any("report each stall longer than this many ticks (0: none), 256 at most"),
         ],
         until_stopped: false,
         min_vcpus: 1,
