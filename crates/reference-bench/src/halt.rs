@@ -469,7 +469,8 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             for (i, variant) in VARIANTS.into_iter().enumerate() {
                 let failed =
                     |&(fw, fv, _): &(Workload, Variant, String)| (fw, fv) == (workload, variant);
-                if !variant.runs_on(workload) || peer_failures.iter().any(failed) {
+                let chosen = opts.runs(&variant.name());
+                if !variant.runs_on(workload) || peer_failures.iter().any(failed) || !chosen {
                     continue;
                 }
                 let what = format!("{}, {}", workload.name(), variant.name());
@@ -602,17 +603,17 @@ fn rows(t: &mut Table, workload: Workload, c: &Cells) {
         t.row(vec![
             Cell::text(workload.name()),
             Cell::text(variant.name()),
-            Cell::num(c.latency[i].median(), 1),
+            Cell::runs(&c.latency[i], 1),
             known(
                 latency_base,
                 Cell::ratio(&c.latency[i].ratio_to(latency_base)),
             ),
-            known(&c.polling[i], Cell::num(c.polling[i].median(), 2)),
+            known(&c.polling[i], Cell::runs(&c.polling[i], 2)),
             known(&c.polling[i], polling_ratio(&c.polling[i], polling_base)),
-            known(&c.failed[i], Cell::num(c.failed[i].median(), 2)),
-            Cell::num(c.cpu[i].median(), 1),
+            known(&c.failed[i], Cell::runs(&c.failed[i], 2)),
+            Cell::runs(&c.cpu[i], 1),
             known(&c.share[i], Cell::num(100.0 * c.share[i].median(), 2)),
-            known(&c.changes[i], Cell::num(c.changes[i].median(), 1)),
+            known(&c.changes[i], Cell::runs(&c.changes[i], 1)),
         ]);
     }
 }

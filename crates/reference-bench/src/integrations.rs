@@ -457,9 +457,9 @@ pub fn fc_snapshot(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Tabl
             .collect();
         t.row(vec![
             Cell::text(build.label),
-            Cell::num(bytes[i].median(), 1),
+            Cell::runs(&bytes[i], 1),
             Cell::ratio(&bytes[i].ratio_to(&bytes[0])),
-            Cell::num(pause[i].median(), 1),
+            Cell::runs(&pause[i], 1),
             Cell::ratio(&pause[i].ratio_to(&pause[0])),
             Cell::text(all.join(", ")),
         ]);
@@ -529,9 +529,9 @@ fn rows(t: &mut Table, workload: Workload, c: &Cells) {
         t.row(vec![
             Cell::text(workload.name()),
             Cell::text(variant.name()),
-            Cell::num(c.latency[i].median(), 1),
+            Cell::runs(&c.latency[i], 1),
             vs_stock(&c.latency),
-            Cell::num(c.cpu[i].median(), 1),
+            Cell::runs(&c.cpu[i], 1),
             vs_stock(&c.cpu),
             match variant {
                 Variant::Stock => Cell::text("as metered"),
@@ -619,6 +619,7 @@ mod tests {
             firecracker: None,
             patched_cloud_hypervisor: None,
             patched_firecracker: None,
+            only: None,
         };
         let t = ch_halt(opts, &mut |_| {}).unwrap();
         assert_eq!(t.peer_goals.len(), BUDGETS.len());

@@ -13,6 +13,7 @@
 
 pub mod cloud_hypervisor;
 pub mod cloud_hypervisor_api;
+pub mod compare;
 pub mod dirty;
 pub mod firecracker;
 pub mod firecracker_api;
@@ -128,9 +129,18 @@ pub struct Options<'a> {
     /// Firecracker built with the patches in `integrations/firecracker/`,
     /// for the `fc-snapshot` rows.
     pub patched_firecracker: Option<&'a Path>,
+    /// Run only the variants whose row's name holds this (any case):
+    /// ratios and goals that need other rows then have no figure.
+    pub only: Option<&'a str>,
 }
 
 impl Options<'_> {
+    /// Whether the variant whose row is named `row` runs ([`Self::only`]).
+    pub fn runs(&self, row: &str) -> bool {
+        self.only
+            .is_none_or(|only| row.to_lowercase().contains(&only.to_lowercase()))
+    }
+
     /// QEMU for the peer rows: the binary given, else the one on `PATH`;
     /// without either the rows are skipped, with a note saying how to
     /// install it.
@@ -255,6 +265,7 @@ pub fn report(
     host: &str,
     times: &[(String, Duration)],
     plots: &str,
+    compared: &str,
 ) -> String {
     let mut out = format!(
         "# Benchmarks\n\nThe workspace's mechanisms measured end to end on real KVM, each against \
@@ -268,12 +279,19 @@ pub fn report(
         times_line(times)
     );
     out.push_str(&summary(tables));
+    out.push_str(compared);
     for t in tables {
         out.push_str(&t.markdown());
         out.push('\n');
         out.push_str(&t.plot_links(plots));
     }
     out
+}
+
+/// The JSON of a report's tables, beside it: `all.json` beside `all.md`
+/// (a JSON report is its own).
+pub fn json_beside(report: &std::path::Path) -> std::path::PathBuf {
+    report.with_extension("json")
 }
 
 /// The folder of a report's plots, beside it: `all.md`'s are in
@@ -357,6 +375,7 @@ mod tests {
             "Host: -",
             &[],
             "all-plots",
+            "",
         );
         let top = report.find("- *met*: g. Measured: 0.5x Firecracker's: met.");
         let table = report.find("### timer: x");
@@ -392,6 +411,7 @@ mod tests {
             "Host: -",
             &times,
             "all-plots",
+            "",
         );
         assert!(
             report.contains("Scenario times: halt 121 s, migrate 4 s."),

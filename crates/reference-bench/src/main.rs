@@ -52,6 +52,16 @@ struct BenchArgs {
     /// `fc-snapshot` [without it its goal says how to build it].
     #[arg(long, value_name = "PATH")]
     patched_firecracker: Option<PathBuf>,
+    /// Compare each figure with this earlier run's (the JSON the bench
+    /// writes beside a Markdown report, or a --json report; BENCHMARKS.json
+    /// is BENCHMARKS.md's) [default: the earlier report at --out, if any].
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
+    /// Run only the variants whose row's name holds NAME (any case), in
+    /// halt, timer, sched, migrate and snapshot (with `all`: only those);
+    /// the goals, which need other rows, are left out.
+    #[arg(long, value_name = "NAME")]
+    only: Option<String>,
 }
 
 impl BenchArgs {
@@ -81,9 +91,11 @@ impl BenchArgs {
                 ("--firecracker", &self.firecracker),
                 ("--patched-cloud-hypervisor", &self.patched_cloud_hypervisor),
                 ("--patched-firecracker", &self.patched_firecracker),
+                ("--baseline", &self.baseline),
             ]
             .into_iter()
             .filter_map(|(flag, path)| Some(format!(" {flag} {}", path.as_ref()?.display())))
+            .chain(self.only.as_ref().map(|name| format!(" --only {name:?}")))
             .collect::<String>()
         )
     }
@@ -98,12 +110,40 @@ impl BenchArgs {
         })
     }
 
+    /// The earlier run to compare with: `--baseline`, else the last report
+    /// written where this one goes (`None`, with why, if there is none).
+    fn baseline(&self) -> Result<Result<bench::compare::Baseline, String>, String> {
+        match &self.baseline {
+            Some(path) => bench::compare::Baseline::load(path).map(Ok),
+            None => {
+                let earlier = bench::json_beside(&self.out());
+                Ok(match earlier.is_file() {
+                    true => bench::compare::Baseline::load(&earlier),
+                    false => Err(format!(
+                        "No earlier report at {} to compare with (--baseline FILE names one; \
+                         BENCHMARKS.json is BENCHMARKS.md's).",
+                        earlier.display()
+                    )),
+                })
+            }
+        }
+    }
+
     fn check(&self) -> Result<(), String> {
         if self.update_benchmarks_md && self.scenario != Scenario::All {
             return Err("--update-benchmarks-md is for `all`, whose report it is".into());
         }
         if self.update_benchmarks_md && self.quick {
             return Err("--update-benchmarks-md takes a full run, not --quick".into());
+        }
+        if self.only.is_some() && !self.scenario.takes_only() {
+            return Err(format!(
+                "--only is for halt, timer, sched, migrate and snapshot; {} runs whole",
+                self.scenario.name()
+            ));
+        }
+        if self.only.is_some() && self.update_benchmarks_md {
+            return Err("--update-benchmarks-md takes every variant, not --only".into());
         }
         for (flag, path) in [
             ("--qemu", &self.qemu),
@@ -164,6 +204,14 @@ enum Scenario {
 }
 
 impl Scenario {
+    /// Whether its variants can be chosen with `--only`.
+    fn takes_only(self) -> bool {
+        matches!(
+            self,
+            Self::Halt | Self::Timer | Self::Sched | Self::Migrate | Self::Snapshot | Self::All
+        )
+    }
+
     /// As typed on the command line.
     fn name(self) -> String {
         clap::ValueEnum::to_possible_value(&self)
@@ -207,11 +255,12 @@ impl Failure {
 
 /// What a run has to report so far: the scenarios that finished, their
 /// times, and the one running.
-#[derive(Default)]
 struct Finished {
     tables: Vec<bench::Table>,
     times: Vec<(String, Duration)>,
     running: String,
+    /// The earlier run its figures are compared with, or why there is none.
+    baseline: Result<bench::compare::Baseline, String>,
 }
 
 /// The report of `finished` (Markdown, its plots in `plots`), and what
@@ -224,6 +273,10 @@ fn render(
     plots: &Path,
 ) -> (String, String) {
     let folder = plots.file_name().unwrap_or_default().to_string_lossy();
+    let compared = match &finished.baseline {
+        Ok(baseline) => baseline.section(&finished.tables),
+        Err(why) => format!("{why}\n\n"),
+    };
     let markdown = bench::report(
         &finished.tables,
         &args.command(std::env::var_os(bench::peer_run::PEERS_DIR).as_deref()),
@@ -231,6 +284,7 @@ fn render(
         note,
         &finished.times,
         &folder,
+        &compared,
     );
     let output = if args.json {
         let items: Vec<_> = finished.tables.iter().map(bench::Table::json).collect();
@@ -286,10 +340,16 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
         firecracker: args.firecracker.as_deref(),
         patched_cloud_hypervisor: args.patched_cloud_hypervisor.as_deref(),
         patched_firecracker: args.patched_firecracker.as_deref(),
+        only: args.only.as_deref(),
     };
     let start = Instant::now();
     let whole_run = bench::HostLoad::start();
-    let finished = Arc::new(Mutex::new(Finished::default()));
+    let finished = Arc::new(Mutex::new(Finished {
+        tables: Vec::new(),
+        times: Vec::new(),
+        running: String::new(),
+        baseline: args.baseline().map_err(Failure::usage)?,
+    }));
     stop_writing_what_finished(&args, finished.clone(), start)?;
     let lock = || finished.lock().unwrap_or_else(PoisonError::into_inner);
     let mut progress = |what: &str| eprintln!("[{:6.1} s] {what}", start.elapsed().as_secs_f64());
@@ -299,6 +359,12 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
         Scenario::CloudHypervisor => &[Scenario::ChHalt, Scenario::ChMigrate],
         _ => std::slice::from_ref(&args.scenario),
     };
+    let chosen: Vec<Scenario> = scenarios
+        .iter()
+        .copied()
+        .filter(|s| args.only.is_none() || s.takes_only())
+        .collect();
+    let scenarios = &chosen[..];
     let mut estimate = Estimate::from_benchmarks_md(scenarios, args.quick);
     eprintln!("{}", estimate.before());
     let mut failed = None;
@@ -322,6 +388,9 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
         };
         match table {
             Ok(mut t) => {
+                if let Some(only) = &args.only {
+                    leave_out_goals(&mut t, only);
+                }
                 t.note(host.note());
                 // The tables as each scenario finishes; the report at the end.
                 eprintln!("\n{}", t.markdown());
@@ -383,6 +452,17 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
         }
         (None, _) => Ok(()),
     }
+}
+
+/// A table of a run with `--only`: its goals, which need rows that did
+/// not run, are left out, saying so.
+fn leave_out_goals(t: &mut bench::Table, only: &str) {
+    t.notes.retain(|n| !n.starts_with("Goal"));
+    t.peer_goals.clear();
+    t.note(format!(
+        "Run with --only {only}: only the rows named so ran, and the goals, which need the \
+         others, are left out."
+    ));
 }
 
 /// How long a bench run should take: each scenario's time in the
@@ -474,12 +554,21 @@ impl Estimate {
     }
 }
 
-/// Writes the report and, beside it, its tables' plots.
+/// Writes the report and, beside it, its tables' plots and (beside a
+/// Markdown one) its tables as JSON, for the next run to compare with.
 fn write_report(path: &Path, text: &str, tables: &[bench::Table]) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(path, text)?;
+    let json = bench::json_beside(path);
+    if json != path {
+        let items: Vec<_> = tables.iter().map(bench::Table::json).collect();
+        std::fs::write(
+            json,
+            serde_json::to_string_pretty(&items).unwrap_or_default() + "\n",
+        )?;
+    }
     bench::write_plots(&bench::plots_folder(path), tables)
 }
 
@@ -567,5 +656,15 @@ mod tests {
         );
         let json = BenchArgs::parse_from(["reference-bench", "all", "--json"]);
         assert!(json.out().ends_with("target/bench/all.json"));
+        let only = ["reference-bench", "halt", "--only", "kvm's lapic"];
+        let only = BenchArgs::parse_from(only.into_iter().chain(["--baseline", "B.json"]));
+        assert_eq!(
+            only.command(None),
+            "cargo run --release -p reference-bench -- halt --baseline B.json --only \"kvm's \
+             lapic\""
+        );
+        assert!(only.check().is_ok());
+        let rcu = BenchArgs::parse_from(["reference-bench", "rcu", "--only", "x"]);
+        assert!(rcu.check().unwrap_err().contains("--only is for halt"));
     }
 }

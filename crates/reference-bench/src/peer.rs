@@ -168,8 +168,9 @@ impl PeerKind {
 /// The peer VMMs found when a scenario started.
 pub struct Peers {
     qemu: Option<Qemu>,
-    /// Why QEMU's own APIC cannot run the guests here, if it cannot.
-    qemu_own_apic: Option<&'static str>,
+    /// Why QEMU's own APIC cannot run the guests here, if it cannot:
+    /// probed when a row of it is first asked for.
+    qemu_own_apic: std::sync::OnceLock<Option<&'static str>>,
     cloud_hypervisor: Option<CloudHypervisor>,
     firecracker: Option<Firecracker>,
 }
@@ -206,21 +207,28 @@ fn probe_own_apic(qemu: &Qemu) -> Option<&'static str> {
 
 impl Peers {
     /// Each peer from the options, else found ([`Options::qemu`] and the
-    /// others); QEMU's own APIC probed once ([`probe_own_apic`]).
+    /// others).
     pub fn find(opts: Options) -> Self {
-        let qemu = opts.qemu();
         Self {
-            qemu_own_apic: qemu.as_ref().and_then(probe_own_apic),
-            qemu,
+            qemu: opts.qemu(),
+            qemu_own_apic: std::sync::OnceLock::new(),
             cloud_hypervisor: opts.cloud_hypervisor(),
             firecracker: opts.firecracker(),
         }
     }
 
+    /// Why QEMU's own APIC cannot run here, if QEMU was found and it
+    /// cannot ([`probe_own_apic`], once per process).
+    fn own_apic_unable(&self) -> Option<&'static str> {
+        *self
+            .qemu_own_apic
+            .get_or_init(|| self.qemu.as_ref().and_then(probe_own_apic))
+    }
+
     /// `kind`, if its binary was found and can run here.
     pub fn vmm(&self, kind: PeerKind) -> Option<PeerVmm<'_>> {
         match kind {
-            PeerKind::Qemu(QemuApic::User) if self.qemu_own_apic.is_some() => None,
+            PeerKind::Qemu(QemuApic::User) if self.own_apic_unable().is_some() => None,
             PeerKind::Qemu(apic) => self.qemu.as_ref().map(|q| PeerVmm::Qemu(q, apic)),
             PeerKind::CloudHypervisor => {
                 self.cloud_hypervisor.as_ref().map(PeerVmm::CloudHypervisor)
@@ -247,7 +255,9 @@ impl Peers {
                 None => format!("{vmm}: not found"),
             })
             .collect();
-        let own_apic = self.qemu_own_apic.map_or(String::new(), |why| {
+        // Where the scenario asked for QEMU's own APIC.
+        let unable = self.qemu_own_apic.get().copied().flatten();
+        let own_apic = unable.map_or(String::new(), |why| {
             format!(" QEMU's own APIC (kernel-irqchip=off): not run, as {why}.")
         });
         format!("Peers in this run: {}.{own_apic}", described.join("; "))
@@ -266,7 +276,7 @@ impl Peers {
     /// What the scenario saw of `kind`, whose run failed with `failure`.
     pub fn seen<'a>(&self, kind: PeerKind, failure: Option<&'a str>) -> PeerSeen<'a> {
         let cannot_run = match kind {
-            PeerKind::Qemu(QemuApic::User) => self.qemu_own_apic,
+            PeerKind::Qemu(QemuApic::User) => self.own_apic_unable(),
             _ => None,
         };
         PeerSeen {
@@ -382,7 +392,7 @@ mod tests {
     fn peers_not_found_are_named_in_the_note_and_their_goals_say_how_to_get_them() {
         let none = Peers {
             qemu: None,
-            qemu_own_apic: None,
+            qemu_own_apic: Default::default(),
             cloud_hypervisor: None,
             firecracker: None,
         };
@@ -396,6 +406,8 @@ mod tests {
         assert!(seen.why().contains("--cloud-hypervisor"), "{}", seen.why());
         let qemu = Peers {
             qemu: Some(Qemu::at("/bin/true")),
+            // Probed, and found able.
+            qemu_own_apic: std::sync::OnceLock::from(None),
             ..none
         };
         assert!(
@@ -409,7 +421,7 @@ mod tests {
         );
         // QEMU's own APIC, found unable to run here: no rows, and why.
         let halting = Peers {
-            qemu_own_apic: Some("it stopped at the first HLT"),
+            qemu_own_apic: Some("it stopped at the first HLT").into(),
             ..qemu
         };
         let own = PeerKind::Qemu(QemuApic::User);

@@ -55,7 +55,7 @@ fn lookups(opts: Options, progress: &mut dyn FnMut(&str), t: &mut Table) -> Resu
         t.row(vec![
             Cell::text("bus read + device write per exit (ns)"),
             Cell::text(bus.to_string()),
-            Cell::num(ns[i].median(), 0),
+            Cell::runs(&ns[i], 0),
             Cell::ratio(&ns[i].ratio_to(&ns[0])),
         ]);
     }
@@ -131,7 +131,7 @@ fn grace_periods(
         t.row(vec![
             Cell::text("grace period p50 (µs)"),
             Cell::text(name),
-            Cell::num(p50[i].median(), 1),
+            Cell::runs(&p50[i], 1),
             Cell::ratio(&p50[i].ratio_to(&p50[0])),
         ]);
         t.row(vec![

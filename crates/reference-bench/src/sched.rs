@@ -348,7 +348,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     let probe = WakeProbe::start();
     for rep in 0..opts.reps() {
         for (i, &variant) in VARIANTS.iter().enumerate() {
-            if failures.iter().any(|(v, _)| *v == variant) {
+            if failures.iter().any(|(v, _)| *v == variant) || !opts.runs(&variant.name()) {
                 continue;
             }
             progress(&format!(
@@ -415,9 +415,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         let base = baseline_of(*variant);
         t.row(vec![
             Cell::text(variant.name()),
-            Cell::num(rate[i].median(), 0),
+            Cell::runs(&rate[i], 0),
             Cell::ratio(&rate[i].ratio_to(&rate[base])),
-            Cell::num(hog_rate[i].median(), 0),
+            Cell::runs(&hog_rate[i], 0),
             Cell::ratio(&hog_rate[i].ratio_to(&hog_rate[base])),
             match boosts {
                 true => Cell::num(longest_boost_us[i].range().1, 0),

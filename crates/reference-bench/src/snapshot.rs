@@ -316,7 +316,9 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 Variant::CloudHypervisor => Some(PeerKind::CloudHypervisor),
                 Variant::Firecracker { .. } => Some(PeerKind::Firecracker),
             };
-            if kind.is_some_and(|k| failures.iter().any(|(f, _)| *f == k)) {
+            if kind.is_some_and(|k| failures.iter().any(|(f, _)| *f == k))
+                || !opts.runs(name(variant))
+            {
                 continue;
             }
             let mut announce = || progress(&format!("snapshot: {}, run {rep}", name(variant)));
@@ -400,7 +402,7 @@ fn rows(t: &mut Table, variant: Variant, c: &Cells, mem_mib: u64, expected: u64)
                 "{:.0} %",
                 100.0 * bytes / (mem_mib as f64 * 1048576.0)
             )),
-            Cell::num(c.pause_ms[i].median(), 1),
+            Cell::runs(&c.pause_ms[i], 1),
             Cell::text(restored),
         ]);
     }
@@ -539,6 +541,7 @@ mod tests {
             firecracker: Some(Path::new("/nonexistent")),
             patched_cloud_hypervisor: None,
             patched_firecracker: None,
+            only: None,
         });
         let mut ours = Cells::default();
         ours.add(sample(&[20 << 20], 30, 5600));
@@ -554,6 +557,7 @@ mod tests {
                 firecracker: None,
                 patched_cloud_hypervisor: None,
                 patched_firecracker: None,
+                only: None,
             },
             &none,
             &cells,

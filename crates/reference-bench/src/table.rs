@@ -14,6 +14,10 @@ pub struct Cell {
     pub text: String,
     /// As a number.
     pub value: Option<f64>,
+    /// The smallest and largest of the runs it is the median of, where it
+    /// is one: a later report's figure moved if its runs and these do not
+    /// overlap ([`crate::compare`]).
+    pub spread: Option<(f64, f64)>,
 }
 
 impl Cell {
@@ -22,6 +26,7 @@ impl Cell {
         Self {
             text: text.into(),
             value: None,
+            spread: None,
         }
     }
 
@@ -30,18 +35,36 @@ impl Cell {
         Self {
             text: format!("{value:.decimals$}"),
             value: Some(value),
+            spread: None,
+        }
+    }
+
+    /// The median of `runs` printed with `decimals` decimals, keeping their
+    /// spread.
+    pub fn runs(runs: &Runs, decimals: usize) -> Self {
+        Self {
+            spread: Some(runs.range()).filter(|(lo, hi)| lo.is_finite() && hi.is_finite()),
+            ..Self::num(runs.median(), decimals)
         }
     }
 
     /// A ratio over runs, printed as its median and spread, `1.23x
     /// (1.10-1.31x)`; its number is the median.
     pub fn ratio(runs: &Runs) -> Self {
+        if runs.median().is_nan() {
+            // Its baseline did not run (`--only`).
+            return Self::text("-");
+        }
         Self {
             text: runs.ratio_text(),
             value: Some(runs.median()),
+            spread: Some(runs.range()).filter(|(lo, hi)| lo.is_finite() && hi.is_finite()),
         }
     }
 }
+
+/// The key of a JSON row's spreads: column, then `[min, max]` of the runs.
+pub const SPREAD: &str = "spread (min, max over runs)";
 
 /// A scenario's table.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -149,7 +172,17 @@ impl Table {
                     };
                     (column.clone(), value)
                 });
-                Value::Object(cells.collect())
+                let mut object: serde_json::Map<String, Value> = cells.collect();
+                let spreads: serde_json::Map<String, Value> = self
+                    .columns
+                    .iter()
+                    .zip(row)
+                    .filter_map(|(column, c)| Some((column.clone(), json!(c.spread?))))
+                    .collect();
+                if !spreads.is_empty() {
+                    object.insert(SPREAD.into(), Value::Object(spreads));
+                }
+                Value::Object(object)
             })
             .collect();
         json!({
@@ -183,7 +216,13 @@ mod tests {
         assert_eq!(json["title"], "halt \"x\"");
         assert_eq!(json["columns"], json!(["variant", "µs"]));
         assert_eq!(json["rows"][0], json!({"variant": "own", "µs": 1.234}));
-        assert_eq!(json["rows"][1], json!({"variant": "off", "µs": 2.0}));
+        let spread = json!({"µs": [2.0, 2.0]});
+        assert_eq!(
+            json["rows"][1],
+            json!({"variant": "off", "µs": 2.0, SPREAD: spread})
+        );
+        // A ratio whose baseline did not run has no figure.
+        assert_eq!(Cell::ratio(&Runs(vec![])).text, "-");
         assert_eq!(json["notes"], json!(["goal: met"]));
         t.peer_goal("Goal: against a peer: met.");
         assert_eq!(

@@ -218,18 +218,18 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
                 Cell::text(format!("{period_us} µs")),
                 Cell::text(name),
                 Cell::num(quantile(lat, 0.0), 1),
-                Cell::num(quantile(lat, 0.5), 1),
+                Cell::runs(&p50[i], 1),
                 Cell::num(quantile(lat, 0.99), 1),
                 Cell::num(quantile(lat, 1.0), 1),
                 Cell::text(early.to_string()),
                 match (i == HOST, spin.0.is_empty()) {
                     (true, _) => Cell::text("-"),
                     (false, true) => Cell::text("in kernel"),
-                    (false, false) => Cell::num(spin.median(), 1),
+                    (false, false) => Cell::runs(&spin, 1),
                 },
                 match polling.0.is_empty() {
                     true => Cell::text("-"),
-                    false => Cell::num(polling.median(), 1),
+                    false => Cell::runs(&polling, 1),
                 },
                 Cell::ratio(&p50[i].ratio_to(&p50[NONE])),
                 Cell::text(histogram(lat)),
@@ -304,6 +304,9 @@ fn measure_period(
     let mut runs: Vec<Vec<Run>> = (0..ROWS).map(|_| Vec::new()).collect();
     for rep in 0..opts.reps() {
         for (i, (name, m)) in variants().into_iter().enumerate() {
+            if !opts.runs(&name) {
+                continue;
+            }
             progress(&format!(
                 "timer: {period_us} µs, {name} ({}/{})",
                 rep + 1,
@@ -311,10 +314,13 @@ fn measure_period(
             ));
             runs[i].push(lateness(m, samples, period_ticks)?);
         }
-        progress(&format!("timer: {period_us} µs, {HOST_ROW}"));
-        runs[HOST].push(Run::of_lateness(host_wakeups(samples, period_us)?));
+        if opts.runs(HOST_ROW) {
+            progress(&format!("timer: {period_us} µs, {HOST_ROW}"));
+            runs[HOST].push(Run::of_lateness(host_wakeups(samples, period_us)?));
+        }
         for (k, peer) in peers.iter_mut().enumerate() {
-            let Some(vmm) = peer.vmm.filter(|_| peer.failure.is_none()) else {
+            let chosen = opts.runs(peer.kind.row());
+            let Some(vmm) = peer.vmm.filter(|_| peer.failure.is_none() && chosen) else {
                 continue;
             };
             progress(&format!("timer: {period_us} µs, {}", peer.kind.row()));

@@ -23,7 +23,12 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn bad_arguments_get_a_clear_error_and_status_2() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
+        (&["rcu", "--only", "x"], "--only is for halt, timer, sched"),
+        (
+            &["halt", "--baseline", "/nonexistent/b.json"],
+            "/nonexistent/b.json: No such file",
+        ),
         (&["fly"], "invalid value 'fly'"),
         (&[], "<SCENARIO>"),
         (
@@ -114,18 +119,45 @@ fn a_bench_runs_the_qemu_it_is_given() {
         "--out",
         path.to_str().unwrap(),
     ]);
-    std::fs::remove_dir_all(&dir).unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report = text(&out.stdout);
-    for apic in ["kernel-irqchip=off", "kernel-irqchip=on"] {
-        let failed = "no result, not run again: QEMU exited with status 1";
+    let failed = "QEMU exited with status 1";
+    for (apic, how) in [
+        (
+            "kernel-irqchip=off",
+            "not run, as a ping-pong through the xAPIC page did not run",
+        ),
+        ("kernel-irqchip=on", "no result, not run again"),
+    ] {
         assert!(
             report
                 .lines()
-                .any(|line| line.contains(apic) && line.contains(failed)),
+                .any(|line| line.contains(apic) && line.contains(how) && line.contains(failed)),
             "{apic}: {report}"
         );
     }
+    // Run again with one variant, it compares with the first run's figures.
+    let only = [
+        "sched",
+        "--quick",
+        "--qemu",
+        "/bin/false",
+        "--only",
+        "none",
+        "--out",
+    ];
+    let again = bench(&[&only[..], &[path.to_str().unwrap()]].concat());
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let second = text(&again.stdout);
+    let against = format!("## Against {}", dir.join("sched.json").display());
+    assert!(second.contains(&against), "{second}");
+    assert!(second.contains(" figures compared; "), "{second}");
+    assert!(
+        second.contains("Run with --only none: only the rows named so ran"),
+        "{second}"
+    );
+    assert!(!second.contains("\nGoal"), "no goals with --only: {second}");
     assert!(
         report.contains("--qemu /bin/false"),
         "the command: {report}"

@@ -25,6 +25,7 @@ fn quick<'a>(ch: Option<&'a Path>, fc: Option<&'a Path>) -> Options<'a> {
         firecracker: None,
         patched_cloud_hypervisor: ch,
         patched_firecracker: fc,
+        only: None,
     }
 }
 

@@ -22,6 +22,7 @@ const QUICK: Options = Options {
     firecracker: None,
     patched_cloud_hypervisor: None,
     patched_firecracker: None,
+    only: None,
 };
 
 /// Every cell that has a number has a finite one: nothing was left unmeasured.
@@ -147,6 +148,7 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
         "Host: -",
         &[("dirty".to_owned(), Duration::from_secs(1))],
         "dirty-plots",
+        "",
     );
     assert!(report.contains("`bench dirty --quick` (1 s)") && report.contains("### dirty"));
 }

@@ -221,7 +221,7 @@ impl Cells {
     fn median(runs: &Runs, decimals: usize) -> Cell {
         match runs.0.is_empty() {
             true => Cell::text("-"),
-            false => Cell::num(runs.median(), decimals),
+            false => Cell::runs(&runs, decimals),
         }
     }
 }
@@ -597,19 +597,33 @@ fn measure(
         progress(&format!("migrate: {rate}, run {rep} without a move"));
         let alone = Vm::new(&unmoved(config))?.run(program(), Box::new(std::io::sink()))?;
         baseline.push(guest_stall_ms(&alone));
-        for (v, cell) in variants.iter().zip(&mut cells) {
+        for (v, cell) in variants
+            .iter()
+            .zip(&mut cells)
+            .filter(|(v, _)| opts.runs(v.label))
+        {
             progress(&format!("migrate: {rate}, {}, run {rep}", v.label));
             // --quick compares in its one run, and times that run.
             cell.add(move_with(config, v, links, opts.quick))?;
         }
     }
-    for (v, cell) in variants.iter().zip(&mut cells).filter(|_| !opts.quick) {
+    let chosen = |(v, _): &(&Variant, _)| opts.runs(v.label);
+    for (v, cell) in variants
+        .iter()
+        .zip(&mut cells)
+        .filter(|_| !opts.quick)
+        .filter(chosen)
+    {
         progress(&format!("migrate: {rate}, {}, memories compared", v.label));
         if let Some(moved) = cell.moved(move_with(config, v, links, true))? {
             cell.differing = moved.differing.unwrap_or(u64::MAX);
         }
     }
-    for (v, c) in variants.iter().zip(&cells) {
+    for (v, c) in variants
+        .iter()
+        .zip(&cells)
+        .filter(|(v, _)| opts.runs(v.label))
+    {
         let mut converged = format!("{} of {}", c.converged, load.reps);
         if c.unfinished > 0 {
             converged += &format!("; {} unfinished", c.unfinished);
@@ -626,7 +640,7 @@ fn measure(
             Cells::median(&c.total_ms, 1),
             Cells::median(&c.downtime_ms, 2),
             Cells::median(&c.stall_ms, 2),
-            Cell::num(baseline.median(), 2),
+            Cell::runs(&baseline, 2),
             Cells::median(&c.non_writer, 0),
             Cell::num(c.differing as f64, 0),
         ]);
