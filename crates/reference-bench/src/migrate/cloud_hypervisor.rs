@@ -299,7 +299,7 @@ pub(crate) fn row(label: &str, rate: &str, c: &PeerCells, reps: usize) -> Vec<Ce
 pub(crate) fn measured(c: &PeerCells, reps: usize) -> [Cell; 4] {
     let median = |runs: &Runs, decimals| match runs.0.is_empty() {
         true => Cell::text("-"),
-        false => Cell::runs(&runs, decimals),
+        false => Cell::runs(runs, decimals),
     };
     let converged = match c.failed {
         0 => format!("{} of {reps}", c.converged),

@@ -221,7 +221,7 @@ impl Cells {
     fn median(runs: &Runs, decimals: usize) -> Cell {
         match runs.0.is_empty() {
             true => Cell::text("-"),
-            false => Cell::runs(&runs, decimals),
+            false => Cell::runs(runs, decimals),
         }
     }
 }
