@@ -267,18 +267,23 @@ pub fn report(
     plots: &str,
     compared: &str,
 ) -> String {
-    let mut out = format!(
-        "# Benchmarks\n\nThe workspace's mechanisms measured end to end on real KVM, each against \
-         its baseline in the same run: through the reference VMM, or inside a peer VMM the \
-         patches in integrations/ put them in.\n\n\
-         Command: `{command}` ({:.0} s).\n\n\
-         Machine: {}. Runs alternate between variants, and ratios compare variants of the same \
-         run.\n\n{host}\n\n{}\n\n",
+    let mut out = "# Benchmarks\n\nThe workspace's mechanisms measured end to end on real KVM, \
+                   each against its baseline in the same run.\n\n"
+        .to_owned();
+    out.push_str(&summary(tables));
+    let how = format!(
+        "Command: `{command}` ({:.0} s). Machine: {}. Runs alternate between variants, and \
+         ratios compare variants of the same run: through the reference VMM, or inside a peer \
+         VMM the patches in integrations/ put them in.",
         took.as_secs_f64(),
         host::machine(),
-        times_line(times)
     );
-    out.push_str(&summary(tables));
+    out.push_str(&format!(
+        "{}\n\n{}\n\n{}\n\n",
+        table::wrap(&how),
+        table::wrap(host),
+        times_line(times)
+    ));
     out.push_str(compared);
     for t in tables {
         out.push_str(&t.markdown());
@@ -377,7 +382,7 @@ mod tests {
             "all-plots",
             "",
         );
-        let top = report.find("- *met*: g. Measured: 0.5x Firecracker's: met.");
+        let top = report.find("- timer, *met*: g. Measured: 0.5x Firecracker's: met.");
         let table = report.find("### timer: x");
         assert!(top.is_some() && top < table, "{report}");
         assert!(

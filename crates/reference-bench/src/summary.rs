@@ -43,8 +43,8 @@ pub fn verdict(goal: &str) -> Verdict {
 }
 
 /// Every goal of `tables` (the notes that start with "Goal"), as a Markdown
-/// section: how many were met, not met and not measured, then each
-/// scenario's goals, the verdict first; empty where no table has a goal.
+/// section: how many were met, not met and not measured, then a line per
+/// goal, its scenario and verdict first; empty where no table has a goal.
 pub fn summary(tables: &[Table]) -> String {
     let goals: Vec<(&str, &str)> = tables
         .iter()
@@ -57,24 +57,20 @@ pub fn summary(tables: &[Table]) -> String {
         return String::new();
     }
     let count = |v: Verdict| goals.iter().filter(|(_, g)| verdict(g) == v).count();
-    let mut out = format!(
-        "## Summary\n\n{} goals: {} met, {} not met, {} not measured. Each goal's line gives \
-         the median and its min-max over the runs; the tables below have the figures.\n",
+    let counts = format!(
+        "{} goals: {} met, {} not met, {} not measured; each gives the median and its min-max \
+         over the runs, the tables below the figures.",
         goals.len(),
         count(Verdict::Met),
         count(Verdict::NotMet),
         count(Verdict::NotMeasured),
     );
-    let mut scenario = "";
+    let mut out = format!("## Summary\n\n{}\n\n", crate::table::wrap(&counts));
     for (name, goal) in goals {
-        if name != scenario {
-            out.push_str(&format!("\n**{name}**\n\n"));
-            scenario = name;
-        }
         let text = goal.strip_prefix("Goal: ").unwrap_or(goal);
-        out.push_str(&format!("- *{}*: {text}\n", verdict(goal).label()));
+        out.push_str(&format!("- {name}, *{}*: {text}\n", verdict(goal).label()));
     }
-    out + "\n## Scenarios\n\n"
+    out + "\n"
 }
 
 #[cfg(test)]
@@ -95,7 +91,7 @@ mod tests {
     }
 
     #[test]
-    fn the_summary_counts_and_groups_every_goal_by_scenario() {
+    fn the_summary_counts_every_goal_and_gives_each_a_line_in_scenario_order() {
         let mut halt = Table::new("halt: x", &["a"]);
         halt.note("setup");
         halt.note("Goal: own. Measured: 1x: not met.");
@@ -104,20 +100,15 @@ mod tests {
         timer.note("Goal: t. Not measured: no KVM.");
         let s = summary(&[halt, timer]);
         assert!(
-            s.starts_with("## Summary\n\n3 goals: 1 met, 1 not met, 1 not measured."),
+            s.starts_with("## Summary\n\n3 goals: 1 met, 1 not met, 1 not measured;"),
             "{s}"
         );
-        let own = s.find("- *not met*: own.").unwrap();
-        let peer = s.find("- *met*: peer.").unwrap();
-        let timer = s.find("**timer**").unwrap();
-        assert!(
-            s.find("**halt**").unwrap() < own && own < peer && peer < timer,
-            "{s}"
-        );
-        assert!(
-            s.contains("- *not measured*: t. Not measured: no KVM."),
-            "{s}"
-        );
+        let own = s.find("- halt, *not met*: own.").unwrap();
+        let peer = s.find("- halt, *met*: peer.").unwrap();
+        let timer = s
+            .find("- timer, *not measured*: t. Not measured: no KVM.")
+            .unwrap();
+        assert!(own < peer && peer < timer, "{s}");
         assert!(!s.contains("setup"), "{s}");
         assert!(summary(&[Table::new("halt: y", &[])]).is_empty());
     }

@@ -63,6 +63,35 @@ impl Cell {
     }
 }
 
+/// How wide the report's prose runs.
+pub const WIDTH: usize = 100;
+
+/// `text` wrapped at [`WIDTH`] columns, between words (a word longer than
+/// that stays whole), paragraph by paragraph: Markdown joins the lines
+/// again.
+pub fn wrap(text: &str) -> String {
+    let paragraphs: Vec<String> = text.split("\n\n").map(wrap_paragraph).collect();
+    paragraphs.join("\n\n")
+}
+
+fn wrap_paragraph(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut column = 0;
+    for word in text.split([' ', '\n']).filter(|w| !w.is_empty()) {
+        let len = word.chars().count();
+        if column > 0 && column + 1 + len > WIDTH {
+            out.push('\n');
+            column = 0;
+        } else if column > 0 {
+            out.push(' ');
+            column += 1;
+        }
+        out.push_str(word);
+        column += len;
+    }
+    out
+}
+
 /// The key of a JSON row's spreads: column, then `[min, max]` of the runs.
 pub const SPREAD: &str = "spread (min, max over runs)";
 
@@ -152,7 +181,7 @@ impl Table {
         }
         out.push('\n');
         for note in &self.notes {
-            let _ = write!(out, "\n{note}\n");
+            let _ = write!(out, "\n{}\n", wrap(note));
         }
         out
     }
@@ -199,6 +228,20 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prose_wraps_between_words_and_keeps_long_words_whole() {
+        let long = "word ".repeat(60);
+        let wrapped = wrap(&long);
+        assert!(
+            wrapped.lines().all(|l| l.chars().count() <= WIDTH),
+            "{wrapped}"
+        );
+        assert_eq!(wrapped.replace('\n', " "), long.trim_end());
+        assert_eq!(wrap("a\nb\n\nc"), "a b\n\nc", "paragraph by paragraph");
+        let url = "x".repeat(150);
+        assert_eq!(wrap(&format!("see {url} now")), format!("see\n{url}\nnow"));
+    }
 
     #[test]
     fn renders_markdown_and_json() {

@@ -17,6 +17,29 @@ fn bench(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// A Markdown report's paragraphs, list items and table rows, each on one
+/// line again (the report wraps its prose).
+fn unwrapped(markdown: &str) -> Vec<String> {
+    let mut units: Vec<String> = Vec::new();
+    let mut open = false;
+    for line in markdown.lines() {
+        let own = line.starts_with("- ") || line.starts_with('|') || line.starts_with('#');
+        match (line.is_empty(), own, open) {
+            (true, _, _) => open = false,
+            (false, true, _) | (false, false, false) => {
+                units.push(line.to_owned());
+                open = !own;
+            }
+            (false, false, true) => {
+                let last = units.last_mut().unwrap();
+                last.push(' ');
+                last.push_str(line);
+            }
+        }
+    }
+    units
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -130,8 +153,8 @@ fn a_bench_runs_the_qemu_it_is_given() {
         ("kernel-irqchip=on", "no result, not run again"),
     ] {
         assert!(
-            report
-                .lines()
+            unwrapped(&report)
+                .iter()
                 .any(|line| line.contains(apic) && line.contains(how) && line.contains(failed)),
             "{apic}: {report}"
         );
@@ -187,7 +210,12 @@ fn a_bench_without_its_peers_says_so_in_its_notes() {
     std::fs::remove_dir_all(&dir).unwrap();
     // Under the table, and again in the summary at the top.
     let absent = "Not measured: no qemu-system-x86_64 was on PATH when this scenario started";
-    let goals = |what: &str| notes.lines().filter(|l| l.contains(what)).count();
+    let goals = |what: &str| {
+        unwrapped(&notes)
+            .iter()
+            .filter(|l| l.contains(what))
+            .count()
+    };
     assert_eq!(goals(absent), 2 * 2, "{notes}");
     for peer in ["cloud-hypervisor", "firecracker"] {
         let absent = format!("Not measured: no {peer} was found");
