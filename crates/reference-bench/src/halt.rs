@@ -12,7 +12,10 @@
 
 use std::process::{Child, Command, Stdio};
 
-use crate::peer::{PeerKind, PeerSeen, PeerVmm, Peers, goal_against_qemu, run_image};
+use crate::peer::{
+    Figure, PeerFigure, PeerKind, PeerSeen, PeerVmm, Peers, goal_against_each, goal_against_qemu,
+    run_image,
+};
 use crate::peer_run::{PeerError, PeerRun};
 use crate::timer::cyclictest;
 use halt_poll::kvm::TunerConfig;
@@ -168,6 +171,11 @@ impl Workload {
 }
 
 impl Workload {
+    /// Whether its vCPUs halt (all but the spinning ping-pong's).
+    fn halts(self) -> bool {
+        self != Self::XapicSpinning
+    }
+
     /// Whether it runs through the xAPIC page, beside QEMU.
     fn is_xapic(self) -> bool {
         matches!(self, Self::XapicPingPong | Self::XapicSpinning)
@@ -395,7 +403,9 @@ impl Variant {
         opts: Options,
     ) -> Option<Result<Sample, Error>> {
         match self {
-            Self::Peer(kind) => peers.vmm(kind).map(|vmm| peer_run(vmm, workload, opts)),
+            Self::Peer(kind) => peers
+                .vmm_for(kind, workload.halts())
+                .map(|vmm| peer_run(vmm, workload, opts)),
             _ => Some(workload.run(self.choices(), opts)),
         }
     }
@@ -510,7 +520,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         let failure = peer_failures
             .iter()
             .find(|&&(w, v, _)| (w, v) == (workload, Variant::Peer(kind)));
-        peers.seen(kind, failure.map(|(_, _, e)| e.as_str()))
+        peers.seen(kind, failure.map(|(_, _, e)| e.as_str()), workload.halts())
     };
     notes(&mut t, opts, &cells, &peer);
     t.note(peers.note());
@@ -662,9 +672,14 @@ fn notes<'a>(
             &cells[index_of(workload)],
         ));
     }
-    for kind in PeerKind::RUST {
-        t.peer_goal(best_against_peer(kind, cells, peer));
-    }
+    let figures = PeerKind::RUST.map(|kind| best_against_peer(kind, cells, peer));
+    t.peer_goal(goal_against_each(
+        "on every workload, this VMM's best (the lowest latency of --irqchip kernel with the \
+         budget tuner, tuned, budget:0.05 or budget:0.2, and of guest-side polling where the \
+         workload has it) at most each peer's latency, at no more process CPU per wake-up, the \
+         peers on KVM's LAPIC",
+        &figures,
+    ));
     t.note("Cloud Hypervisor and Firecracker halt on KVM's LAPIC with KVM's own halt polling and its default window (halt_poll_ns), the mechanism this VMM's --irqchip kernel rows run and the budget tuner sets; guest-side polling, the family's own, keeps the ping-pong's wake-ups in the guest.");
     let pingpong = &cells[0];
     let speedup = pingpong
@@ -734,22 +749,20 @@ fn best_of(workload: Workload, c: &Cells) -> Option<Variant> {
         })
 }
 
-/// The goal against peer `kind` on every workload it runs: this VMM's best
-/// at most the peer's latency, at no more process CPU per wake-up (the
-/// peer's polling is inside its process CPU, which is all it tells).
+/// Against peer `kind` on every workload it runs: this VMM's best at most
+/// the peer's latency, at no more process CPU per wake-up (the peer's
+/// polling is inside its process CPU, which is all it tells).
 fn best_against_peer<'a>(
     kind: PeerKind,
     cells: &[Cells],
     peer: &dyn Fn(Workload, PeerKind) -> PeerSeen<'a>,
-) -> String {
-    let asks = format!(
-        "on every workload, this VMM's best (the lowest latency of --irqchip kernel with the \
-         budget tuner, tuned, budget:0.05 or budget:0.2, and of guest-side polling where the \
-         workload has it) at most {}'s latency, at no more process CPU per wake-up",
-        kind.vmm()
-    );
+) -> PeerFigure {
+    let vmm = kind.vmm();
     if !peer(PEER_WORKLOADS[0], kind).found {
-        return format!("Goal: {asks}. Not measured: {}.", kind.absent());
+        return PeerFigure {
+            vmm,
+            outcome: Err(kind.absent()),
+        };
     }
     let theirs = index(Variant::Peer(kind));
     let (mut parts, mut unmeasured) = (Vec::new(), Vec::new());
@@ -787,13 +800,23 @@ fn best_against_peer<'a>(
         ));
     }
     if parts.is_empty() {
-        return format!("Goal: {asks}. Not measured: {}.", unmeasured.join("; "));
+        return PeerFigure {
+            vmm,
+            outcome: Err(unmeasured.join("; ")),
+        };
     }
-    let mut line = goal(&asks, &parts.join("; "), met, &each.unwrap_or_default());
+    let mut measured = parts.join("; ");
     if !unmeasured.is_empty() {
-        line += &format!(" Not measured: {}.", unmeasured.join("; "));
+        measured += &format!(" (no figure for {})", unmeasured.join("; "));
     }
-    line
+    PeerFigure {
+        vmm,
+        outcome: Ok(Figure {
+            measured,
+            met,
+            runs_met: each.unwrap_or_default(),
+        }),
+    }
 }
 
 /// Predictive against the presets, on every workload that runs them.
@@ -1018,19 +1041,22 @@ mod tests {
                 failure: Some("it stopped"),
             }
         };
-        let line = best_against_peer(PeerKind::CloudHypervisor, &cells, &seen(true));
+        let figure = best_against_peer(PeerKind::CloudHypervisor, &cells, &seen(true));
+        let line = goal_against_each("best", &[figure]);
         assert!(
             line.contains("ping-pong: guest-side polling, predictive window, latency 0.0083x"),
             "{line}"
         );
-        assert!(line.contains(": met. Not measured: idle timer"), "{line}");
+        assert!(line.contains("(no figure for idle timer"), "{line}");
+        assert!(line.ends_with("(met): met."), "{line}");
         assert!(
             line.contains("Cloud Hypervisor failed in this run: it stopped"),
             "{line}"
         );
         let absent = best_against_peer(PeerKind::Firecracker, &cells, &seen(false));
+        let absent = goal_against_each("best", &[absent]);
         assert!(
-            absent.contains("Not measured: no firecracker was found"),
+            absent.contains("Not measured: Firecracker: no firecracker was found"),
             "{absent}"
         );
     }

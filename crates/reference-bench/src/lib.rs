@@ -267,14 +267,13 @@ pub fn report(
     plots: &str,
     compared: &str,
 ) -> String {
-    let mut out = "# Benchmarks\n\nThe workspace's mechanisms measured end to end on real KVM, \
-                   each against its baseline in the same run.\n\n"
-        .to_owned();
-    out.push_str(&summary(tables));
+    let mut out = summary(tables);
     let how = format!(
-        "Command: `{command}` ({:.0} s). Machine: {}. Runs alternate between variants, and \
-         ratios compare variants of the same run: through the reference VMM, or inside a peer \
-         VMM the patches in integrations/ put them in.",
+        "The workspace's mechanisms measured end to end on real KVM, each against its baseline \
+         in the same run: through the reference VMM, or inside a peer VMM the patches in \
+         integrations/ put them in. Each goal above gives the median and its min-max over the \
+         runs; the tables below have the figures. Command: `{command}` ({:.0} s). Machine: {}. \
+         Runs alternate between variants, and ratios compare variants of the same run.",
         took.as_secs_f64(),
         host::machine(),
     );

@@ -168,26 +168,28 @@ impl PeerKind {
 /// The peer VMMs found when a scenario started.
 pub struct Peers {
     qemu: Option<Qemu>,
-    /// Why QEMU's own APIC cannot run the guests here, if it cannot:
-    /// probed when a row of it is first asked for.
+    /// Why QEMU's own APIC cannot run a guest that halts here, if it
+    /// cannot: probed when such a row is first asked for.
     qemu_own_apic: std::sync::OnceLock<Option<&'static str>>,
     cloud_hypervisor: Option<CloudHypervisor>,
     firecracker: Option<Firecracker>,
 }
 
-/// How long the probe of QEMU's own APIC may take (a guest that halts
-/// once ends in milliseconds where it works).
+/// How long the probe of QEMU's own APIC may take (its round trips end in
+/// well under a second where it works).
 pub const OWN_APIC_PROBE: Duration = Duration::from_secs(10);
 
-/// Whether QEMU's own APIC runs its rows' guest, tried once per process
-/// with ten round trips: on a host where KVM emulates the guest's kernel
-/// mode (PVM), QEMU 7.2's userspace APIC stops at the first HLT, and every
-/// row of it would spend its whole timeout to say so.
+/// Whether QEMU's own APIC runs a guest that halts, tried once per process
+/// with a thousand round trips (a few may miss their halt, not all): on a
+/// host where KVM emulates the guest's kernel mode (PVM), QEMU 7.2's
+/// userspace APIC stops at a halted vCPU's wake-up, and every row of it
+/// whose guest halts would spend its whole timeout to say so. Its guests
+/// that spin run.
 fn probe_own_apic(qemu: &Qemu) -> Option<&'static str> {
     static PROBED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    // pingpong: 10 round trips through the xAPIC page (QEMU's own APIC
-    // has no x2APIC), halting between.
-    const PING_PONG: [u64; 7] = [10, 0, 0, 0, 0, 1, 0];
+    // pingpong through the xAPIC page (QEMU's own APIC has no x2APIC),
+    // halting between round trips.
+    const PING_PONG: [u64; 7] = [1000, 0, 0, 0, 0, 1, 0];
     PROBED
         .get_or_init(|| {
             let ran = ImageFile::write("pingpong", 2, 64, &PING_PONG).and_then(|image| {
@@ -196,8 +198,8 @@ fn probe_own_apic(qemu: &Qemu) -> Option<&'static str> {
             });
             ran.err().map(|e| {
                 format!(
-                    "a ping-pong through the xAPIC page did not run on it here (a {}-second \
-                     probe: {e})",
+                    "a ping-pong through the xAPIC page, halting between round trips, did not \
+                     run on it here (a {}-second probe: {e})",
                     OWN_APIC_PROBE.as_secs()
                 )
             })
@@ -217,18 +219,29 @@ impl Peers {
         }
     }
 
-    /// Why QEMU's own APIC cannot run here, if QEMU was found and it
-    /// cannot ([`probe_own_apic`], once per process).
-    fn own_apic_unable(&self) -> Option<&'static str> {
-        *self
-            .qemu_own_apic
-            .get_or_init(|| self.qemu.as_ref().and_then(probe_own_apic))
+    /// Why `kind` cannot run a guest that halts here, if it cannot:
+    /// QEMU's own APIC, probed once per process ([`probe_own_apic`]).
+    pub fn halting_fails(&self, kind: PeerKind) -> Option<&'static str> {
+        match kind {
+            PeerKind::Qemu(QemuApic::User) => *self
+                .qemu_own_apic
+                .get_or_init(|| self.qemu.as_ref().and_then(probe_own_apic)),
+            _ => None,
+        }
     }
 
-    /// `kind`, if its binary was found and can run here.
+    /// `kind` for a row whose guest halts (`halts`), if its binary was
+    /// found and can run that here.
+    pub fn vmm_for(&self, kind: PeerKind, halts: bool) -> Option<PeerVmm<'_>> {
+        match halts && self.halting_fails(kind).is_some() {
+            true => None,
+            false => self.vmm(kind),
+        }
+    }
+
+    /// `kind`, if its binary was found.
     pub fn vmm(&self, kind: PeerKind) -> Option<PeerVmm<'_>> {
         match kind {
-            PeerKind::Qemu(QemuApic::User) if self.own_apic_unable().is_some() => None,
             PeerKind::Qemu(apic) => self.qemu.as_ref().map(|q| PeerVmm::Qemu(q, apic)),
             PeerKind::CloudHypervisor => {
                 self.cloud_hypervisor.as_ref().map(PeerVmm::CloudHypervisor)
@@ -258,7 +271,9 @@ impl Peers {
         // Where the scenario asked for QEMU's own APIC.
         let unable = self.qemu_own_apic.get().copied().flatten();
         let own_apic = unable.map_or(String::new(), |why| {
-            format!(" QEMU's own APIC (kernel-irqchip=off): not run, as {why}.")
+            format!(
+                " QEMU's own APIC (kernel-irqchip=off): rows whose guest halts not run, as {why}."
+            )
         });
         format!("Peers in this run: {}.{own_apic}", described.join("; "))
     }
@@ -273,16 +288,14 @@ impl Peers {
         self.firecracker.as_ref()
     }
 
-    /// What the scenario saw of `kind`, whose run failed with `failure`.
-    pub fn seen<'a>(&self, kind: PeerKind, failure: Option<&'a str>) -> PeerSeen<'a> {
-        let cannot_run = match kind {
-            PeerKind::Qemu(QemuApic::User) => self.own_apic_unable(),
-            _ => None,
-        };
+    /// What the scenario saw of `kind`, whose run failed with `failure`
+    /// (or, where the row's guest halts, `halts`, was not run: why).
+    pub fn seen<'a>(&self, kind: PeerKind, failure: Option<&'a str>, halts: bool) -> PeerSeen<'a> {
+        let not_run = halts.then(|| self.qemu_own_apic.get().copied().flatten());
         PeerSeen {
             kind,
-            found: self.vmm(kind).is_some() || cannot_run.is_some(),
-            failure: cannot_run.or(failure),
+            found: self.vmm(kind).is_some(),
+            failure: failure.or(not_run.flatten()),
         }
     }
 }
@@ -330,6 +343,90 @@ pub fn goal_against_peer(
         met(ratio.median()),
         &ratio.each(met),
     )
+}
+
+/// A peer's part in a goal against several peers: what was measured of
+/// it, or why there is no figure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerFigure {
+    /// The peer, as goals name it ([`PeerKind::vmm`]).
+    pub vmm: &'static str,
+    /// Its figure, or why there is none.
+    pub outcome: Result<Figure, String>,
+}
+
+/// What was measured against one peer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Figure {
+    /// The figures, as the goal line gives them.
+    pub measured: String,
+    /// Whether the median met the goal.
+    pub met: bool,
+    /// Whether each run met it on its own.
+    pub runs_met: Vec<bool>,
+}
+
+/// This VMM's runs `ours` against a peer's `theirs` (seen as `seen`), met
+/// where `met` holds for the ratio.
+pub fn figure_against(
+    seen: PeerSeen,
+    ours: &Runs,
+    theirs: &Runs,
+    met: impl Fn(f64) -> bool,
+) -> PeerFigure {
+    let outcome = match theirs.0.is_empty() {
+        true => Err(seen.why()),
+        false => {
+            let ratio = ours.ratio_to(theirs);
+            Ok(Figure {
+                measured: format!("{} {}'s", ratio.ratio_text(), seen.kind.vmm()),
+                met: met(ratio.median()),
+                runs_met: ratio.each(met),
+            })
+        }
+    };
+    PeerFigure {
+        vmm: seen.kind.vmm(),
+        outcome,
+    }
+}
+
+/// One goal, `asks`, against each peer in `figures` (one line in the
+/// report's summary for the whole comparison): met where every peer with
+/// a figure met it, and not measured where none has one.
+pub fn goal_against_each(asks: &str, figures: &[PeerFigure]) -> String {
+    let measured: Vec<(&str, &Figure)> = figures
+        .iter()
+        .filter_map(|f| Some((f.vmm, f.outcome.as_ref().ok()?)))
+        .collect();
+    let missing: Vec<String> = figures
+        .iter()
+        .filter_map(|f| Some(format!("{}: {}", f.vmm, f.outcome.as_ref().err()?)))
+        .collect();
+    if measured.is_empty() {
+        return format!("Goal: {asks}. Not measured: {}.", missing.join("; "));
+    }
+    let met = measured.iter().all(|(_, f)| f.met);
+    let runs = measured
+        .iter()
+        .map(|(_, f)| f.runs_met.len())
+        .min()
+        .unwrap_or(0);
+    let each: Vec<bool> = (0..runs)
+        .map(|i| measured.iter().all(|(_, f)| f.runs_met[i]))
+        .collect();
+    let parts: Vec<String> = measured
+        .iter()
+        .map(|(vmm, f)| {
+            let verdict = if f.met { "met" } else { "missed" };
+            format!("{vmm}: {} ({verdict})", f.measured)
+        })
+        .collect();
+    let mut line = goal(asks, &parts.join("; "), met, &each);
+    if !missing.is_empty() {
+        line += &format!(" Without a figure: {}.", missing.join("; "));
+    }
+    line
 }
 
 /// The goal `what` of this VMM's runs `ours` against QEMU's own APIC's
@@ -402,7 +499,7 @@ mod tests {
              found."
         );
         assert!(none.vmm(PeerKind::CloudHypervisor).is_none());
-        let seen = none.seen(PeerKind::CloudHypervisor, None);
+        let seen = none.seen(PeerKind::CloudHypervisor, None, true);
         assert!(seen.why().contains("--cloud-hypervisor"), "{}", seen.why());
         let qemu = Peers {
             qemu: Some(Qemu::at("/bin/true")),
@@ -419,22 +516,86 @@ mod tests {
             qemu.vmm(PeerKind::Qemu(QemuApic::User)).map(|v| v.name()),
             Some("QEMU")
         );
-        // QEMU's own APIC, found unable to run here: no rows, and why.
+        // QEMU's own APIC, found unable to run a guest that halts: no
+        // such rows, and why; the others run.
         let halting = Peers {
             qemu_own_apic: Some("it stopped at the first HLT").into(),
             ..qemu
         };
         let own = PeerKind::Qemu(QemuApic::User);
-        assert!(halting.vmm(own).is_none());
-        assert!(halting.vmm(PeerKind::Qemu(QemuApic::Kernel)).is_some());
-        let why = halting.seen(own, None).why();
-        assert!(why.contains("it stopped at the first HLT"), "{why}");
+        assert!(halting.vmm_for(own, true).is_none());
+        assert!(halting.vmm_for(own, false).is_some());
         assert!(
             halting
-                .note()
-                .ends_with("(kernel-irqchip=off): not run, as it stopped at the first HLT."),
+                .vmm_for(PeerKind::Qemu(QemuApic::Kernel), true)
+                .is_some()
+        );
+        let why = halting.seen(own, None, true).why();
+        assert!(why.contains("it stopped at the first HLT"), "{why}");
+        assert!(!halting.seen(own, None, false).why().contains("HLT"));
+        assert!(
+            halting.note().ends_with(
+                "(kernel-irqchip=off): rows whose guest halts not run, as it stopped at the first \
+                 HLT."
+            ),
             "{}",
             halting.note()
+        );
+    }
+
+    #[test]
+    fn one_goal_against_each_peer_is_met_only_where_every_peer_with_a_figure_met_it() {
+        let seen = |kind| PeerSeen {
+            kind,
+            found: true,
+            failure: None,
+        };
+        let ours = Runs(vec![1.0, 1.0]);
+        let ch = figure_against(
+            seen(PeerKind::CloudHypervisor),
+            &ours,
+            &Runs(vec![2.0, 2.0]),
+            |r| r <= 1.0,
+        );
+        let fc = figure_against(
+            seen(PeerKind::Firecracker),
+            &ours,
+            &Runs(vec![4.0, 4.0]),
+            |r| r <= 1.0,
+        );
+        let absent = PeerSeen {
+            found: false,
+            ..seen(PeerKind::Qemu(QemuApic::Kernel))
+        };
+        let qemu = figure_against(absent, &ours, &Runs::new(), |r| r <= 1.0);
+        let line = goal_against_each(
+            "at most each peer's",
+            &[ch.clone(), fc.clone(), qemu.clone()],
+        );
+        assert_eq!(
+            line,
+            "Goal: at most each peer's. Measured: Cloud Hypervisor: 0.50x Cloud Hypervisor's \
+             (met); Firecracker: 0.25x Firecracker's (met): met. Without a figure: QEMU: no \
+             qemu-system-x86_64 was on PATH when this scenario started (install it with `apt-get \
+             install -y --no-install-recommends qemu-system-x86`, or give --qemu)."
+        );
+        assert_eq!(crate::summary::verdict(&line), crate::summary::Verdict::Met);
+        let slower = figure_against(
+            seen(PeerKind::Firecracker),
+            &Runs(vec![5.0]),
+            &Runs(vec![1.0]),
+            |r| r <= 1.0,
+        );
+        let missed = goal_against_each("x", &[ch, slower]);
+        assert!(missed.ends_with("(missed): not met."), "{missed}");
+        assert_eq!(
+            crate::summary::verdict(&missed),
+            crate::summary::Verdict::NotMet
+        );
+        let none = goal_against_each("x", &[qemu]);
+        assert_eq!(
+            crate::summary::verdict(&none),
+            crate::summary::Verdict::NotMeasured
         );
     }
 

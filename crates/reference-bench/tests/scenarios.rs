@@ -106,9 +106,11 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
         &sched,
         12 + qemu_rows(&sched, 0) + rust_peer_rows(&sched, 0),
     );
-    // Each has its goals against the peers, measured or saying why not.
-    for t in [&halt, &timer, &sched] {
-        assert!(t.peer_goals.len() >= 3, "{}", t.markdown());
+    // Each has its goals against the peers, measured or saying why not:
+    // QEMU's own APIC on both xAPIC ping-pongs and the Rust peers; each
+    // period against every peer; QEMU's own APIC and the Rust peers.
+    for (t, goals) in [(&halt, 3), (&timer, 2), (&sched, 2)] {
+        assert_eq!(t.peer_goals.len(), goals, "{}", t.markdown());
     }
     all_measured(&bench::rcu::run(QUICK, &mut quiet).unwrap(), 8);
     // Each backend at both rates; each without and with the dirty limit
@@ -138,7 +140,7 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
         let expected = of.split(' ').next();
         assert_eq!(Some(checked), expected, "{}", snapshot.markdown());
     }
-    assert_eq!(snapshot.peer_goals.len(), 3, "{}", snapshot.markdown());
+    assert_eq!(snapshot.peer_goals.len(), 2, "{}", snapshot.markdown());
     let dirty = bench::dirty::run(QUICK, &mut quiet).unwrap();
     assert_eq!(dirty.rows.len(), 4);
     let report = bench::report(
