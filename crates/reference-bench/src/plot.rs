@@ -23,8 +23,9 @@ pub type Series<T> = (String, Vec<T>);
 
 const SIZE: (u32, u32) = (900, 520);
 
-/// Tableau's ten colours, which stay apart on screen and in grey.
-const COLOURS: [RGBColor; 10] = [
+/// Tableau's twenty colours, the ten strong ones first, which stay apart
+/// on screen and in grey; the light ones after them for the 11th series on.
+const COLOURS: [RGBColor; 20] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -35,6 +36,16 @@ const COLOURS: [RGBColor; 10] = [
     RGBColor(127, 127, 127),
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
+    RGBColor(174, 199, 232),
+    RGBColor(255, 187, 120),
+    RGBColor(152, 223, 138),
+    RGBColor(255, 152, 150),
+    RGBColor(197, 176, 213),
+    RGBColor(196, 156, 148),
+    RGBColor(247, 182, 210),
+    RGBColor(199, 199, 199),
+    RGBColor(219, 219, 141),
+    RGBColor(158, 218, 229),
 ];
 
 fn colour(i: usize) -> RGBColor {

@@ -689,7 +689,9 @@ fn plots(t: &mut Table, group: &str, rate: &str, variants: &[Variant], cells: &[
         log_x: false,
         log_y: false,
     };
-    let caption = format!("migrate {group}, {rate}: the dirty limit's pauses per vCPU, first run");
+    let caption = format!(
+        "migrate {group}, {rate}: the dirty limit's pauses per vCPU, first run (variants it paused)"
+    );
     t.plot(plot::bars(
         &format!("{name}-dirty-limit-pauses"),
         &caption,
