@@ -571,22 +571,13 @@ fn plots(t: &mut Table, workload: Workload, c: &Cells) {
         })
         .filter(|(_, p): &(String, Vec<(f64, f64)>)| p.iter().any(|(x, _)| x.is_finite()))
         .collect();
-    let axes = plot::Axes {
-        x: "polling per wake-up (µs)",
-        y: "latency (µs)",
-        log_x: false,
-        log_y: false,
-    };
+    let axes = plot::Axes::linear("polling per wake-up (µs)", "latency (µs)");
     let caption = format!(
         "halt, {}: latency against polling, one point per run",
         workload.name()
     );
-    t.plot(plot::points(
-        &format!("halt-{name}-latency-vs-polling"),
-        &caption,
-        axes,
-        &series,
-    ));
+    let file = format!("halt-{name}-latency-vs-polling");
+    t.plot(plot::points(&file, &caption, axes, &series));
 }
 
 /// A workload's rows. On this VMM's APIC the latency baseline is the best

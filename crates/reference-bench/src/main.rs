@@ -415,26 +415,23 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
     // Held to the end: a signal from here on waits for this report.
     let finished = lock();
     let took = start.elapsed();
-    let out = args.out();
-    let (_, output) = render(
-        &args,
-        &finished,
-        took,
-        &host_note,
-        &bench::plots_folder(&out),
-    );
-    let mut files = vec![(out, output.clone())];
-    // BENCHMARKS.md is the report of a whole run.
-    if args.update_benchmarks_md && failed.is_none() {
-        let path = workspace_root().join("BENCHMARKS.md");
-        let (markdown, _) = render(
+    // Each report links the plots beside it.
+    let at = |path: &Path| {
+        render(
             &args,
             &finished,
             took,
             &host_note,
-            &bench::plots_folder(&path),
-        );
-        files.push((path, markdown));
+            &bench::plots_folder(path),
+        )
+    };
+    let out = args.out();
+    let (_, output) = at(&out);
+    let mut files = vec![(out, output.clone())];
+    // BENCHMARKS.md is the report of a whole run.
+    if args.update_benchmarks_md && failed.is_none() {
+        let path = workspace_root().join("BENCHMARKS.md");
+        files.push((path.clone(), at(&path).0));
     }
     for (path, text) in files {
         write_report(&path, &text, &finished.tables)

@@ -66,6 +66,18 @@ pub struct Axes<'a> {
     pub log_y: bool,
 }
 
+impl<'a> Axes<'a> {
+    /// Linear axes described `x` and `y`.
+    pub fn linear(x: &'a str, y: &'a str) -> Self {
+        Self {
+            x,
+            y,
+            log_x: false,
+            log_y: false,
+        }
+    }
+}
+
 /// Each series' distribution as a CDF (the share of values at or below
 /// x), x on a log axis: values at or below `floor` are drawn at it.
 pub fn cdf(name: &str, caption: &str, x: &str, series: &[Series<f64>]) -> Result<Plot, String> {
@@ -87,10 +99,8 @@ pub fn cdf(name: &str, caption: &str, x: &str, series: &[Series<f64>]) -> Result
         .collect();
     let x = format!("{x} (log; {floor} and below drawn at {floor})");
     let axes = Axes {
-        x: &x,
-        y: "share of samples at or below",
         log_x: true,
-        log_y: false,
+        ..Axes::linear(&x, "share of samples at or below")
     };
     draw(name, caption, axes, &curves, Mark::Line)
 }
@@ -316,12 +326,7 @@ mod tests {
 
     #[test]
     fn bars_put_a_rectangle_per_value_and_nothing_is_an_error() {
-        let axes = Axes {
-            x: "vCPU",
-            y: "ms",
-            log_x: false,
-            log_y: false,
-        };
+        let axes = Axes::linear("vCPU", "ms");
         let series = vec![
             ("a".to_owned(), vec![1.0, 2.0]),
             ("b".to_owned(), vec![3.0, 0.0]),

@@ -659,15 +659,12 @@ fn plots(t: &mut Table, group: &str, rate: &str, variants: &[Variant], cells: &[
         .map(|(v, c)| (v.label.to_owned(), c.stalls.clone()))
         .collect();
     let axes = plot::Axes {
-        x: "seconds from the guest's start",
-        y: "stall (ms, log)",
-        log_x: false,
         log_y: true,
+        ..plot::Axes::linear("seconds from the guest's start", "stall (ms, log)")
     };
-    let caption = format!(
-        "migrate {group}, {rate}: each guest stall over {} ms, either host, first run",
-        STALL_REPORTED.as_millis()
-    );
+    let over = STALL_REPORTED.as_millis();
+    let caption =
+        format!("migrate {group}, {rate}: each guest stall over {over} ms, either host, first run");
     t.plot(plot::points(
         &format!("{name}-stalls"),
         &caption,
@@ -683,21 +680,12 @@ fn plots(t: &mut Table, group: &str, rate: &str, variants: &[Variant], cells: &[
     if limited.is_empty() {
         return;
     }
-    let axes = plot::Axes {
-        x: "vCPU",
-        y: "paused by the dirty limit (ms)",
-        log_x: false,
-        log_y: false,
-    };
+    let axes = plot::Axes::linear("vCPU", "paused by the dirty limit (ms)");
     let caption = format!(
         "migrate {group}, {rate}: the dirty limit's pauses per vCPU, first run (variants it paused)"
     );
-    t.plot(plot::bars(
-        &format!("{name}-dirty-limit-pauses"),
-        &caption,
-        axes,
-        &limited,
-    ));
+    let file = format!("{name}-dirty-limit-pauses");
+    t.plot(plot::bars(&file, &caption, axes, &limited));
 }
 
 fn move_with(
