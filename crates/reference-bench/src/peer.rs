@@ -220,7 +220,8 @@ impl Peers {
     }
 
     /// Why `kind` cannot run a guest that halts here, if it cannot:
-    /// QEMU's own APIC, probed once per process ([`probe_own_apic`]).
+    /// QEMU's own APIC, probed once per process on a thousand halting
+    /// round trips through the xAPIC page.
     pub fn halting_fails(&self, kind: PeerKind) -> Option<&'static str> {
         match kind {
             PeerKind::Qemu(QemuApic::User) => *self
