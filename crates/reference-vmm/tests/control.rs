@@ -132,6 +132,8 @@ fn a_client_pauses_snapshots_resumes_and_migrates_a_running_guest() {
     client.refused(json!({ "command": "reboot" }), "unknown command \"reboot\"");
     client.refused(json!({ "command": "snapshot" }), "needs \"path\"");
     client.refused(json!({ "command": "migrate", "to": "ftp:x" }), "\"to\"");
+    let tcp = json!({ "command": "migrate", "to": "tcp:127.0.0.1:9" });
+    client.refused(tcp, "needs --tls-cert");
     client.refused(
         json!({ "command": "snapshot", "path": "/nonexistent/dir/snap" }),
         "/nonexistent/dir/snap",
@@ -202,4 +204,55 @@ fn a_bad_client_is_answered_and_dropped_and_a_paused_guest_still_ends_on_sigterm
     }
     assert_eq!(source.wait().unwrap().code(), Some(128 + libc::SIGTERM));
     assert!(!path.exists(), "the control socket is removed with the run");
+}
+
+#[test]
+fn the_control_client_and_option_get_clear_errors() {
+    let dir = std::env::temp_dir().join(format!("rvmm-{}-control-errors", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("fake.ctl");
+    let control = |args: &[&str]| vmm().arg("control").args(args).output().unwrap();
+    let nowhere = control(&["/nonexistent/x.ctl", "status"]);
+    assert_eq!(nowhere.status.code(), Some(1));
+    assert!(
+        text(&nowhere.stderr).contains("/nonexistent/x.ctl: "),
+        "{}",
+        text(&nowhere.stderr)
+    );
+    let field = control(&[socket.to_str().unwrap(), "snapshot", "path"]);
+    assert_eq!(field.status.code(), Some(2));
+    assert!(
+        text(&field.stderr).contains("is not NAME=VALUE"),
+        "{}",
+        text(&field.stderr)
+    );
+    // A server that hangs up without a word, then one that answers garbage.
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let server = std::thread::spawn(move || {
+        for answer in [&b""[..], b"not json\n"] {
+            let (mut client, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&client).read_line(&mut line).unwrap();
+            client.write_all(answer).unwrap();
+        }
+    });
+    for expected in ["no answer came", "the answer: "] {
+        let out = control(&[socket.to_str().unwrap(), "status"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            text(&out.stderr).contains(expected),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    server.join().unwrap();
+    // A socket that cannot be bound fails before the guest starts.
+    let params = migrate_params().map(|p| p.to_string()).join(",");
+    let unbound = migrate_with(vmm(), &params)
+        .args(["--control", "/nonexistent/dir/x.ctl"])
+        .output()
+        .unwrap();
+    assert_eq!(unbound.status.code(), Some(1));
+    assert!(text(&unbound.stderr).contains("cannot listen on /nonexistent/dir/x.ctl"));
+    std::fs::remove_dir_all(dir).unwrap();
 }
