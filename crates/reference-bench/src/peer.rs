@@ -180,31 +180,36 @@ pub struct Peers {
 pub const OWN_APIC_PROBE: Duration = Duration::from_secs(10);
 
 /// Whether QEMU's own APIC runs a guest that halts, tried once per process
-/// with a thousand round trips (a few may miss their halt, not all): on a
+/// and binary with a thousand round trips (a few may miss their halt, not all): on a
 /// host where KVM emulates the guest's kernel mode (PVM), QEMU 7.2's
 /// userspace APIC stops at a halted vCPU's wake-up, and every row of it
 /// whose guest halts would spend its whole timeout to say so. Its guests
 /// that spin run.
 fn probe_own_apic(qemu: &Qemu) -> Option<&'static str> {
-    static PROBED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    // Each binary's answer, once per process (the strings live as long).
+    type Probed = std::collections::HashMap<PathBuf, Option<&'static str>>;
+    static PROBED: std::sync::Mutex<Option<Probed>> = std::sync::Mutex::new(None);
     // pingpong through the xAPIC page (QEMU's own APIC has no x2APIC),
     // halting between round trips.
     const PING_PONG: [u64; 7] = [1000, 0, 0, 0, 0, 1, 0];
-    PROBED
-        .get_or_init(|| {
-            let ran = ImageFile::write("pingpong", 2, 64, &PING_PONG).and_then(|image| {
-                let run = qemu.run(image.path(), 2, 64, QemuApic::User, OWN_APIC_PROBE);
-                Ok(run?)
-            });
-            ran.err().map(|e| {
-                format!(
-                    "a ping-pong through the xAPIC page, halting between round trips, did not \
-                     run on it here (a {}-second probe: {e})",
-                    OWN_APIC_PROBE.as_secs()
-                )
-            })
+    let mut probed = PROBED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let answers = probed.get_or_insert_with(Default::default);
+    *answers.entry(qemu.binary().to_owned()).or_insert_with(|| {
+        let ran = ImageFile::write("pingpong", 2, 64, &PING_PONG).and_then(|image| {
+            let run = qemu.run(image.path(), 2, 64, QemuApic::User, OWN_APIC_PROBE);
+            Ok(run?)
+        });
+        ran.err().map(|e| {
+            let why = format!(
+                "a ping-pong through the xAPIC page, halting between round trips, did not run \
+                 on it here (a {}-second probe: {e})",
+                OWN_APIC_PROBE.as_secs()
+            );
+            &*Box::leak(why.into_boxed_str())
         })
-        .as_deref()
+    })
 }
 
 impl Peers {

@@ -260,14 +260,25 @@ impl TlsServer {
 /// Closes a connection turned away after its handshake so that the
 /// refusal arrives: a socket closed with the source's bytes unread (its
 /// stream header) resets the connection, and the reset can overtake the
-/// refusal. Reads until the source hangs up, within the socket's timeout.
+/// refusal. Reads until the source hangs up, within the socket's timeout
+/// and at most [`LINGER_BYTES`]: a source that keeps sending is cut off.
 fn linger(mut stream: StreamOwned<ServerConnection, TcpStream>) {
     stream.conn.send_close_notify();
     let _ = stream.flush();
     let _ = stream.sock.shutdown(std::net::Shutdown::Write);
     let mut sink = [0u8; 4096];
-    while matches!(stream.sock.read(&mut sink), Ok(n) if n > 0) {}
+    let mut read = 0;
+    while read < LINGER_BYTES {
+        match stream.sock.read(&mut sink) {
+            Ok(n) if n > 0 => read += n,
+            _ => return,
+        }
+    }
 }
+
+/// What a refused source may still send before its connection is closed:
+/// its stream header and TLS's closing records fit many times over.
+const LINGER_BYTES: usize = 64 << 10;
 
 /// What a failed handshake means, for `peer`.
 pub(crate) fn handshake_failure(e: &io::Error, peer: &str) -> String {
