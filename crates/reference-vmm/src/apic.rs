@@ -195,7 +195,8 @@ pub struct LocalApic {
     timer: LapicTimer,
 }
 
-/// A [`LocalApic`]'s registers as plain data (see [`LocalApic::save`]).
+/// This VMM's local APIC's registers as plain data: what a
+/// [`ChipState::User`](crate::ChipState::User) saves and restores.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ApicState {
     /// x2APIC mode (IA32_APIC_BASE.EXTD).

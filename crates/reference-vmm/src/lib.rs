@@ -47,6 +47,7 @@ mod apic;
 pub mod conformance;
 pub mod cpu_features;
 pub mod devices;
+pub mod duty_cycle;
 mod error;
 mod exit;
 mod fault;
@@ -67,11 +68,13 @@ mod stop;
 mod vcpu;
 mod vm;
 
+pub use apic::ApicState;
 pub use cpu_features::CpuFeatures;
 pub use error::{ConfigError, Error, RegisterDump};
 pub use exit::{MAX_REPORTS, VcpuError};
 pub use fault::GuestFault;
 pub use guest_abi::MAX_LEAD;
+pub use irqchip::ChipState;
 pub use kick::KickError;
 pub use memory::VmMemory;
 pub use policies::{
@@ -79,7 +82,8 @@ pub use policies::{
 };
 pub use report::{RunReport, VcpuSummary, VmStats};
 pub use stop::{DEFAULT_TIMEOUT, StopHandle, StopReason};
-pub use vm::{Boot, Controller, RunControl, Vm, VmConfig};
+pub use vcpu::{StateSupport, VcpuState};
+pub use vm::{Boot, Controller, PauseError, RunControl, Vm, VmConfig, VmDescription};
 
 // The README's examples are doctests too.
 #[cfg(doctest)]

@@ -10,12 +10,13 @@ use lapic_timer::TimerStats;
 use rcu_qs::Domain;
 
 use crate::devices::BusRead;
+use crate::duty_cycle::VcpuPauses;
 use crate::guest_abi::DeliveryPath;
 use crate::irq::Interrupts;
 use crate::memory::VmMemory;
-use crate::migration::StateSupport;
-use crate::migration::pause::PauseGate;
 use crate::policies::{Policies, TimerPlacement};
+use crate::vcpu::StateSupport;
+use crate::vm::pause::PauseGate;
 
 /// What every vCPU thread of a VM shares.
 pub(crate) struct VmShared {
@@ -88,7 +89,7 @@ pub(crate) struct Moving {
     pub ring_full: Option<dirty_log::RingFull>,
     /// How long each vCPU pauses per slice it runs (a dirty limit; none
     /// unless a migration sets one).
-    pub dirty_pauses: Arc<crate::migration::VcpuPauses>,
+    pub dirty_pauses: Arc<VcpuPauses>,
 }
 
 impl VmShared {

@@ -18,11 +18,11 @@ use cli::*;
 use common::kvm_available;
 use reference_vmm::Irqchip;
 use reference_vmm::migration::{
-    self, Address, ChipState, DirtyLogBackend, MigrateOptions, Moved, StreamReader, StreamWriter,
-    VcpuState, VmDescription, move_in_process,
+    self, Address, DirtyLogBackend, MigrateOptions, Moved, StreamReader, StreamWriter,
+    move_in_process,
 };
 use reference_vmm::presets::Choices;
-use reference_vmm::{Boot, CpuFeatures, Vm, VmConfig};
+use reference_vmm::{Boot, ChipState, CpuFeatures, VcpuState, Vm, VmConfig, VmDescription};
 use test_support::hosts;
 use vm_memory::{Bytes, GuestAddress};
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::Error;
 use crate::peer::Peers;
 use crate::{Cell, Options, Runs, Table, goal, plot, ticks_per_us};
-use reference_vmm::migration::pause::PauseError;
+use reference_vmm::PauseError;
 use reference_vmm::migration::tls::{TlsClient, TlsFiles, TlsServer};
 use reference_vmm::migration::{
     Address, DirtyLogBackend, Listener, MigrateOptions, MigrationError, Moved, move_in_process,

@@ -16,10 +16,10 @@ use halt_poll::kvm::{
 };
 use kvm_ioctls::{VcpuFd, VmFd};
 
+use super::ChipState;
 use super::IrqChip;
 use crate::error::Error;
 use crate::exit::NoApic;
-use crate::migration::ChipState;
 use crate::policies::KvmHaltPoll;
 use crate::shared::VmShared;
 
@@ -74,7 +74,7 @@ impl IrqChip for KernelIrqChip {
     }
 
     /// KVM's LAPIC is restored with the vCPU's KVM state
-    /// ([`crate::migration::VcpuState::restore`]).
+    /// ([`crate::VcpuState::restore`]).
     fn restore(&mut self, state: &ChipState) -> Result<(), Error> {
         match state {
             ChipState::Kernel(_) => Ok(()),

@@ -12,6 +12,7 @@ use lapic_timer::time::rdtsc;
 use lapic_timer::{Clock, GuestTime, MonotonicClock, TscClock};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
+use super::ChipState;
 use super::IrqChip;
 use super::host_timer::HostTimer;
 use super::timer_wake::TimerWake;
@@ -20,7 +21,6 @@ use crate::error::Error;
 use crate::exit::ApicExits;
 use crate::guest_abi::{GuestPoll, TimerLead};
 use crate::irq::{WAKE_INTERRUPT, WAKE_TIMER};
-use crate::migration::ChipState;
 use crate::policies::WakeSource;
 use crate::shared::VmShared;
 use test_guests::layout::{irq_record, mailbox};

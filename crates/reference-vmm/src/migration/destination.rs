@@ -10,10 +10,11 @@ use vm_memory::bitmap::Bitmap;
 use vm_memory::{Address as _, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::stream::{Record, StreamReader};
-use super::{ChipState, MigrationError, VcpuState, handover};
+use super::{MigrationError, handover};
 use crate::memory::VmMemory;
 use crate::policies::Irqchip;
 use crate::vm::{Boot, Vm, VmConfig};
+use crate::{ChipState, VcpuState};
 use test_guests::layout::PAGE_SIZE;
 use test_guests::programs::{self as guest, GuestProgram};
 

@@ -10,7 +10,7 @@
 //! `INITIALLY_SET`, the first harvest), then rounds of the pages dirtied
 //! since, until one round's pages would take no longer than the downtime
 //! target at the bandwidth measured, or the round limit. Then it pauses the
-//! vCPUs ([`pause`]), sends the last dirty pages (the VMM's own writes
+//! vCPUs ([`RunControl::pause`](crate::RunControl::pause)), sends the last dirty pages (the VMM's own writes
 //! among them) and every vCPU's [`state`], and hands the guest over
 //! ([`handover`]): the destination answers once it has restored
 //! everything, the source commits, and only then does the destination's
@@ -40,7 +40,6 @@ mod favour;
 pub mod handover;
 mod listener;
 mod local;
-pub mod pause;
 pub mod source;
 pub mod state;
 pub mod stream;
@@ -65,9 +64,7 @@ pub use local::{Moved, move_in_process, move_in_process_tls, move_to_listener};
 pub use source::{
     DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Mover, Progress, Target,
 };
-pub use state::{ChipState, StateSupport, VcpuState, VmDescription};
 pub use stream::{Record, StreamError, StreamReader, StreamWriter};
-pub(crate) use throttle::{PauseTaker, VcpuPauses};
 
 impl From<crate::Error> for MigrationError {
     fn from(e: crate::Error) -> Self {
@@ -119,7 +116,7 @@ pub enum MigrationError {
     Stream(#[from] StreamError),
     /// The vCPUs could not all be paused.
     #[error("cannot pause the guest: {0}")]
-    Pause(#[from] pause::PauseError),
+    Pause(#[from] crate::PauseError),
     /// Dirty logging failed.
     #[error("dirty logging: {0}")]
     DirtyLog(#[from] dirty_log::Error),

@@ -20,7 +20,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
 use super::throttle::{Counts, Throttle, kick_paused};
 use super::watch::{Limit, Watch, watching};
-use super::{Address, Connection, HANDOVER_MARGIN, MigrationError, VcpuState, handover};
+use super::{Address, Connection, HANDOVER_MARGIN, MigrationError, handover};
+use crate::VcpuState;
 use crate::memory::VmMemory;
 use crate::vm::{RunControl, Vm};
 use test_guests::abi::note_migration_ended;
@@ -466,7 +467,7 @@ impl Copier {
             if let Opened::File(_, path) = &target {
                 let _ = std::fs::remove_file(path);
             }
-            return Err(super::pause::PauseError::Ended(control.ended_vcpu()).into());
+            return Err(crate::PauseError::Ended(control.ended_vcpu()).into());
         }
         let start = Instant::now();
         let mut report = match target {

@@ -23,7 +23,8 @@
 
 use std::io::{self, Read, Write};
 
-use super::state::{VcpuState, VmDescription};
+use super::state::Saved;
+use crate::{VcpuState, VmDescription};
 use test_guests::layout::PAGE_SIZE;
 
 /// The first bytes of every stream.

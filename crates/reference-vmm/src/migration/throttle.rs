@@ -1,11 +1,8 @@
 //! The dirty limit of a pre-copy that does not converge: dirty-log's
 //! [`DirtyRate`] per vCPU and its [`DirtyLimit`]'s pauses, set as it
-//! engages and then once per pre-copy round ([`VcpuPauses`]). A vCPU's
-//! pause `p` is a duty cycle: it sleeps `p` after each [`RUN_SLICE`] it
-//! runs, but never more than [`MAX_SLEEP`] at once (the guest sees each
-//! sleep as a stall), the run slice shrinking instead ([`duty`]). It sleeps
-//! at an exit ([`PauseTaker`]); a kicker thread forces one when a slice is
-//! up ([`kick_paused`]). A pause once per round would not do: a round lasts
+//! engages and then once per pre-copy round, as each vCPU's duty cycle
+//! ([`VcpuPauses`]): it sleeps at an exit, and a kicker thread forces one
+//! when its run slice is up ([`kick_paused`]). A pause once per round would not do: a round lasts
 //! long enough for a flat-out writer to dirty all it writes.
 //!
 //! With the dirty ring each vCPU's rate is its own ring's count, and only
@@ -14,12 +11,13 @@
 //! over the vCPUs, so every vCPU pauses alike (QEMU's auto-converge), the
 //! ones that do not write too.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use dirty_log::{DirtyLimit, DirtyRate, RingFull};
 
+use crate::duty_cycle::{RUN_SLICE, VcpuPauses, duty};
 use crate::vm::RunControl;
 
 /// Half-life of the rate the limit follows: a few pre-copy rounds.
@@ -36,119 +34,17 @@ const FLOOR_PER_VCPU: f64 = 1024.0;
 /// longest (2 %).
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
-/// How long a vCPU with a pause runs between two sleeps, and the longest
-/// sleep: a stronger pause shortens the run instead, down to [`MIN_RUN`].
-pub(crate) const RUN_SLICE: Duration = Duration::from_millis(20);
-const MAX_SLEEP: Duration = Duration::from_millis(10);
-const MIN_RUN: Duration = Duration::from_micros(200);
 /// How far above the target the VM's rate must be for the limit to count
 /// it as exceeded: then some vCPU is as far above its share (water-filling
 /// gives the rest what they write), beyond the limit's tolerance, so it
 /// gets a pause.
 const EXCEEDED: f64 = 1.5;
 
-/// A pause `p` per [`RUN_SLICE`] as one sleep and the run before it: the
-/// same share of the time asleep, the sleep at most [`MAX_SLEEP`].
-pub(crate) fn duty(pause: Duration) -> (Duration, Duration) {
-    if pause <= MAX_SLEEP {
-        return (pause, RUN_SLICE);
-    }
-    let run = RUN_SLICE.mul_f64(MAX_SLEEP.as_secs_f64() / pause.as_secs_f64());
-    (MAX_SLEEP, run.max(MIN_RUN))
-}
-
-/// Each vCPU's pause per [`RUN_SLICE`], set by the migration thread and
-/// taken by the vCPU thread, and the longest each was given.
-#[derive(Debug, Default)]
-pub(crate) struct VcpuPauses {
-    pauses: Vec<AtomicU64>,
-    given: Vec<AtomicU64>,
-}
-
-impl VcpuPauses {
-    /// No pause for any of `vcpus` vCPUs.
-    pub fn new(vcpus: usize) -> Self {
-        let words = || (0..vcpus).map(|_| AtomicU64::new(0)).collect();
-        Self {
-            pauses: words(),
-            given: words(),
-        }
-    }
-
-    /// vCPU `vcpu`'s pause per run slice (zero for none).
-    fn pause(&self, vcpu: usize) -> Duration {
-        nanos(&self.pauses, vcpu)
-    }
-
-    /// The longest pause vCPU `vcpu` was given (zero for none), whether or
-    /// not it reached an exit to take it before the limit ended.
-    pub fn given(&self, vcpu: usize) -> Duration {
-        nanos(&self.given, vcpu)
-    }
-
-    /// Sets each vCPU's pause.
-    fn set(&self, pauses: &[Duration]) {
-        for ((word, given), pause) in self.pauses.iter().zip(&self.given).zip(pauses) {
-            let ns = u64::try_from(pause.as_nanos()).unwrap_or(u64::MAX);
-            word.store(ns, Relaxed);
-            given.fetch_max(ns, Relaxed);
-        }
-    }
-
-    /// No more pauses.
-    pub fn clear(&self) {
-        self.pauses.iter().for_each(|p| p.store(0, Relaxed));
-    }
-}
-
-/// `words[index]` as nanoseconds (zero for no such word).
-fn nanos(words: &[AtomicU64], index: usize) -> Duration {
-    words
-        .get(index)
-        .map_or(Duration::ZERO, |w| Duration::from_nanos(w.load(Relaxed)))
-}
-
-/// A vCPU thread's side of the dirty limit: when it last slept, and the
-/// time it has slept in all.
-#[derive(Debug)]
-pub(crate) struct PauseTaker {
-    last: Instant,
-    /// Time paused so far.
-    pub taken: Duration,
-}
-
-impl PauseTaker {
-    /// Nothing taken yet.
-    pub fn new() -> Self {
-        Self {
-            last: Instant::now(),
-            taken: Duration::ZERO,
-        }
-    }
-
-    /// At an exit of vCPU `vcpu`: sleeps its pause's sleep if it has run
-    /// its run slice since the last ([`duty`]); whether it slept.
-    pub fn take(&mut self, pauses: &VcpuPauses, vcpu: usize) -> bool {
-        let pause = pauses.pause(vcpu);
-        if pause.is_zero() {
-            return false;
-        }
-        let (sleep, run) = duty(pause);
-        if self.last.elapsed() < run {
-            return false;
-        }
-        thread::sleep(sleep);
-        self.taken += sleep;
-        self.last = Instant::now();
-        true
-    }
-}
-
 /// Kicks each vCPU with a pause out of the guest as its run slice ends,
 /// so that it sleeps, until the thread is unparked with `stop` set.
 pub(crate) fn kick_paused(pauses: &VcpuPauses, control: &RunControl, stop: &AtomicBool) {
     while !stop.load(Relaxed) {
-        let slices: Vec<_> = (0..pauses.pauses.len())
+        let slices: Vec<_> = (0..pauses.len())
             .map(|v| (v, pauses.pause(v)))
             .filter(|(_, p)| !p.is_zero())
             .map(|(v, p)| (v, duty(p).1))
@@ -205,7 +101,7 @@ pub(crate) struct Throttle {
 impl Throttle {
     /// Follows the vCPUs' `counts`, setting `pauses`.
     pub fn new(counts: Counts, pauses: std::sync::Arc<VcpuPauses>) -> Self {
-        let vcpus = pauses.pauses.len();
+        let vcpus = pauses.len();
         Self {
             counts,
             pauses,
@@ -319,44 +215,5 @@ mod tests {
         assert!((0..3).all(|v| pauses.pause(v).is_zero()));
         let longest = engaged[0].max(after[0]);
         assert!((0..3).all(|v| pauses.given(v) == longest), "kept");
-    }
-
-    /// A vCPU with a pause sleeps after each run slice, and owes nothing
-    /// once the pause is gone.
-    #[test]
-    fn a_pause_falls_due_after_each_run_slice_and_ends_with_the_limit() {
-        let pauses = VcpuPauses::new(2);
-        let mut taker = PauseTaker::new();
-        assert!(!taker.take(&pauses, 0), "no pause set");
-        pauses.set(&[Duration::from_millis(3), Duration::ZERO]);
-        assert!(!taker.take(&pauses, 0), "not run a slice yet");
-        assert!(!taker.take(&pauses, 1), "vCPU 1 has none");
-        assert!(!taker.take(&pauses, 9), "no such vCPU");
-        thread::sleep(RUN_SLICE);
-        assert!(taker.take(&pauses, 0));
-        assert_eq!(taker.taken, Duration::from_millis(3));
-        assert!(!taker.take(&pauses, 0), "slept until the next slice");
-        thread::sleep(RUN_SLICE);
-        pauses.clear();
-        assert!(!taker.take(&pauses, 0), "the limit was released");
-        assert_eq!(taker.taken, Duration::from_millis(3));
-    }
-
-    /// A long pause becomes short sleeps and shorter runs: the share of
-    /// the time asleep holds, and no sleep is longer than the cap.
-    #[test]
-    fn a_long_pause_shortens_the_run_rather_than_lengthen_the_sleep() {
-        assert_eq!(
-            duty(Duration::from_millis(4)),
-            (Duration::from_millis(4), RUN_SLICE)
-        );
-        let (sleep, run) = duty(Duration::from_millis(100));
-        assert_eq!(sleep, MAX_SLEEP);
-        assert_eq!(
-            run,
-            Duration::from_millis(2),
-            "10 ms asleep per 2 ms run, as 100 per 20"
-        );
-        assert_eq!(duty(MAX_PAUSE * 10), (MAX_SLEEP, MIN_RUN));
     }
 }

@@ -9,8 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::connection::Cutter;
-use super::pause::PauseError;
 use super::{HANDOVER_MARGIN, MigrationError};
+use crate::PauseError;
 use crate::vm::RunControl;
 
 /// How often the watch looks at the run while nothing wakes it.

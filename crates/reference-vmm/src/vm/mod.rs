@@ -2,9 +2,13 @@
 //! run a guest program ([`Vm::run`], in `run.rs`).
 
 mod config;
+mod description;
+pub(crate) mod pause;
 mod run;
 
 pub use config::{Boot, VmConfig};
+pub use description::VmDescription;
+pub use pause::PauseError;
 pub use run::{Controller, RunControl};
 
 use std::sync::Arc;
@@ -16,12 +20,14 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::CpuFeatures;
 use crate::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
 use crate::devices::PioDevice;
+use crate::duty_cycle::VcpuPauses;
 use crate::error::{ConfigError, Error};
 use crate::irqchip;
+use crate::irqchip::ChipState;
 use crate::memory::VmMemory;
-use crate::migration::{ChipState, StateSupport, VmDescription};
 use crate::policies::Irqchip;
 use crate::stop::StopHandle;
+use crate::vcpu::StateSupport;
 use test_guests::GuestProgram;
 use test_guests::boot_memory;
 use test_guests::layout::{
@@ -46,7 +52,7 @@ pub struct Vm {
     devices: Vec<(u16, u16, Arc<dyn PioDevice>)>,
     domain: Arc<rcu_qs::Domain>,
     ring_full: Option<dirty_log::RingFull>,
-    dirty_pauses: Arc<crate::migration::VcpuPauses>,
+    dirty_pauses: Arc<VcpuPauses>,
     state_support: Arc<StateSupport>,
     /// The vCPUs' MAXPHYADDR, as their CPUID reports it.
     phys_bits: u8,
@@ -113,7 +119,7 @@ impl Vm {
             devices: Vec::new(),
             domain: Arc::new(rcu_qs::Domain::new()),
             ring_full: None,
-            dirty_pauses: Arc::new(crate::migration::VcpuPauses::new(vcpus as usize)),
+            dirty_pauses: Arc::new(VcpuPauses::new(vcpus as usize)),
             state_support,
             phys_bits: test_guests::x86::boot::phys_bits(&cpuid),
             cpu_features,
@@ -173,7 +179,7 @@ impl Vm {
     }
 
     /// The pauses vCPU threads take at their exits (a dirty limit).
-    pub(crate) fn dirty_pauses(&self) -> Arc<crate::migration::VcpuPauses> {
+    pub(crate) fn dirty_pauses(&self) -> Arc<VcpuPauses> {
         self.dirty_pauses.clone()
     }
 

@@ -17,6 +17,8 @@ use test_guests::abi::{SERIAL_PORT, note_migration_ended};
 use test_guests::layout::{IMAGE_ADDR, user_stack_top, vcpu_data};
 use test_guests::x86::boot::{entry_regs, pvh_regs};
 
+use super::VmDescription;
+use super::pause::{Decision, PauseError, PauseGate};
 use super::{Boot, Vm, kvm_err};
 use crate::devices::completion::CompletionDevice;
 use crate::devices::{
@@ -24,15 +26,15 @@ use crate::devices::{
 };
 use crate::error::{ConfigError, Error};
 use crate::irq::Interrupts;
+use crate::irqchip::ChipState;
 use crate::irqchip::{KernelIrqChip, TunerThread, UserIrqChip};
 use crate::kick;
-use crate::migration::pause::{Decision, PauseError};
-use crate::migration::{ChipState, VcpuState, VmDescription};
 use crate::policies::{Irqchip, KvmHaltPoll};
 use crate::report::{RunReport, VcpuSummary, VmStats, p99_bucket_edge};
 use crate::shared::{ApicSetup, Devices, Moving, Rcu, VmShared};
 use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
 use crate::vcpu::VcpuRunner;
+use crate::vcpu::VcpuState;
 
 /// What a controller started beside the run does ([`Vm::on_start`]).
 pub type Controller = Box<dyn FnOnce(&RunControl) + Send>;
@@ -234,7 +236,7 @@ impl Vm {
             phys_bits: self.phys_bits,
         };
         let moving = Moving {
-            pause: crate::migration::pause::PauseGate::new(self.vcpus.len()),
+            pause: PauseGate::new(self.vcpus.len()),
             state_support: self.state_support.clone(),
             ring_full: self.ring_full.take(),
             dirty_pauses: self.dirty_pauses.clone(),

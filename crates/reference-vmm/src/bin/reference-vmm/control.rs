@@ -11,7 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use reference_vmm::RunControl;
-use reference_vmm::migration::{MigrationError, MigrationReport, Mover, Target, VcpuState};
+use reference_vmm::VcpuState;
+use reference_vmm::migration::{MigrationError, MigrationReport, Mover, Target};
 use serde_json::{Value, json};
 
 /// How long the vCPUs may take to park for `pause`.

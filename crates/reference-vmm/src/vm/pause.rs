@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::migration::VcpuState;
+use crate::vcpu::VcpuState;
 
 /// What the controller decided for parked vCPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

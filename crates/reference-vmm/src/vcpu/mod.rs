@@ -29,16 +29,21 @@ use lapic_timer::time::rdtsc;
 use rcu_qs::Reader;
 
 use crate::devices::IoBus;
+use crate::duty_cycle::PauseTaker;
 use crate::error::{Error, RegisterDump};
 use crate::exit::{ExitContext, ExitError, Flow, VcpuError, handle_exit};
 use crate::fault::GuestFault;
+use crate::irqchip::ChipState;
 use crate::irqchip::IrqChip;
 use crate::kick;
-use crate::migration::pause::Decision;
-use crate::migration::{ChipState, PauseTaker, VcpuState};
 use crate::report::VcpuSummary;
 use crate::shared::VmShared;
+use crate::vm::pause::Decision;
 use test_guests::Report;
+
+mod state;
+
+pub use state::{StateSupport, VcpuState};
 
 /// One vCPU and the loop that runs it.
 pub struct VcpuRunner {
