@@ -23,8 +23,8 @@ use halt_poll::kvm::TunerConfig;
 use crate::Error;
 use crate::qemu::QemuApic;
 use crate::{Cell, Options, Runs, Table, goal, measure, plot, ticks_per_us};
-use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
 use reference_vmm::{CpuShare, Irqchip, RunReport};
+use reference_vmm_cli::presets::{Choices, HaltPoll, TimerAdvance};
 use test_guests::layout::PARAMS;
 
 /// Round trips per ping-pong run, without `--quick`.

@@ -53,7 +53,7 @@ pub enum Error {
     Vm(#[from] reference_vmm::Error),
     /// A migration failed.
     #[error(transparent)]
-    Migration(#[from] reference_vmm::migration::MigrationError),
+    Migration(#[from] migration::MigrationError),
     /// A peer VMM gave no result.
     #[error(transparent)]
     Peer(#[from] peer_run::PeerError),
@@ -105,8 +105,8 @@ use crate::cloud_hypervisor::CloudHypervisor;
 use crate::firecracker::Firecracker;
 use crate::peer_run::PeerBinary;
 use crate::qemu::Qemu;
-use reference_vmm::presets::Choices;
 use reference_vmm::{RunReport, Vm, VmConfig};
+use reference_vmm_cli::presets::Choices;
 use test_guests::layout::PARAMS;
 use test_guests::programs as guest;
 

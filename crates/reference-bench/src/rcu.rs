@@ -13,8 +13,8 @@ use crate::{Cell, Options, Runs, Table, config, goal, measure, measure_config, t
 use arc_swap::ArcSwap;
 use rcu_qs::{Domain, Reader};
 use reference_vmm::devices::{BusAccess, BusRead, IoBus, RcuBus};
-use reference_vmm::presets::Choices;
 use reference_vmm::{FamilyPolicies, Policies};
+use reference_vmm_cli::presets::Choices;
 
 /// Exits per vCPU for the lookup cost, without `--quick`.
 const LOOKUP_EXITS: u64 = 20_000;

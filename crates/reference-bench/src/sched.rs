@@ -20,7 +20,7 @@ use crate::qemu::QemuApic;
 use crate::wake_probe::WakeProbe;
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, ticks_per_us};
 use reference_vmm::Irqchip;
-use reference_vmm::presets::{Boost, Choices, DELIVERY_BOOST};
+use reference_vmm_cli::presets::{Boost, Choices, DELIVERY_BOOST};
 
 /// Rounds per run, without `--quick`.
 const ROUNDS: u64 = 2000;

@@ -16,8 +16,8 @@ use crate::peer_run::PeerError;
 use crate::qemu::QemuApic;
 use crate::{Cell, Measured, Options, Runs, Table, goal, measure, plot, ticks_per_us};
 use reference_vmm::MAX_LEAD;
-use reference_vmm::presets::{Choices, HaltPoll, TimerAdvance};
 use reference_vmm::{Irqchip, KvmHaltPoll, TimerPlacement};
+use reference_vmm_cli::presets::{Choices, HaltPoll, TimerAdvance};
 use test_guests::layout::SAMPLES_ADDR;
 use test_support::summary::quantile;
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::kvm_available;
 use reference_bench::{self as bench, Options, Table};
-use reference_vmm::presets::{Boost, Choices, HaltPoll, TimerAdvance};
 use reference_vmm::{Irqchip, TimerPlacement};
+use reference_vmm_cli::presets::{Boost, Choices, HaltPoll, TimerAdvance};
 use vm_memory::{Bytes, GuestAddress};
 
 const QUICK: Options = Options {

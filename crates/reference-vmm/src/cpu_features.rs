@@ -198,19 +198,19 @@ impl CpuFeatures {
         missing
     }
 
-    /// The words, for the migration stream.
-    pub(crate) fn words(&self) -> &[u32] {
+    /// The words (CPUID registers, in a fixed order), for a saved VM.
+    pub fn words(&self) -> &[u32] {
         &self.0
     }
 
-    /// From the stream's words.
-    pub(crate) fn from_words(words: [u32; WORDS.len()]) -> Self {
+    /// From the words [`words`](Self::words) gave.
+    pub fn from_words(words: [u32; FEATURE_WORDS]) -> Self {
         Self(words)
     }
 }
 
 /// Words in a [`CpuFeatures`].
-pub(crate) const FEATURE_WORDS: usize = WORDS.len();
+pub const FEATURE_WORDS: usize = WORDS.len();
 
 /// Bit `bit` of word `word` by name, or as CPUID's coordinates.
 fn feature_name(word: usize, bit: u32) -> String {

@@ -1,7 +1,7 @@
 //! Drives each place where guest input lands with arbitrary input, and panics
 //! if an invariant breaks: the local APIC's registers, ucall decoding, the
 //! exit handler, the learners that read guest memory
-//! ([`crate::guest_abi`]), and the migration stream's reader. The fuzz targets (`fuzz/`) feed them random bytes;
+//! ([`crate::guest_abi`]). The fuzz targets (`fuzz/`) feed them random bytes;
 //! `cargo test` replays the committed corpus (`fuzz-corpus/<target>/`).
 
 use std::sync::Arc;
@@ -17,9 +17,7 @@ use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
 use crate::fault::GuestFault;
 use crate::guest_abi::{DeliveryPath, GuestPoll, MAX_LEAD, TimerLead};
 use crate::memory::VmMemory;
-use crate::migration::stream::{MAGIC, Record, StreamReader, VERSION};
 use test_guests::abi::SERIAL_PORT;
-use test_guests::layout::PAGE_SIZE;
 use test_guests::ucall::{self, MAX_STRING_LEN, UCALL_PORT, Ucall};
 
 /// A guest TSC of 1 GHz that equals host ns.
@@ -280,46 +278,6 @@ pub fn learners(data: &[u8]) {
     }
 }
 
-/// Migration stream: arbitrary bytes after a valid header. Checks: the
-/// reader ends in an error or at the End record, without a panic; every page
-/// run it hands out (bytes or zeros) is whole pages inside the memory the
-/// Config record described; every vCPU state has an index below the described count and
-/// comes once; the End record comes only after every vCPU's, and nothing
-/// is read after it.
-pub fn migration_stream(data: &[u8]) {
-    let mut bytes = MAGIC.to_vec();
-    bytes.extend_from_slice(&VERSION.to_le_bytes());
-    bytes.extend_from_slice(data);
-    let mut input = StreamReader::new(&bytes[..]).expect("a valid header");
-    let Ok(described) = input.config() else {
-        return;
-    };
-    let mem = described.mem_mib << 20;
-    let mut seen = vec![false; described.vcpus as usize];
-    while let Ok(record) = input.next_record() {
-        match record {
-            Record::Pages { gpa, data } => {
-                let len = data.len() as u64;
-                assert!(gpa % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && len > 0);
-                assert!(gpa + len <= mem, "{len} bytes at {gpa:#x} past {mem:#x}");
-            }
-            Record::Zero { gpa, pages } => {
-                assert!(gpa % PAGE_SIZE == 0 && pages > 0);
-                assert!(gpa + pages * PAGE_SIZE <= mem, "{pages} pages at {gpa:#x}");
-            }
-            Record::Vcpu(state) => {
-                let slot = &mut seen[state.index as usize];
-                assert!(!std::mem::replace(slot, true), "vCPU {} twice", state.index);
-            }
-            Record::End => {
-                assert!(seen.iter().all(|&s| s));
-                assert!(input.next_record().is_err());
-                return;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,10 +335,5 @@ mod tests {
     #[test]
     fn replays_the_learners_corpus() {
         replay("learners", learners);
-    }
-
-    #[test]
-    fn replays_the_migration_stream_corpus() {
-        replay("migration_stream", migration_stream);
     }
 }

@@ -22,7 +22,7 @@
 //! | lapic-timer | [`Policies::timer_advance`], [`VmConfig::timer_placement`] | each vCPU's host timer fires early by the advance and the vCPU spins to the deadline before entry |
 //! | vcpu-sched | [`Policies::boost`] | run state around `KVM_RUN`; delivery boosts its target; pause and yield exits pick a candidate |
 //! | rcu-qs | [`Policies::bus`], [`VmConfig::extended_qs`] | the device bus read on port exits; vCPU threads offline in the guest |
-//! | dirty-log | [`migration::MigrateOptions`] | a migration harvests dirty pages while the vCPUs run |
+//! | dirty-log | [`Vm::dirty_slots`], [`duty_cycle`] | a migration (the `migration` crate) harvests dirty pages while the vCPUs run, and throttles them |
 //!
 //! `examples/minimal.rs` runs all five with a policy of its own.
 //!
@@ -58,9 +58,8 @@ mod irq;
 mod irqchip;
 mod kick;
 mod memory;
-pub mod migration;
+pub mod names;
 mod policies;
-pub mod presets;
 mod report;
 pub mod seeded_bugs;
 mod shared;
@@ -77,6 +76,7 @@ pub use guest_abi::MAX_LEAD;
 pub use irqchip::ChipState;
 pub use kick::KickError;
 pub use memory::VmMemory;
+pub use names::ChoiceError;
 pub use policies::{
     CpuShare, FamilyPolicies, Irqchip, KvmHaltPoll, Policies, TimerPlacement, WakeSource,
 };

@@ -15,7 +15,7 @@ use crate::guest_abi::DeliveryPath;
 use crate::irq::Interrupts;
 use crate::memory::VmMemory;
 use crate::policies::{Policies, TimerPlacement};
-use crate::vcpu::StateSupport;
+use crate::vcpu::state::StateSupport;
 use crate::vm::pause::PauseGate;
 
 /// What every vCPU thread of a VM shares.

@@ -14,7 +14,7 @@ mod program;
 
 use common::kvm_available;
 use reference_vmm::TimerPlacement;
-use reference_vmm::presets::Choices;
+use reference_vmm_cli::presets::Choices;
 use test_support::Hogs;
 
 /// Two CPU hogs: as many as this project's machines have cores.

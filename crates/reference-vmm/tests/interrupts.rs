@@ -8,8 +8,8 @@ mod program;
 
 use common::kvm_available;
 use reference_vmm::Irqchip;
-use reference_vmm::presets::{Boost, Choices, HaltPoll};
 use reference_vmm::{Error, GuestFault};
+use reference_vmm_cli::presets::{Boost, Choices, HaltPoll};
 
 #[test]
 fn every_ipi_of_a_long_ping_pong_arrives_under_every_policy() {

@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use common::kvm_available;
 use reference_vmm::Irqchip;
-use reference_vmm::presets::{Boost, Choices, HaltPoll};
+use reference_vmm_cli::presets::{Boost, Choices, HaltPoll};
 
 /// One test at a time: KVM polls only while nothing else waits for the CPU
 /// (`single_task_running`), so vCPUs of another test would stop its polling.

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 use common::kvm_available;
@@ -58,51 +56,4 @@ fn a_fault_after_the_pvh_entry_is_reported_as_under_the_direct_boot() {
         ),
         "{err}"
     );
-}
-
-#[test]
-fn the_command_line_writes_an_image_and_boots_it() {
-    if !kvm_available("the_command_line_writes_an_image_and_boots_it") {
-        return;
-    }
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-hello.elf");
-    let vmm = env!("CARGO_BIN_EXE_reference-vmm");
-    let out = Command::new(vmm)
-        .args(["image", "--guest", "hello", "--vcpus", "2", "--out"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
-    assert!(
-        stdout.contains("-kernel") && stdout.contains("run --image"),
-        "{stdout}"
-    );
-    let run = Command::new(vmm)
-        .arg("run")
-        .arg("--image")
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{run:?}");
-    assert!(stdout.contains("hello from vcpu 1"), "{stdout}");
-    assert!(stdout.contains("apic_id"), "{stdout}");
-
-    std::fs::write(&path, b"not an image").unwrap();
-    let bad = Command::new(vmm)
-        .arg("run")
-        .arg("--image")
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
-    assert!(stderr.contains("not a bootable ELF image"), "{stderr}");
-    let both = Command::new(vmm)
-        .args(["run", "--guest", "hello", "--image"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(both.status.code(), Some(2), "{both:?}");
 }

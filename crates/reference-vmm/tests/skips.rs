@@ -8,9 +8,10 @@ mod hidden_dev;
 
 use std::process::Output;
 
-use common::{ALLOW_NO_KVM, kvm_available, skip};
+use common::{kvm_available, skip};
 use hidden_dev::{namespace_refused, without_dev};
 use reference_vmm::{Vm, VmConfig};
+use test_support::kvm::ALLOW_NO_KVM;
 
 const KVM_TEST: &str = "a_guest_runs_on_dev_kvm";
 

@@ -14,6 +14,7 @@ pub mod certs;
 pub mod criterion_medians;
 pub mod hogs;
 pub mod hosts;
+pub mod kvm;
 pub mod results;
 pub mod summary;
 pub mod traces;

@@ -15,12 +15,12 @@ use std::time::Duration;
 use crate::Error;
 use crate::peer::Peers;
 use crate::{Cell, Options, Runs, Table, goal, plot, ticks_per_us};
-use reference_vmm::PauseError;
-use reference_vmm::migration::tls::{TlsClient, TlsFiles, TlsServer};
-use reference_vmm::migration::{
+use migration::tls::{TlsClient, TlsFiles, TlsServer};
+use migration::{
     Address, DirtyLogBackend, Listener, MigrateOptions, MigrationError, Moved, move_in_process,
     move_to_listener,
 };
+use reference_vmm::PauseError;
 use reference_vmm::{RunReport, Vm, VmConfig};
 use test_guests::layout::PAGE_SIZE;
 use test_guests::programs as guest;

@@ -5,35 +5,21 @@
 
 mod host_timer;
 mod kernel;
+pub(crate) mod state;
 mod timer_wake;
 mod user;
 
 pub use kernel::{KernelIrqChip, TunerThread, set_window};
+pub use state::ChipState;
 pub use user::UserIrqChip;
 
 use std::sync::Arc;
 
-use kvm_bindings::kvm_lapic_state;
 use kvm_ioctls::VcpuFd;
 
-use crate::apic::ApicState;
 use crate::error::Error;
 use crate::exit::ApicExits;
 use crate::shared::VmShared;
-
-/// A vCPU's interrupt controller, as saved.
-#[derive(Debug)]
-pub enum ChipState {
-    /// KVM's in-kernel LAPIC: its register page.
-    Kernel(Box<kvm_lapic_state>),
-    /// This VMM's APIC: its registers and the vectors pending on it.
-    User {
-        /// The registers and the armed timer.
-        apic: ApicState,
-        /// Interrupts posted to the vCPU and not yet injected (IRR).
-        irr: [u64; 4],
-    },
-}
 
 /// One vCPU's interrupt controller: its local APIC's exits ([`ApicExits`])
 /// and the loop's hooks around `KVM_RUN`. The run loop calls

@@ -41,7 +41,7 @@ use crate::shared::VmShared;
 use crate::vm::pause::Decision;
 use test_guests::Report;
 
-mod state;
+pub(crate) mod state;
 
 pub use state::{StateSupport, VcpuState};
 

@@ -17,7 +17,7 @@ use kvm_ioctls::{Cap, Kvm, VcpuFd};
 
 use crate::apic::{X2APIC_FIRST, X2APIC_LAST};
 use crate::error::Error;
-use crate::irqchip::ChipState;
+use crate::irqchip::state::ChipState;
 
 /// IA32_TSC.
 const MSR_TSC: u32 = 0x10;
@@ -244,4 +244,26 @@ fn wall_clock_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A state of zeros with KVM's LAPIC, for tests that only pass it on.
+    pub(crate) fn zeroed(index: u32) -> VcpuState {
+        VcpuState {
+            index,
+            halted: false,
+            captured_at_ns: 0,
+            regs: kvm_regs::default(),
+            sregs: kvm_sregs::default(),
+            xsave: Box::default(),
+            xcrs: kvm_xcrs::default(),
+            events: kvm_vcpu_events::default(),
+            mp_state: 0,
+            msrs: Vec::new(),
+            chip: ChipState::Kernel(Box::default()),
+        }
+    }
 }

@@ -14,7 +14,7 @@ use crate::policies::{FamilyPolicies, Irqchip, KvmHaltPoll, Policies, TimerPlace
 
 /// How to build a VM. The machine and what its guest sees travel with it in
 /// a migration; the mechanisms are the host's, and a destination brings its
-/// own ([`crate::migration::receive`]).
+/// own (the `migration` crate's `receive`).
 #[derive(Clone)]
 pub struct VmConfig {
     /// Number of vCPUs, 1 to [`MAX_VCPUS`](test_guests::layout::MAX_VCPUS).
@@ -77,7 +77,7 @@ pub enum Boot {
     /// start-up in 32-bit protected mode. The image's vCPU count, memory
     /// size and parameters take the place of the configuration's.
     Image(Arc<Image>),
-    /// From a migration stream or a snapshot ([`crate::migration`]): nothing
+    /// From a migration stream or a snapshot (the `migration` crate): nothing
     /// is written at creation; memory and the vCPUs' state come from the
     /// stream, and [`Vm::set_incoming`](crate::Vm::set_incoming) before the run.
     Incoming,

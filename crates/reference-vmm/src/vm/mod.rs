@@ -27,7 +27,7 @@ use crate::irqchip::ChipState;
 use crate::memory::VmMemory;
 use crate::policies::Irqchip;
 use crate::stop::StopHandle;
-use crate::vcpu::StateSupport;
+use crate::vcpu::state::StateSupport;
 use test_guests::GuestProgram;
 use test_guests::boot_memory;
 use test_guests::layout::{
@@ -129,7 +129,7 @@ impl Vm {
     }
 
     /// Runs `controller` on a thread of its own once the vCPUs have started
-    /// (a migration: [`crate::migration::Migration::run`]); the run waits for
+    /// (a migration: the `migration` crate's `Migration::run`); the run waits for
     /// it before it returns.
     pub fn on_start(&mut self, controller: Controller) {
         self.controller = Some(controller);
@@ -137,7 +137,7 @@ impl Vm {
 
     /// Each vCPU's interrupt-controller state and whether it was halted, by
     /// index, for a VM created with [`Boot::Incoming`] whose KVM state is
-    /// restored already ([`crate::migration::receive`]).
+    /// restored already (the `migration` crate's `receive`).
     pub fn set_incoming(&mut self, vcpus: Vec<(ChipState, bool)>) {
         self.incoming = Some(vcpus);
     }
@@ -178,8 +178,9 @@ impl Vm {
         self.config.dirty_ring
     }
 
-    /// The pauses vCPU threads take at their exits (a dirty limit).
-    pub(crate) fn dirty_pauses(&self) -> Arc<VcpuPauses> {
+    /// Each vCPU's duty cycle, which its thread takes at its exits: a
+    /// controller (a migration's dirty limit) sets it while the VM runs.
+    pub fn dirty_pauses(&self) -> Arc<VcpuPauses> {
         self.dirty_pauses.clone()
     }
 
@@ -219,8 +220,8 @@ impl Vm {
         }
     }
 
-    /// What KVM on this host lets a migration save.
-    pub(crate) fn state_support(&self) -> &StateSupport {
+    /// What KVM on this host lets a vCPU's saved state carry.
+    pub fn state_support(&self) -> &StateSupport {
         &self.state_support
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::vcpu::VcpuState;
+use crate::vcpu::state::VcpuState;
 
 /// What the controller decided for parked vCPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,7 +188,7 @@ mod tests {
     use std::thread;
 
     use super::*;
-    use crate::migration::state::tests::user_vcpu;
+    use crate::vcpu::state::tests::zeroed as user_vcpu;
 
     /// Parks vCPUs `vcpus` on threads; returns their decisions' handles.
     fn park_all(gate: &Arc<PauseGate>, vcpus: &[u32]) -> Vec<thread::JoinHandle<Decision>> {

@@ -34,7 +34,7 @@ use crate::report::{RunReport, VcpuSummary, VmStats, p99_bucket_edge};
 use crate::shared::{ApicSetup, Devices, Moving, Rcu, VmShared};
 use crate::stop::{DEFAULT_TIMEOUT, OUTPUT_GRACE, STOP_GRACE, StopHandle, StopReason};
 use crate::vcpu::VcpuRunner;
-use crate::vcpu::VcpuState;
+use crate::vcpu::state::VcpuState;
 
 /// What a controller started beside the run does ([`Vm::on_start`]).
 pub type Controller = Box<dyn FnOnce(&RunControl) + Send>;
@@ -330,7 +330,7 @@ impl RunControl {
 
     /// Kicks vCPU `vcpu` out of the guest, so that it looks at its
     /// requests (a dirty limit's pause due) before it enters again.
-    pub(crate) fn kick(&self, vcpu: usize) {
+    pub fn kick(&self, vcpu: usize) {
         self.shared.irqs.kick(vcpu);
     }
 

@@ -1,33 +1,15 @@
 //! Shared by the integration tests: fail, or skip loudly where the user allows it,
-//! where the machine has no usable KVM.
+//! where the machine has no usable KVM ([`test_support::kvm`]).
 
-use std::fs::OpenOptions;
-use std::io::Write;
-
-/// Set to 1, it lets the tests that need `/dev/kvm` skip, saying so,
-/// where it cannot be opened; without it they fail there.
-pub const ALLOW_NO_KVM: &str = "VM_LATENCY_ALLOW_NO_KVM";
-
-/// Whether `/dev/kvm` can be used. Where it cannot, the test fails, or
-/// with [`ALLOW_NO_KVM`] set, [`skip`]s (`.ci/run` prints the log).
+/// Whether `/dev/kvm` can be used by `test`; where it cannot, the test
+/// fails or skips, saying so.
 pub fn kvm_available(test: &str) -> bool {
-    match kvm_ioctls::Kvm::new() {
-        Ok(_) => true,
-        Err(e) if std::env::var_os(ALLOW_NO_KVM).is_some_and(|v| v == "1") => {
-            skip(test, &format!("cannot open /dev/kvm ({e})"))
-        }
-        Err(e) => panic!("cannot open /dev/kvm ({e}); set {ALLOW_NO_KVM}=1 to skip the KVM tests"),
-    }
+    test_support::kvm::available(env!("CARGO_PKG_NAME"), test)
 }
 
-/// Says on stderr that `test` skips and why, and appends `<test>: <reason>`
-/// to the file named by `SKIPPED_TESTS_LOG`; returns false.
+/// Says that `test` skips and why; returns false. (Not every test binary
+/// skips for a reason of its own.)
+#[allow(dead_code)]
 pub fn skip(test: &str, reason: &str) -> bool {
-    eprintln!("SKIPPED {test}: {reason}");
-    if let Some(path) = std::env::var_os("SKIPPED_TESTS_LOG") {
-        if let Ok(mut log) = OpenOptions::new().create(true).append(true).open(path) {
-            let _ = writeln!(log, "{}::{test}: {reason}", env!("CARGO_PKG_NAME"));
-        }
-    }
-    false
+    test_support::kvm::skip(env!("CARGO_PKG_NAME"), test, reason)
 }

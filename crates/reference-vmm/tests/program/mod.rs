@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use reference_vmm::VmMemory;
-use reference_vmm::presets::Choices;
 use reference_vmm::{Error, RunReport, Vm, VmConfig};
+use reference_vmm_cli::presets::Choices;
 
 /// Runs `name` on `vcpus` vCPUs; returns its report and its memory after the run.
 pub fn run(

@@ -1,5 +1,0 @@
-//! Arbitrary migration streams (after a valid header) against the stream reader.
-//! `cargo +nightly fuzz run migration_stream`; `cargo test -p reference-vmm` replays the corpus.
-#![no_main]
-
-libfuzzer_sys::fuzz_target!(|data: &[u8]| reference_vmm::invariants::migration_stream(data));
