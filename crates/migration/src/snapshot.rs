@@ -7,11 +7,11 @@
 use std::fs::File;
 use std::io::{BufWriter, Read};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use reference_vmm::{RunControl, VcpuState};
 
-use super::source::{Mover, open_snapshot};
+use super::source::{Mover, PAUSE_TIMEOUT, open_snapshot};
 use super::stream::{Link, MAX_PAGES_BYTES, StreamError, StreamWriter};
 use super::{MigrationError, MigrationReport};
 
@@ -32,11 +32,11 @@ reference_vmm::choice_names!(SnapshotKind, "snapshot kind", [
 
 impl Mover {
     /// Writes a `kind` snapshot of the guest that `states` came from
-    /// ([`RunControl::pause`]) to `path`, the guest staying paused:
-    /// [`RunControl::resume`] runs it on, and `restore` runs the file (an
-    /// increment after the snapshots before it). From a full snapshot on,
-    /// the dirty log tracks the guest's writes for the next increment; a
-    /// failed snapshot ends that, so the next must be full.
+    /// ([`RunControl::pause`]) to `path` and syncs it, the guest staying
+    /// paused: [`RunControl::resume`] runs it on, and `restore` runs the
+    /// file (an increment after the snapshots before it). From a full
+    /// snapshot on, the dirty log tracks the guest's writes for the next
+    /// increment; a failed snapshot ends that, so the next must be full.
     ///
     /// # Errors
     /// An increment with no snapshot before it to follow
@@ -48,6 +48,43 @@ impl Mover {
         path: &Path,
         kind: SnapshotKind,
     ) -> Result<MigrationReport, MigrationError> {
+        let start = Instant::now();
+        let (file, pages) = self.write_snapshot(control, states, path, kind)?;
+        self.sync(&file, path)?;
+        Ok(report(states, pages, start.elapsed(), start.elapsed()))
+    }
+
+    /// Pauses the running guest, writes a `kind` snapshot of it to `path`
+    /// as [`Self::snapshot_paused`] does, runs it on, and then syncs the
+    /// file: the guest's pause lasts the write, not the sync, which the
+    /// report's total includes.
+    ///
+    /// # Errors
+    /// As [`Self::snapshot_paused`], or the guest could not be paused.
+    pub fn snapshot(
+        &mut self,
+        control: &RunControl,
+        path: &Path,
+        kind: SnapshotKind,
+    ) -> Result<MigrationReport, MigrationError> {
+        let start = Instant::now();
+        let states = control.pause(PAUSE_TIMEOUT)?;
+        let written = self.write_snapshot(control, &states, path, kind);
+        control.resume();
+        let downtime = start.elapsed();
+        let (file, pages) = written?;
+        self.sync(&file, path)?;
+        Ok(report(&states, pages, downtime, start.elapsed()))
+    }
+
+    /// Writes the snapshot (not yet synced) and moves the chain on to it.
+    fn write_snapshot(
+        &mut self,
+        control: &RunControl,
+        states: &[VcpuState],
+        path: &Path,
+        kind: SnapshotKind,
+    ) -> Result<(File, u64), MigrationError> {
         let parent = match (kind, self.chain.take()) {
             (SnapshotKind::Full, Some(_)) => {
                 // Logging from scratch: manual protect's first round is
@@ -69,34 +106,28 @@ impl Mover {
             parent,
         };
         let file = open_snapshot(path)?;
-        let start = Instant::now();
-        let written = self.write(control, states, file, link);
-        if written.is_err() {
-            let _ = std::fs::remove_file(path);
-            self.copier.log.disable();
+        match self.write(control, states, file, link) {
+            Ok(written) => {
+                self.chain = Some(link.id);
+                Ok(written)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                self.copier.log.disable();
+                Err(e)
+            }
         }
-        let pages = written?;
-        self.chain = Some(link.id);
-        Ok(MigrationReport {
-            pages_sent: pages,
-            final_pages: pages,
-            halted: states.iter().filter(|s| s.is_halted()).count(),
-            snapshot: true,
-            total: start.elapsed(),
-            downtime: start.elapsed(),
-            ..MigrationReport::default()
-        })
     }
 
-    /// The whole stream to `file`, synced: for a full snapshot every page,
-    /// with the dirty log started; for an increment the pages it found.
+    /// The whole stream to `file`: for a full snapshot every page, with
+    /// the dirty log started; for an increment the pages it found.
     fn write(
         &mut self,
         control: &RunControl,
         states: &[VcpuState],
         file: File,
         link: Link,
-    ) -> Result<u64, MigrationError> {
+    ) -> Result<(File, u64), MigrationError> {
         let copier = &mut self.copier;
         let mut out = StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, file))?;
         out.config(control.description())?;
@@ -112,11 +143,40 @@ impl Mover {
         // Manual protect's first round after it starts is every page.
         let harvest = !link.is_full() || copier.log.first_round_is_full();
         let pages = copier.stop_and_copy(&mut out, states, harvest)?;
-        out.get_mut()
-            .get_ref()
-            .sync_all()
-            .map_err(StreamError::Io)?;
-        Ok(pages)
+        let file = out
+            .into_inner()
+            .into_inner()
+            .map_err(|e| StreamError::Io(e.into_error()))?;
+        Ok((file, pages))
+    }
+
+    /// Syncs a written snapshot: one that does not reach the disk is
+    /// removed, and ends the chain.
+    fn sync(&mut self, file: &File, path: &Path) -> Result<(), MigrationError> {
+        file.sync_all().map_err(|e| {
+            let _ = std::fs::remove_file(path);
+            self.chain = None;
+            self.copier.log.disable();
+            MigrationError::from(StreamError::Io(e))
+        })
+    }
+}
+
+/// A snapshot's account: its pages, the pause and the whole.
+fn report(
+    states: &[VcpuState],
+    pages: u64,
+    downtime: Duration,
+    total: Duration,
+) -> MigrationReport {
+    MigrationReport {
+        pages_sent: pages,
+        final_pages: pages,
+        halted: states.iter().filter(|s| s.is_halted()).count(),
+        snapshot: true,
+        total,
+        downtime,
+        ..MigrationReport::default()
     }
 }
 

@@ -28,7 +28,7 @@ use test_guests::abi::note_migration_ended;
 use test_guests::layout::PAGE_SIZE;
 
 /// How long the vCPUs may take to park.
-const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the stream goes.
 #[derive(Clone, Debug)]

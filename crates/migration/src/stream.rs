@@ -280,6 +280,11 @@ impl<W: Write> StreamWriter<W> {
         &mut self.out
     }
 
+    /// The writer underneath, the stream done with.
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+
     fn record(&mut self, kind: Kind, payload: &[u8]) -> Result<(), StreamError> {
         let mut head = [0u8; 9];
         head[0] = kind as u8;

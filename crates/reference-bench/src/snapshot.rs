@@ -187,18 +187,16 @@ fn ours(pages: u64, mem_mib: u64) -> Result<Sample, Error> {
 }
 
 /// A `kind` snapshot of the running guest to `path`: the pause, from the
-/// vCPUs' pause to their resume.
+/// vCPUs' pause to their resume (the file's sync follows it).
 fn snapshot(
     mover: &mut Mover,
     control: &RunControl,
     path: &Path,
     kind: SnapshotKind,
 ) -> Result<Duration, MigrationError> {
-    let start = std::time::Instant::now();
-    let states = control.pause(Duration::from_secs(10))?;
-    let written = mover.snapshot_paused(control, &states, path, kind);
-    control.resume();
-    written.map(|_| start.elapsed())
+    mover
+        .snapshot(control, path, kind)
+        .map(|report| report.downtime)
 }
 
 /// Pages every vCPU of this VMM's restored guest checked.
@@ -453,7 +451,7 @@ fn notes(
          (ch-remote pause, snapshot, resume, then --restore in a fresh process). \
          On disk: the snapshot files' allocated blocks (a diff's memory file is sparse; an \
          increment is a stream of the dirty page runs). Pause: from the pause to the resume's \
-         answer (Firecracker), or to the resume after the file's sync (this VMM). \
+         answer (Firecracker), or to the resume, before the file's sync (this VMM's snapshots from a running guest). \
          Restored: Firecracker's diff copied onto its full snapshot's memory (the data regions \
          of the sparse file, as its snapshot-editor's rebase does) and loaded into a fresh \
          process; this VMM's full snapshot and increment with `restore BASE INCREMENT`; the \

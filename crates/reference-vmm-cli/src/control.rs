@@ -204,22 +204,17 @@ impl Server {
     }
 
     /// A snapshot of a paused guest leaves it paused; of a running one,
-    /// pauses it for the write and runs it on.
+    /// pauses it for the write and runs it on before the file's sync.
     fn snapshot(
         &mut self,
         control: &RunControl,
         path: &Path,
         kind: SnapshotKind,
     ) -> Result<Value, String> {
-        let running = self.paused.is_none();
-        if running {
-            self.pause(control)?;
-        }
-        let states = self.paused.as_deref().unwrap_or_default();
-        let written = self.mover.snapshot_paused(control, states, path, kind);
-        if running {
-            self.resume(control)?;
-        }
+        let written = match self.paused.as_deref() {
+            Some(states) => self.mover.snapshot_paused(control, states, path, kind),
+            None => self.mover.snapshot(control, path, kind),
+        };
         let report = written.map_err(|e| e.to_string())?;
         let mut answer = report_json(&report);
         answer["state"] = self.state().into();

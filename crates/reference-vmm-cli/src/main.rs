@@ -8,13 +8,13 @@ use std::str::FromStr;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use apic_conformance::{self as conformance, DEFAULT_OPS};
 use clap::{Parser, Subcommand};
 use migration::{
     self, AcceptLimits, Address, DirtyLogBackend, HANDSHAKE_TIMEOUT, MAX_HANDSHAKES,
     MigrateOptions, Migration, MigrationError, MigrationReport, Mover, Progress, StreamReader,
     Target,
 };
-use reference_vmm::conformance::{self, DEFAULT_OPS};
 use reference_vmm::{Boot, CpuFeatures, Error, MAX_REPORTS, StopHandle, StopReason, Vm, VmConfig};
 use reference_vmm::{Irqchip, TimerPlacement};
 use reference_vmm_cli::presets::{Boost, Choices, HaltPoll, Presets, TimerAdvance};

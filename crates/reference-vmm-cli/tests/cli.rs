@@ -432,7 +432,7 @@ fn conformance_records_kvms_answers_for_a_fuzz_corpus() {
     std::fs::write(dir.join("a-page"), [2u8, 0, 0x30, 0, 0, 0, 0, 0, 0, 0]).unwrap();
     let out = vmm(&["conformance", "--record-fuzz-corpus", dir.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let answers = reference_vmm::conformance::fuzz_corpus::parse(&text(&out.stdout)).unwrap();
+    let answers = apic_conformance::fuzz_corpus::parse(&text(&out.stdout)).unwrap();
     let names: Vec<&String> = answers.by_input.keys().collect();
     assert_eq!(answers.by_input.len(), 2, "{names:?}");
     assert_eq!(

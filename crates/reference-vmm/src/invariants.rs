@@ -1,8 +1,11 @@
 //! Drives each place where guest input lands with arbitrary input, and panics
 //! if an invariant breaks: the local APIC's registers, ucall decoding, the
 //! exit handler, the learners that read guest memory
-//! ([`crate::guest_abi`]). The fuzz targets (`fuzz/`) feed them random bytes;
+//! (`guest_abi`). The fuzz targets (`fuzz/`) feed them random bytes;
 //! `cargo test` replays the committed corpus (`fuzz-corpus/<target>/`).
+//! The local APIC also runs alone through an apic-script sequence
+//! ([`apic_answers`]): apic-conformance compares its answers for the
+//! `local_apic` corpus with KVM's.
 
 use std::sync::Arc;
 
@@ -11,14 +14,15 @@ use lapic_timer::GuestTime;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::apic::{self, Action, LocalApic, XAPIC_BASE};
-use crate::conformance::fuzz_corpus::{FuzzOp, fuzz_msr, fuzz_ops, fuzz_write_offset};
 use crate::devices::{IoBus, POST_PORT, PostCode, SerialConsole};
 use crate::exit::{Devices, ExitError, MAX_REPORTS, NoApic, handle_exit};
 use crate::fault::GuestFault;
 use crate::guest_abi::{DeliveryPath, GuestPoll, MAX_LEAD, TimerLead};
 use crate::memory::VmMemory;
 use test_guests::abi::SERIAL_PORT;
+use test_guests::apic_script::{Kind, Op, Outcome, Record};
 use test_guests::ucall::{self, MAX_STRING_LEN, UCALL_PORT, Ucall};
+use test_guests::x86::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE};
 
 /// A guest TSC of 1 GHz that equals host ns.
 const TIME: GuestTime = GuestTime {
@@ -26,6 +30,98 @@ const TIME: GuestTime = GuestTime {
     ns: 0,
     tsc_at_ns: 0,
 };
+
+/// Bytes per operation of a fuzz input.
+const FUZZ_OP: usize = 10;
+/// One operation of a fuzz input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FuzzOp {
+    /// What it does (modulo 8).
+    pub kind: u8,
+    /// The register (an MSR by [`fuzz_msr`], or part of a page offset), or
+    /// an access's size.
+    pub arg: u8,
+    /// The value, little-endian, zero past the input's end.
+    pub value: u64,
+}
+
+/// The operations of a fuzz input, 10 bytes each.
+pub fn fuzz_ops(input: &[u8]) -> impl Iterator<Item = FuzzOp> + '_ {
+    input.chunks(FUZZ_OP).map(|op| FuzzOp {
+        kind: op[0] % 8,
+        arg: op.get(1).copied().unwrap_or(0),
+        value: (0..8).fold(0, |v, k| {
+            v | u64::from(op.get(2 + k).copied().unwrap_or(0)) << (8 * k)
+        }),
+    })
+}
+
+/// The MSR of a fuzz operation's argument: the x2APIC range and past it,
+/// IA32_APIC_BASE (0xFF) or IA32_TSC_DEADLINE (0xFE).
+pub fn fuzz_msr(arg: u8) -> u32 {
+    match arg {
+        0xFF => MSR_APIC_BASE,
+        0xFE => MSR_TSC_DEADLINE,
+        n => 0x800 + u32::from(n),
+    }
+}
+
+/// The page offset a fuzz page write reaches.
+pub fn fuzz_write_offset(op: FuzzOp) -> u64 {
+    u64::from(op.arg) << 4 | op.value >> 60
+}
+
+/// What this VMM's local APIC (vCPU 0 of one with
+/// `phys_bits` of physical address, at time 0 on a 1 GHz TSC) reads back
+/// for `script`, handling each write's IPI as the VMM does: its own
+/// pending set gains the vector when the IPI reaches it.
+pub fn apic_answers(script: &[Op], phys_bits: u8) -> Vec<Record> {
+    let time = GuestTime {
+        tsc_khz: 1_000_000,
+        ns: 0,
+        tsc_at_ns: 0,
+    };
+    let mut apic = LocalApic::new(0, time).with_phys_bits(phys_bits);
+    let mut irr = [0u64; 4];
+    let post = |apic: &LocalApic, action, irr: &mut [u64; 4]| {
+        if let Action::Ipi { vector, to } = action {
+            if to.reaches(0, 0, apic.x2apic()) && apic.enabled() {
+                irr[usize::from(vector / 64)] |= 1 << (vector % 64);
+            }
+        }
+    };
+    let outcome = |result: Result<u64, _>| result.map_or(Outcome::Faulted, Outcome::Done);
+    script
+        .iter()
+        .map(|&op| {
+            let outcome = match op.kind {
+                Kind::ReadMsr => outcome(apic.read(op.register, &irr, 0)),
+                Kind::WriteMsr => match apic.write(op.register, op.value, 0) {
+                    Ok(action) => {
+                        post(&apic, action, &mut irr);
+                        Outcome::Done(0)
+                    }
+                    Err(_) => Outcome::Faulted,
+                },
+                Kind::ReadPage => {
+                    let mut word = [0; 4];
+                    apic.mmio_read_bytes(op.register.into(), &mut word, &irr, 0);
+                    Outcome::Done(u32::from_le_bytes(word).into())
+                }
+                Kind::WritePage => {
+                    let word = (op.value as u32).to_le_bytes();
+                    let action = apic.mmio_write_bytes(op.register.into(), &word, 0);
+                    post(&apic, action, &mut irr);
+                    Outcome::Done(0)
+                }
+                Kind::OrMsr | Kind::Delay | Kind::Barrier | Kind::WriteMsrAfterTsc => {
+                    Outcome::NotRun
+                }
+            };
+            Record { op, outcome }
+        })
+        .collect()
+}
 
 /// Local APIC: arbitrary x2APIC MSR and xAPIC page accesses of any size,
 /// pending vectors, injections and time steps. Checks: the processor
@@ -281,7 +377,6 @@ pub fn learners(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conformance::fuzz_corpus;
 
     /// Replays every input committed under `fuzz-corpus/<target>/`.
     fn replay(target: &str, run: fn(&[u8])) {
@@ -295,31 +390,8 @@ mod tests {
     }
 
     #[test]
-    fn replays_the_local_apic_corpus_against_kvms_answers() {
-        let root = env!("CARGO_MANIFEST_DIR");
-        let text = std::fs::read_to_string(format!("{root}/{}", fuzz_corpus::EXPECTATIONS))
-            .expect("KVM's answers are committed");
-        let answers = fuzz_corpus::parse(&text).unwrap();
-        let dir = format!("{root}/fuzz-corpus/local_apic");
-        let mut inputs = 0;
-        for entry in std::fs::read_dir(&dir).expect("the corpus is committed") {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let kvm = answers.by_input.get(&name).unwrap_or_else(|| {
-                panic!(
-                    "{name} has no KVM answers: record them with `reference-vmm conformance \\
-                     --record-fuzz-corpus {dir} > {root}/{}`",
-                    fuzz_corpus::EXPECTATIONS
-                )
-            });
-            let data = std::fs::read(&path).unwrap();
-            if let Some(difference) = fuzz_corpus::check(&data, kvm, answers.phys_bits) {
-                panic!("corpus input {name}: {difference}");
-            }
-            local_apic(&data);
-            inputs += 1;
-        }
-        assert!(inputs >= 8, "{dir} has only {inputs} inputs");
+    fn replays_the_local_apic_corpus() {
+        replay("local_apic", local_apic);
     }
 
     #[test]

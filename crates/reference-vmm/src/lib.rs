@@ -44,7 +44,6 @@
 #![allow(missing_debug_implementations)]
 
 mod apic;
-pub mod conformance;
 pub mod cpu_features;
 pub mod devices;
 pub mod duty_cycle;

@@ -1,5 +1,5 @@
 //! Plausible local-APIC bugs that a test plants in this VMM's APIC one at a
-//! time, to show that the conformance runner ([`crate::conformance`])
+//! time, to show that the conformance runner (the apic-conformance crate)
 //! catches each within its default seeds. Only the `seeded-bugs` feature
 //! can plant one; without it [`planted`] is `false` and the checks fold
 //! away.

@@ -2,11 +2,12 @@
 //! VMM's local APIC and on KVM's, read back the same; the answers KVM gave
 //! for the fuzz corpus are still what it answers.
 
+#[path = "../../reference-vmm/tests/common/mod.rs"]
 mod common;
 
+use apic_conformance::{self as conformance, DEFAULT_OPS, SEEDS_PER_VM, fuzz_corpus};
 use common::{kvm_available, skip};
 use reference_vmm::Irqchip;
-use reference_vmm::conformance::{self, DEFAULT_OPS, SEEDS_PER_VM, fuzz_corpus};
 use test_guests::apic_script::Mode;
 
 /// Seeds per mode: each a sequence of `DEFAULT_OPS` random operations.
@@ -54,7 +55,7 @@ fn the_committed_fuzz_corpus_answers_are_still_kvms() {
     if !kvm_available(test) {
         return;
     }
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../reference-vmm");
     let text = std::fs::read_to_string(format!("{root}/{}", fuzz_corpus::EXPECTATIONS)).unwrap();
     let answers = fuzz_corpus::parse(&text).unwrap();
     let cpuid = kvm_ioctls::Kvm::new()

@@ -7,7 +7,7 @@
 //! checks only invariants.
 //!
 //! An input is 10-byte operations: a kind, an argument and a value (see
-//! `invariants::local_apic`, feature `fuzzing`). Kinds 0-3 (MSR write and read, page
+//! reference-vmm's `invariants::local_apic`, feature `fuzzing`). Kinds 0-3 (MSR write and read, page
 //! read and write) reach the registers; the others (pending vectors,
 //! injection, time) have no guest counterpart and are left out. The
 //! sequence is tamed as the conformance generator's are: fixed delivery
@@ -19,23 +19,21 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use lapic_timer::GuestTime;
 use test_guests::apic_script::{Kind, MAX_OPS, Op, Outcome, Record};
 use test_guests::x86::apic::{MSR_APIC_BASE, MSR_TSC_DEADLINE, XAPIC_BASE};
 use test_guests::x86::boot::phys_bits;
 
 use super::{Difference, Origin, first_difference, records};
-use crate::apic::{Action, LocalApic};
-use crate::{Error, Irqchip};
+use reference_vmm::invariants::{apic_answers, fuzz_msr, fuzz_ops, fuzz_write_offset};
+use reference_vmm::{Error, Irqchip};
 
-/// The committed answers, relative to the crate's directory: a line
+/// The committed answers, relative to reference-vmm's directory (beside
+/// its fuzz target's corpus): a line
 /// `maxphyaddr N` (the recording vCPU's), then a line per corpus input, its
 /// file name and one outcome per operation of its [`script`] (hex value,
 /// `gp` for a #GP, `-` not run); `#` starts a comment.
 pub const EXPECTATIONS: &str = "fuzz-corpus/local_apic.kvm";
 
-/// Bytes per operation of a fuzz input.
-const FUZZ_OP: usize = 10;
 /// IA32_APIC_BASE's global enable and bootstrap-processor bits (vCPU 0's).
 const APIC_BASE_KEPT: u64 = XAPIC_BASE | 1 << 11 | 1 << 8;
 /// IA32_APIC_BASE's address bits (12-51).
@@ -45,44 +43,6 @@ const LVTS: [u32; 7] = [0x2F0, 0x320, 0x330, 0x340, 0x350, 0x360, 0x370];
 const ICR: u32 = 0x300;
 const TIMER_INITIAL: u32 = 0x380;
 const TPR: u32 = 0x080;
-
-/// One operation of a fuzz input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FuzzOp {
-    /// What it does (modulo 8).
-    pub kind: u8,
-    /// The register (an MSR by [`fuzz_msr`], or part of a page offset), or
-    /// an access's size.
-    pub arg: u8,
-    /// The value, little-endian, zero past the input's end.
-    pub value: u64,
-}
-
-/// The operations of a fuzz input, 10 bytes each.
-pub fn fuzz_ops(input: &[u8]) -> impl Iterator<Item = FuzzOp> + '_ {
-    input.chunks(FUZZ_OP).map(|op| FuzzOp {
-        kind: op[0] % 8,
-        arg: op.get(1).copied().unwrap_or(0),
-        value: (0..8).fold(0, |v, k| {
-            v | u64::from(op.get(2 + k).copied().unwrap_or(0)) << (8 * k)
-        }),
-    })
-}
-
-/// The MSR of a fuzz operation's argument: the x2APIC range and past it,
-/// IA32_APIC_BASE (0xFF) or IA32_TSC_DEADLINE (0xFE).
-pub fn fuzz_msr(arg: u8) -> u32 {
-    match arg {
-        0xFF => MSR_APIC_BASE,
-        0xFE => MSR_TSC_DEADLINE,
-        n => 0x800 + u32::from(n),
-    }
-}
-
-/// The page offset a fuzz page write reaches.
-pub fn fuzz_write_offset(op: FuzzOp) -> u64 {
-    u64::from(op.arg) << 4 | op.value >> 60
-}
 
 /// `input`'s register accesses as a sequence for vCPU 0, tamed, ending
 /// with the highest task priority in both modes (as the generator's do).
@@ -155,64 +115,13 @@ fn far(value: u64, bit: u32) -> u64 {
     }
 }
 
-/// What this VMM's local APIC (`LocalApic`, vCPU 0 of one with
-/// `phys_bits` of physical address, at time 0 on a 1 GHz TSC) reads back
-/// for `script`, handling each write's IPI as the VMM does: its own
-/// pending set gains the vector when the IPI reaches it.
-pub fn ours(script: &[Op], phys_bits: u8) -> Vec<Record> {
-    let time = GuestTime {
-        tsc_khz: 1_000_000,
-        ns: 0,
-        tsc_at_ns: 0,
-    };
-    let mut apic = LocalApic::new(0, time).with_phys_bits(phys_bits);
-    let mut irr = [0u64; 4];
-    let post = |apic: &LocalApic, action, irr: &mut [u64; 4]| {
-        if let Action::Ipi { vector, to } = action {
-            if to.reaches(0, 0, apic.x2apic()) && apic.enabled() {
-                irr[usize::from(vector / 64)] |= 1 << (vector % 64);
-            }
-        }
-    };
-    let outcome = |result: Result<u64, _>| result.map_or(Outcome::Faulted, Outcome::Done);
-    script
-        .iter()
-        .map(|&op| {
-            let outcome = match op.kind {
-                Kind::ReadMsr => outcome(apic.read(op.register, &irr, 0)),
-                Kind::WriteMsr => match apic.write(op.register, op.value, 0) {
-                    Ok(action) => {
-                        post(&apic, action, &mut irr);
-                        Outcome::Done(0)
-                    }
-                    Err(_) => Outcome::Faulted,
-                },
-                Kind::ReadPage => {
-                    let mut word = [0; 4];
-                    apic.mmio_read_bytes(op.register.into(), &mut word, &irr, 0);
-                    Outcome::Done(u32::from_le_bytes(word).into())
-                }
-                Kind::WritePage => {
-                    let word = (op.value as u32).to_le_bytes();
-                    let action = apic.mmio_write_bytes(op.register.into(), &word, 0);
-                    post(&apic, action, &mut irr);
-                    Outcome::Done(0)
-                }
-                Kind::OrMsr | Kind::Delay | Kind::Barrier | Kind::WriteMsrAfterTsc => {
-                    Outcome::NotRun
-                }
-            };
-            Record { op, outcome }
-        })
-        .collect()
-}
-
 /// The first operation of `input`'s [`script`] where this VMM's local APIC
-/// ([`ours`]) answers otherwise than KVM's recorded `answers`, outside
+/// (`invariants::apic_answers`) answers otherwise than KVM's recorded
+/// `answers`, outside
 /// [`super::DELIBERATE`]; a record of another length is a difference at its
 /// end.
 pub fn check(input: &[u8], kvm: &[Outcome], phys_bits: u8) -> Option<Difference> {
-    let ours = ours(&script(input), phys_bits);
+    let ours = apic_answers(&script(input), phys_bits);
     let kvm: Vec<Record> = ours
         .iter()
         .zip(kvm.iter().chain(std::iter::repeat(&Outcome::NotRun)))
@@ -377,7 +286,7 @@ mod tests {
         // The VMM's model against a made-up answer: the read differs.
         let input = [1u8, 3, 0, 0, 0, 0, 0, 0, 0, 0];
         assert!(check(&input, &same, 48).is_some(), "a #GP read back as 0");
-        let modelled: Vec<Outcome> = ours(&script(&input), 48)
+        let modelled: Vec<Outcome> = apic_answers(&script(&input), 48)
             .iter()
             .map(|r| r.outcome)
             .collect();

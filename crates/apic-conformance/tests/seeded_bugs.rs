@@ -1,13 +1,14 @@
 //! The conformance runner catches each of four plausible APIC bugs,
 //! planted one at a time, within the default seeds (`cargo test -p
-//! reference-vmm --features seeded-bugs --test seeded_bugs`; `.ci/run` runs
-//! it).
+//! apic-conformance --features seeded-bugs --test seeded_bugs`; `.ci/run`
+//! runs it).
 #![cfg(feature = "seeded-bugs")]
 
+#[path = "../../reference-vmm/tests/common/mod.rs"]
 mod common;
 
+use apic_conformance::{self as conformance, DEFAULT_OPS};
 use common::kvm_available;
-use reference_vmm::conformance::{self, DEFAULT_OPS};
 use reference_vmm::seeded_bugs::{SeededBug, plant};
 use test_guests::apic_script::Mode;
 
