@@ -287,4 +287,13 @@ mod tests {
         let memory = VmMemory::from_ranges(&[(GuestAddress(0), 4 * PAGE_SIZE as usize)]).unwrap();
         assert!(zero_pages(&memory, 3 * PAGE_SIZE, 2).is_err());
     }
+
+    #[test]
+    fn an_empty_chain_is_refused() {
+        match receive_chain::<&[u8]>(&mut [], &VmConfig::default()) {
+            Err(MigrationError::Chain(why)) => assert_eq!(why, "no snapshot to restore"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("restored nothing"),
+        }
+    }
 }

@@ -50,6 +50,23 @@ pub fn migration_stream(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+    use crate::state::tests::{description, user_vcpu};
+    use crate::stream::{Link, StreamWriter};
+
+    /// A whole snapshot's records, a Chain among them, keep every invariant.
+    #[test]
+    fn a_whole_stream_keeps_every_invariant() {
+        let mut out = StreamWriter::after_header(Vec::new());
+        out.config(&description(2)).unwrap();
+        out.chain(Link { id: 9, parent: 4 }).unwrap();
+        out.pages(0x1000, &[[7u8; 4096], [0; 4096]].concat())
+            .unwrap();
+        out.vcpu(&user_vcpu(1)).unwrap();
+        out.vcpu(&user_vcpu(0)).unwrap();
+        out.end().unwrap();
+        super::migration_stream(&out.into_inner());
+    }
+
     #[test]
     fn replays_the_migration_stream_corpus() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz-corpus/migration_stream");

@@ -85,7 +85,7 @@ fn take_chain(
     mut mover: Mover,
     control: &RunControl,
     memory: &VmMemory,
-    files: &[PathBuf; 2],
+    files: &[PathBuf; 4],
 ) -> Result<Taken, MigrationError> {
     std::thread::sleep(Duration::from_millis(300));
     let fill = || {
@@ -113,6 +113,9 @@ fn take_chain(
         SnapshotKind::Incremental,
         || {},
     )?;
+    // A second chain, of the running guest: a full snapshot ends the first.
+    mover.snapshot(control, &files[2], SnapshotKind::Full)?;
+    mover.snapshot(control, &files[3], SnapshotKind::Incremental)?;
     test_guests::abi::note_migration_ended(memory).unwrap();
     Ok(Taken { base, increment })
 }
@@ -143,7 +146,7 @@ fn first_difference(got: &[u8], want: &[u8]) -> Option<u64> {
 
 fn a_chain_restores_byte_for_byte(backend: DirtyLogBackend) {
     let dir = std::env::temp_dir();
-    let files = ["base", "increment"]
+    let files = ["base", "increment", "second-base", "second-increment"]
         .map(|name| dir.join(format!("snapshots-{}-{backend}-{name}", std::process::id())));
     let mut vm = Vm::new(&config(backend)).unwrap();
     let memory = vm.memory();
@@ -174,6 +177,16 @@ fn a_chain_restores_byte_for_byte(backend: DirtyLogBackend) {
     let Taken { base, increment } = taken.recv().unwrap().unwrap();
 
     let sizes = files.clone().map(|f| std::fs::metadata(f).unwrap().len());
+    let second = restored(&files[2..]).unwrap();
+    let run = second
+        .vm
+        .run(second.program, Box::new(std::io::sink()))
+        .unwrap();
+    assert_eq!(
+        run.value(0, "pages_checked"),
+        Some(PAGES_EACH),
+        "the second chain"
+    );
     eprintln!(
         "{backend}: base {} bytes, {} pages in {:?}; increment {} bytes, {} pages in {:?}",
         sizes[0],
@@ -196,13 +209,18 @@ fn a_chain_restores_byte_for_byte(backend: DirtyLogBackend) {
         base.0.downtime
     );
 
+    let mixed = refused(&[files[0].clone(), files[3].clone()]);
+    assert!(
+        mixed.contains("snapshot 2 is not the increment taken after snapshot 1"),
+        "{mixed}"
+    );
     let alone = restored(&files[..1]).unwrap();
     assert_eq!(
         first_difference(&memory_bytes(&alone.vm.memory()), &base.1),
         None,
         "the base"
     );
-    let chain = restored(&files).unwrap();
+    let chain = restored(&files[..2]).unwrap();
     assert_eq!(
         first_difference(&memory_bytes(&chain.vm.memory()), &increment.1),
         None,

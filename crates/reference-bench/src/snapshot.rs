@@ -3,10 +3,11 @@
 //! memory is filled and an incremental one after the tenth (the migration
 //! crate's, from dirty-log's manual protect), and so does Firecracker,
 //! booting the same guest, its diff from KVM's dirty log
-//! (`track_dirty_pages`) or, without it, from `mincore(2)`; Cloud
-//! Hypervisor's snapshots are full only, taken after the tenth. Each last
-//! snapshot is restored (this VMM's chain, Firecracker's diff onto its full
-//! one) and the guest checks every page against its generation.
+//! (`track_dirty_pages`) or, without it, from `mincore(2)`. This VMM also
+//! writes a full one after the tenth (`run --snapshot-to`), as Cloud
+//! Hypervisor does, whose snapshots are full only. Each last snapshot is
+//! restored (this VMM's chain, Firecracker's diff onto its full one) and
+//! the guest checks every page against its generation.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -20,7 +21,10 @@ use crate::firecracker_api::{FirecrackerApi, rebase};
 use crate::peer::{ImageFile, PeerFigure, PeerKind, Peers, figure_against, goal_against_each};
 use crate::peer_run::PeerRun;
 use crate::{Cell, Error, Options, Runs, Table, ticks_per_us};
-use migration::{MigrateOptions, MigrationError, Mover, SnapshotKind, StreamReader, receive_chain};
+use migration::{
+    MigrateOptions, Migration, MigrationError, Mover, SnapshotKind, StreamReader, Target,
+    receive_chain,
+};
 use reference_vmm::RunControl;
 use reference_vmm::{RunReport, Vm, VmConfig};
 use test_guests::programs as guest;
@@ -41,9 +45,11 @@ const AFTER_LAST: Duration = Duration::from_secs(2);
 /// One row: who snapshots, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
-    /// This VMM's full snapshot once the memory is filled, then its
-    /// incremental one after the tenth.
+    /// This VMM's full snapshot, at the point of Firecracker's diff.
     Full,
+    /// This VMM's full snapshot once the memory is filled, then its
+    /// incremental one after the tenth (dirty-log's manual protect).
+    Incremental,
     /// Cloud Hypervisor's full snapshot, at the same point.
     CloudHypervisor,
     /// Firecracker's full snapshot once the memory is filled, then its diff
@@ -51,8 +57,9 @@ enum Variant {
     Firecracker { dirty_log: bool },
 }
 
-const VARIANTS: [Variant; 4] = [
+const VARIANTS: [Variant; 5] = [
     Variant::Full,
+    Variant::Incremental,
     Variant::CloudHypervisor,
     Variant::Firecracker { dirty_log: true },
     Variant::Firecracker { dirty_log: false },
@@ -130,10 +137,9 @@ impl Drop for Scratch {
     }
 }
 
-/// This VMM's full snapshot once the guest filled its pages, its
-/// incremental one after the tenth, then the chain's restore, to the
-/// guest's end.
-fn ours(pages: u64, mem_mib: u64) -> Result<Sample, Error> {
+/// The `migrate` guest's VM: `pages` per vCPU in `mem_mib`, running until
+/// `AFTER_LAST` after the tenth.
+fn guest_config(pages: u64, mem_mib: u64) -> VmConfig {
     let (fill, tenth) = phases(pages);
     let mut config = VmConfig {
         vcpus: VCPUS,
@@ -141,10 +147,49 @@ fn ours(pages: u64, mem_mib: u64) -> Result<Sample, Error> {
         timeout: Some(Duration::from_secs(300)),
         ..VmConfig::default()
     };
-    let run = fill + tenth + AFTER_LAST;
-    let p = params(pages, run);
+    let p = params(pages, fill + tenth + AFTER_LAST);
     config.params[..p.len()].copy_from_slice(&p);
-    let scratch = Scratch::new("ours")?;
+    config
+}
+
+/// This VMM's full snapshot of the guest after it filled its pages and
+/// rewrote a tenth (`run --snapshot-to`), then its restore, to the guest's
+/// end.
+fn full(pages: u64, mem_mib: u64) -> Result<Sample, Error> {
+    let (fill, tenth) = phases(pages);
+    let config = guest_config(pages, mem_mib);
+    let scratch = Scratch::new("full")?;
+    let path = scratch.file("vm.snap");
+    let options = MigrateOptions {
+        after: fill + tenth,
+        ..MigrateOptions::default()
+    };
+    let mut vm = Vm::new(&config)?;
+    let moving = Migration::prepare(&mut vm, Target::File(path.clone()), options)?;
+    let (tx, taken) = std::sync::mpsc::channel();
+    vm.on_start(Box::new(move |control| {
+        let _ = tx.send(moving.run(control));
+    }));
+    vm.run(program(), Box::new(std::io::sink()))?;
+    let report = taken
+        .recv()
+        .map_err(|_| Error::ThreadPanicked("snapshot"))??;
+    Ok(Sample {
+        snapshots: vec![Taken {
+            bytes: on_disk(&path),
+            pause: report.downtime,
+        }],
+        pages_checked: restored_checked(&[path], &config)?,
+    })
+}
+
+/// This VMM's full snapshot once the guest filled its pages, its
+/// incremental one after the tenth, then the chain's restore, to the
+/// guest's end.
+fn incremental(pages: u64, mem_mib: u64) -> Result<Sample, Error> {
+    let (fill, tenth) = phases(pages);
+    let config = guest_config(pages, mem_mib);
+    let scratch = Scratch::new("incremental")?;
     let files = [scratch.file("base.snap"), scratch.file("increment.snap")];
     let mut vm = Vm::new(&config)?;
     let mut mover = Mover::prepare(&mut vm, MigrateOptions::default())?;
@@ -161,18 +206,6 @@ fn ours(pages: u64, mem_mib: u64) -> Result<Sample, Error> {
     let pauses = taken
         .recv()
         .map_err(|_| Error::ThreadPanicked("snapshot"))??;
-    let mut inputs = Vec::new();
-    for path in &files {
-        let file = File::open(path).map_err(|source| Error::WriteImage {
-            path: path.clone(),
-            source,
-        })?;
-        inputs.push(StreamReader::new(BufReader::new(file)).map_err(MigrationError::from)?);
-    }
-    let incoming = receive_chain(&mut inputs, &config)?;
-    let restored = incoming
-        .vm
-        .run(incoming.program, Box::new(std::io::sink()))?;
     Ok(Sample {
         snapshots: files
             .iter()
@@ -182,8 +215,26 @@ fn ours(pages: u64, mem_mib: u64) -> Result<Sample, Error> {
                 pause,
             })
             .collect(),
-        pages_checked: checked(&restored),
+        pages_checked: restored_checked(&files, &config)?,
     })
+}
+
+/// Restores the snapshot chain in `files` with `config`'s mechanisms and
+/// runs it to the guest's end: the pages its vCPUs checked.
+fn restored_checked(files: &[PathBuf], config: &VmConfig) -> Result<u64, Error> {
+    let mut inputs = Vec::new();
+    for path in files {
+        let file = File::open(path).map_err(|source| Error::WriteImage {
+            path: path.clone(),
+            source,
+        })?;
+        inputs.push(StreamReader::new(BufReader::new(file)).map_err(MigrationError::from)?);
+    }
+    let incoming = receive_chain(&mut inputs, config)?;
+    let restored = incoming
+        .vm
+        .run(incoming.program, Box::new(std::io::sink()))?;
+    Ok(checked(&restored))
 }
 
 /// A `kind` snapshot of the running guest to `path`: the pause, from the
@@ -335,7 +386,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     for rep in 1..=opts.reps() {
         for (i, variant) in VARIANTS.into_iter().enumerate() {
             let kind = match variant {
-                Variant::Full => None,
+                Variant::Full | Variant::Incremental => None,
                 Variant::CloudHypervisor => Some(PeerKind::CloudHypervisor),
                 Variant::Firecracker { .. } => Some(PeerKind::Firecracker),
             };
@@ -348,7 +399,11 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             let sample = match (variant, peers.cloud_hypervisor(), peers.firecracker()) {
                 (Variant::Full, ..) => {
                     announce();
-                    ours(pages, mem_mib)
+                    full(pages, mem_mib)
+                }
+                (Variant::Incremental, ..) => {
+                    announce();
+                    incremental(pages, mem_mib)
                 }
                 (Variant::CloudHypervisor, Some(ch), _) => {
                     announce();
@@ -394,7 +449,8 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
 
 fn name(variant: Variant) -> &'static str {
     match variant {
-        Variant::Full => "reference-vmm, dirty-log (manual protect)",
+        Variant::Full => "reference-vmm, full",
+        Variant::Incremental => "reference-vmm, incremental (dirty-log's manual protect)",
         Variant::CloudHypervisor => "cloud-hypervisor, full (its only kind)",
         Variant::Firecracker { dirty_log: true } => {
             "firecracker, track_dirty_pages (KVM's dirty log)"
@@ -405,8 +461,8 @@ fn name(variant: Variant) -> &'static str {
 
 fn rows(t: &mut Table, variant: Variant, c: &Cells, mem_mib: u64, expected: u64) {
     let kinds: &[&str] = match variant {
-        Variant::CloudHypervisor => &["full, after the tenth"],
-        Variant::Full => &["full, once filled", "incremental, after the tenth"],
+        Variant::Full | Variant::CloudHypervisor => &["full, after the tenth"],
+        Variant::Incremental => &["full, once filled", "incremental, after the tenth"],
         Variant::Firecracker { .. } => &["full, once filled", "diff, after the tenth"],
     };
     for (i, kind) in kinds.iter().enumerate().filter(|(i, _)| *i < c.bytes.len()) {
@@ -446,16 +502,19 @@ fn notes(
         "Medians of {} runs per variant, alternating. The guest (migrate) rewrites its pages in \
          turn, one every {WRITE_US} µs per vCPU: it fills them in {} ms and rewrites a tenth in \
          {} ms. Firecracker takes its full snapshot {} ms after InstanceStart (its start, then \
-         the fill) and its diff a tenth later; this VMM its full one once filled and its \
-         incremental one a tenth later; Cloud Hypervisor its full snapshot at the diff's point \
-         (ch-remote pause, snapshot, resume, then --restore in a fresh process). \
+         the fill) and its diff a tenth later; this VMM, incremental, its full one once filled \
+         and its incremental one a tenth later; this VMM's and Cloud Hypervisor's full \
+         snapshots come at the diff's point (Cloud Hypervisor: ch-remote pause, snapshot, \
+         resume, then --restore in a fresh process). \
          On disk: the snapshot files' allocated blocks (a diff's memory file is sparse; an \
          increment is a stream of the dirty page runs). Pause: from the pause to the resume's \
-         answer (Firecracker), or to the resume, before the file's sync (this VMM's snapshots from a running guest). \
+         answer (Firecracker), to the file's sync (this VMM, full: `run --snapshot-to`), or to \
+         the resume, before the file's sync (this VMM, incremental: the control socket's way). \
          Restored: Firecracker's diff copied onto its full snapshot's memory (the data regions \
          of the sparse file, as its snapshot-editor's rebase does) and loaded into a fresh \
-         process; this VMM's full snapshot and increment with `restore BASE INCREMENT`; the \
-         guest then runs to its end and checks every page against its generation.",
+         process; this VMM's full snapshot with `restore`, and its chain with `restore BASE \
+         INCREMENT`; the guest then runs to its end and checks every page against its \
+         generation.",
         opts.reps(),
         fill.as_millis(),
         tenth.as_millis(),
@@ -465,17 +524,17 @@ fn notes(
         let found = failures.iter().find(|(k, _)| *k == kind);
         peers.seen(kind, found.map(|(_, e)| e.as_str()), false)
     };
-    let (fc_tracked, fc_mincore) = (2, 3);
+    let (ch, fc_tracked, fc_mincore) = (2, 3, 4);
     let first = |runs: &[Runs]| runs.first().cloned().unwrap_or_default();
     let diff = |i: usize| cells[i].bytes.get(1).cloned().unwrap_or_default();
     let pause = |i: usize| cells[i].pause_ms.get(1).cloned().unwrap_or_default();
-    let ours = &cells[0];
+    let (ours, chain) = (&cells[0], &cells[1]);
     let fc = failure(PeerKind::Firecracker);
     let increment = |runs: &[Runs]| runs.get(1).cloned().unwrap_or_default();
     let incremental = [
-        ("bytes", &ours.bytes, diff(fc_tracked), 1.0),
-        ("pause", &ours.pause_ms, pause(fc_tracked), 1.0),
-        ("bytes against mincore", &ours.bytes, diff(fc_mincore), 0.2),
+        ("bytes", &chain.bytes, diff(fc_tracked), 1.0),
+        ("pause", &chain.pause_ms, pause(fc_tracked), 1.0),
+        ("bytes against mincore", &chain.bytes, diff(fc_mincore), 0.2),
     ]
     .map(|(what, ours, theirs, at_most)| PeerFigure {
         vmm: what,
@@ -488,7 +547,7 @@ fn notes(
         &incremental,
     ));
     let figures = [
-        (PeerKind::CloudHypervisor, 1),
+        (PeerKind::CloudHypervisor, ch),
         (PeerKind::Firecracker, fc_tracked),
     ]
     .map(|(kind, at)| {
@@ -564,8 +623,16 @@ mod tests {
             only: None,
         });
         let mut ours = Cells::default();
-        ours.add(sample(&[60 << 20, 6 << 20], 30, 5600));
-        let cells = vec![ours, Cells::default(), Cells::default(), Cells::default()];
+        ours.add(sample(&[20 << 20], 30, 5600));
+        let mut chain = Cells::default();
+        chain.add(sample(&[60 << 20, 6 << 20], 30, 5600));
+        let cells = vec![
+            ours,
+            chain,
+            Cells::default(),
+            Cells::default(),
+            Cells::default(),
+        ];
         let failures = vec![(PeerKind::CloudHypervisor, "it failed".to_owned())];
         let mut t = Table::new("snapshot", &[]);
         notes(

@@ -125,7 +125,8 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     };
     all_measured(&migrate, 6 + 12 + 8 + 2 + if ch { 6 } else { 0 });
     assert_eq!(migrate.peer_goals.len(), 2, "{}", migrate.markdown());
-    // This VMM's full and incremental snapshots; Cloud Hypervisor's;
+    // This VMM's full snapshot, and its full and incremental ones; Cloud
+    // Hypervisor's;
     // Firecracker's full and diff, each way, where each was found; every
     // restored guest checked every page.
     let snapshot = bench::snapshot::run(QUICK, &mut quiet).unwrap();
@@ -134,7 +135,7 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
         reference_bench::firecracker::Firecracker::find().is_some()
     };
     let peer_rows = usize::from(ch) + if fc { 4 } else { 0 };
-    all_measured(&snapshot, 2 + peer_rows);
+    all_measured(&snapshot, 3 + peer_rows);
     for row in snapshot.rows.iter().filter(|r| r[5].text != "-") {
         let (checked, of) = row[5].text.split_once(" of ").unwrap();
         let expected = of.split(' ').next();

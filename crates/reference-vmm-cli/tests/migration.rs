@@ -601,6 +601,22 @@ fn a_snapshot_restores_and_runs_on_and_damaged_ones_are_refused() {
         assert!(out.stdout.is_empty(), "{name}: a damaged snapshot ran");
         std::fs::remove_file(path).unwrap();
     }
+    // A full snapshot is no increment: restored after itself, it is
+    // refused, naming both files.
+    let twice = vmm().arg("restore").args([&file, &file]).output().unwrap();
+    assert_eq!(twice.status.code(), Some(1));
+    let err = text(&twice.stderr);
+    assert!(
+        err.contains(" + ")
+            && err.contains("snapshot 2 is not the increment taken after snapshot 1"),
+        "{err}"
+    );
+    let missing = vmm()
+        .args(["restore", "/nonexistent/base"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(text(&missing.stderr).contains("cannot open /nonexistent/base"));
     std::fs::remove_file(file).unwrap();
 }
 
