@@ -16,7 +16,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 /// The README's `sh` blocks, in order.
 fn examples() -> Vec<String> {
-    let readme = include_str!("../../reference-vmm/README.md");
+    let readme = include_str!("../README.md");
     readme
         .split("```sh\n")
         .skip(1)
