@@ -87,7 +87,8 @@ impl Connection {
         )
     }
 
-    fn fd(&self) -> RawFd {
+    /// The socket's fd, to wait on beside others.
+    pub(crate) fn raw_fd(&self) -> RawFd {
         match &self.transport {
             Transport::Unix(s) => s.as_raw_fd(),
             Transport::Tcp(s) => s.as_raw_fd(),
@@ -133,11 +134,11 @@ impl Connection {
     /// Bytes written to the socket that the peer has not taken yet (for
     /// TCP, not acknowledged yet: still in this host's queues or on the
     /// wire).
-    fn unsent(&self) -> io::Result<usize> {
+    pub(crate) fn unsent(&self) -> io::Result<usize> {
         let mut bytes: libc::c_int = 0;
         // SAFETY: SIOCOUTQ writes one int, into a local, about a socket
         // this connection owns.
-        match unsafe { libc::ioctl(self.fd(), libc::TIOCOUTQ, &raw mut bytes) } {
+        match unsafe { libc::ioctl(self.raw_fd(), libc::TIOCOUTQ, &raw mut bytes) } {
             0 => Ok(usize::try_from(bytes).unwrap_or(0)),
             _ => Err(io::Error::last_os_error()),
         }
@@ -161,8 +162,12 @@ impl Connection {
     /// read: true, or false at the limit. A peer that closes has something
     /// to read (its end).
     pub(crate) fn wait_readable(&mut self, within: Option<Duration>) -> io::Result<bool> {
-        if let Transport::TlsServer(s) = &mut self.transport {
-            let state = s.conn.process_new_packets().map_err(io::Error::other)?;
+        let tls = match &mut self.transport {
+            Transport::TlsServer(s) => Some(s.conn.process_new_packets()),
+            Transport::TlsClient(s) => Some(s.conn.process_new_packets()),
+            _ => None,
+        };
+        if let Some(state) = tls.transpose().map_err(io::Error::other)? {
             if state.plaintext_bytes_to_read() > 0 || state.peer_has_closed() {
                 return Ok(true);
             }
@@ -175,7 +180,7 @@ impl Connection {
                 l.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             });
             let mut poll = libc::pollfd {
-                fd: self.fd(),
+                fd: self.raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };

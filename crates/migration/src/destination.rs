@@ -9,8 +9,10 @@ use std::time::Duration;
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{Address as _, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use super::postcopy::PostcopyPages;
+use super::postcopy::pages::PageSet;
 use super::stream::{Link, Record, StreamReader};
-use super::{MigrationError, handover};
+use super::{Connection, MigrationError, handover};
 use reference_vmm::Irqchip;
 use reference_vmm::VmMemory;
 use reference_vmm::{Boot, Vm, VmConfig};
@@ -26,6 +28,10 @@ pub struct Incoming {
     pub program: &'static GuestProgram,
     /// Pages received (a page sent in several rounds counts each time).
     pub pages: u64,
+    /// Post-copy: the pages the guest still lacks, registered; fetch them
+    /// with [`Incoming::fetch`] once the source has committed, then run
+    /// the VM. `None` for a guest that came whole.
+    pub postcopy: Option<PostcopyPages>,
 }
 
 /// Reads a whole stream into a new VM. The stream gives the machine and
@@ -37,12 +43,24 @@ pub struct Incoming {
 /// nice -10 where the process may raise it, and gets its own weight back
 /// on return: at the switch-over it must not wait behind other tenants.
 /// An incremental snapshot is refused: it restores after its base
-/// ([`receive_chain`]).
+/// ([`receive_chain`]); so is a post-copy stream, which comes on a
+/// connection ([`receive_from`]).
 pub fn receive<R: Read>(
     input: &mut StreamReader<R>,
     config: &VmConfig,
 ) -> Result<Incoming, MigrationError> {
     receive_chain(std::slice::from_mut(input), config)
+}
+
+/// A live migration's destination: [`receive`] from the source's
+/// connection, and, for a post-copy stream, the source told once the VM is
+/// made (its guest pauses only then, so that the VM's creation is not part
+/// of the downtime).
+pub fn receive_from(
+    input: &mut StreamReader<Connection>,
+    config: &VmConfig,
+) -> Result<Incoming, MigrationError> {
+    read_chain(std::slice::from_mut(input), config, handover::made)
 }
 
 /// Reads a full snapshot and the increments taken after it, in order, into
@@ -54,6 +72,20 @@ pub fn receive_chain<R: Read>(
     inputs: &mut [StreamReader<R>],
     config: &VmConfig,
 ) -> Result<Incoming, MigrationError> {
+    read_chain(inputs, config, |_| {
+        Err(std::io::ErrorKind::Unsupported.into())
+    })
+}
+
+/// What tells a post-copy source that the VM is made: an error where the
+/// input cannot.
+type Made<R> = fn(&mut R) -> std::io::Result<()>;
+
+fn read_chain<R: Read>(
+    inputs: &mut [StreamReader<R>],
+    config: &VmConfig,
+    made: Made<R>,
+) -> Result<Incoming, MigrationError> {
     let _favoured = super::favour::Favoured::this_thread();
     let (first, rest) = inputs
         .split_first_mut()
@@ -63,12 +95,13 @@ pub fn receive_chain<R: Read>(
         .ok_or_else(|| MigrationError::UnknownGuest(description.program.clone()))?;
     let mut vm = create(&description, config)?;
     let memory = vm.memory();
-    let mut applied = apply(first, &memory)?;
+    let mut applied = apply(first, &memory, made)?;
     if applied.link.is_some_and(|link| !link.is_full()) {
         return Err(MigrationError::Chain(
             "the first snapshot is an increment: give its base first".into(),
         ));
     }
+    let chained = !rest.is_empty();
     for (place, input) in (2..).zip(rest) {
         if input.config()? != description {
             return Err(MigrationError::Chain(format!(
@@ -76,7 +109,7 @@ pub fn receive_chain<R: Read>(
             )));
         }
         let before = applied.link.map(|link| link.id);
-        let next = apply(input, &memory)?;
+        let next = apply(input, &memory, made)?;
         if before.is_none() || next.link.map(|link| link.parent) != before {
             return Err(MigrationError::Chain(format!(
                 "snapshot {place} is not the increment taken after snapshot {}",
@@ -89,6 +122,15 @@ pub fn receive_chain<R: Read>(
         };
     }
     restore_vcpus(&vm, &description, &applied.states)?;
+    let postcopy = match applied.postcopy {
+        Some(_) if chained => {
+            return Err(MigrationError::Chain(
+                "a post-copy stream is no snapshot".into(),
+            ));
+        }
+        Some((id, needed)) => Some(PostcopyPages::prepare(&memory, id, needed)?),
+        None => None,
+    };
     vm.set_incoming(
         applied
             .states
@@ -100,6 +142,7 @@ pub fn receive_chain<R: Read>(
         vm,
         program,
         pages: applied.pages,
+        postcopy,
     })
 }
 
@@ -126,23 +169,28 @@ fn create(description: &VmDescription, config: &VmConfig) -> Result<Vm, Migratio
 }
 
 /// What one stream brought: its pages written to memory, its vCPUs' states
-/// by index, and its place in a snapshot chain.
+/// by index, its place in a snapshot chain, and in post-copy the move's id
+/// and the pages still to come.
 struct Applied {
     pages: u64,
     states: Vec<VcpuState>,
     link: Option<Link>,
+    postcopy: Option<(u64, PageSet)>,
 }
 
 /// Writes a stream's pages to `memory` as they come, to its End record.
 fn apply<R: Read>(
     input: &mut StreamReader<R>,
     memory: &VmMemory,
+    made: Made<R>,
 ) -> Result<Applied, MigrationError> {
     let mut applied = Applied {
         pages: 0,
         states: Vec::new(),
         link: None,
+        postcopy: None,
     };
+    let pages = (memory.last_addr().0 + 1) / PAGE_SIZE;
     loop {
         match input.next_record()? {
             Record::Pages { gpa, data } => {
@@ -155,6 +203,25 @@ fn apply<R: Read>(
             }
             Record::Vcpu(state) => applied.states.push(*state),
             Record::Chain(link) => applied.link = Some(link),
+            Record::Postcopy(id) => {
+                made(input.get_mut()).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::Unsupported => {
+                        MigrationError::Stream(super::StreamError::Io(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            "a post-copy stream, which comes on a connection (receive_from)",
+                        )))
+                    }
+                    _ => MigrationError::NotCommitted(format!(
+                        "the source did not hear that the VM is made: {e}"
+                    )),
+                })?;
+                applied.postcopy = Some((id, PageSet::new(pages)));
+            }
+            Record::Missing { gpa, pages: n } => {
+                if let Some((_, needed)) = &mut applied.postcopy {
+                    needed.insert_run(gpa / PAGE_SIZE, n);
+                }
+            }
             Record::End => break,
         }
     }

@@ -11,26 +11,37 @@
 //! worse again: the two then compete as before.) The old weight comes back
 //! when the guard drops, so that threads the caller spawns later (the
 //! destination's vCPU threads) inherit their usual one.
+//!
+//! A weight alone does not make a waking thread run at once: EEVDF lets
+//! the thread it would preempt run to the end of its slice (3 ms by
+//! default), and post-copy's fault thread and source wake for each page a
+//! vCPU waits on. So the favoured thread also asks for a 100 µs slice
+//! (`sched_setattr`'s runtime for a fair thread), which gives its wake-ups
+//! an earlier deadline than a CPU hog's.
+
+use vcpu_sched::thread::{SchedAttr, Tid, current_tid, get_attr, set_attr};
 
 /// The nice value of the destination's stream reader.
-const STREAM_NICE: libc::c_int = -10;
+const STREAM_NICE: i32 = -10;
+/// Its slice: short, so that its wake-ups preempt.
+const STREAM_SLICE_NS: u64 = 100_000;
 
-/// The calling thread at nice -10 until dropped, where the process may
-/// raise it (`CAP_SYS_NICE`); otherwise unchanged.
+/// The calling thread at nice -10 with a 100 µs slice until dropped, where
+/// the process may raise it (`CAP_SYS_NICE`); otherwise unchanged.
 #[derive(Debug)]
 pub(crate) struct Favoured {
-    /// The thread and its nice value before, if it was raised.
-    raised: Option<(libc::id_t, libc::c_int)>,
+    /// The thread and its attributes before, if they were changed.
+    raised: Option<(Tid, SchedAttr)>,
 }
 
 impl Favoured {
-    /// Raises the calling thread's weight.
+    /// Raises the calling thread's weight and shortens its slice.
     pub fn this_thread() -> Self {
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() } as libc::id_t;
-        let raised = nice_of(tid)
-            .filter(|&before| before > STREAM_NICE)
-            .filter(|_| set_nice(tid, STREAM_NICE))
+        let tid = current_tid();
+        let raised = get_attr(tid)
+            .ok()
+            .filter(|before| before.policy == libc::SCHED_OTHER as u32 && before.nice > STREAM_NICE)
+            .filter(|before| set_attr(tid, &favoured(before)).is_ok())
             .map(|before| (tid, before));
         Self { raised }
     }
@@ -39,28 +50,18 @@ impl Favoured {
 impl Drop for Favoured {
     fn drop(&mut self) {
         if let Some((tid, before)) = self.raised {
-            set_nice(tid, before);
+            let _ = set_attr(tid, &before);
         }
     }
 }
 
-/// Thread `tid`'s nice value.
-fn nice_of(tid: libc::id_t) -> Option<libc::c_int> {
-    // SAFETY: clears this thread's errno, so that a -1 that is a nice
-    // value can be told from an error.
-    unsafe { *libc::__errno_location() = 0 };
-    // SAFETY: getpriority on one of this process's threads reads a value.
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
-    match nice == -1 && std::io::Error::last_os_error().raw_os_error() != Some(0) {
-        true => None,
-        false => Some(nice),
+/// `before`, at nice -10 and a 100 µs slice.
+fn favoured(before: &SchedAttr) -> SchedAttr {
+    SchedAttr {
+        nice: STREAM_NICE,
+        runtime: STREAM_SLICE_NS,
+        ..*before
     }
-}
-
-/// Sets thread `tid`'s nice value; whether it took.
-fn set_nice(tid: libc::id_t, nice: libc::c_int) -> bool {
-    // SAFETY: setpriority on one of this process's threads.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) == 0 }
 }
 
 #[cfg(test)]
@@ -68,22 +69,24 @@ mod tests {
     use super::*;
 
     /// The thread is raised where the process may (as root), and always
-    /// back to its old weight after.
+    /// back to its old weight and slice after.
     #[test]
     fn a_thread_is_favoured_while_the_guard_lives() {
         std::thread::spawn(|| {
-            // SAFETY: gettid has no preconditions.
-            let tid = unsafe { libc::gettid() } as libc::id_t;
-            let before = nice_of(tid).unwrap();
+            let tid = current_tid();
+            let before = get_attr(tid).unwrap();
             {
                 let favoured = Favoured::this_thread();
-                let during = nice_of(tid).unwrap();
+                let during = get_attr(tid).unwrap();
                 match favoured.raised {
-                    Some(_) => assert_eq!(during, STREAM_NICE),
+                    Some(_) => assert_eq!(
+                        (during.nice, during.runtime),
+                        (STREAM_NICE, STREAM_SLICE_NS)
+                    ),
                     None => assert_eq!(during, before, "not allowed: unchanged"),
                 }
             }
-            assert_eq!(nice_of(tid).unwrap(), before);
+            assert_eq!(get_attr(tid).unwrap(), before);
         })
         .join()
         .unwrap();

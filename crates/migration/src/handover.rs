@@ -10,6 +10,7 @@
 //!                                        ◀───── TAKEN, or REFUSED and why
 //!    (the guest runs: --migrate-after-ms)
 //! Config, pre-copy page runs             ─────▶ the VM made, pages written
+//!    (post-copy: Postcopy after Config)  ◀───── MADE; the source pauses only then
 //!    (pause: the clock of --downtime-ms + HANDOVER_MARGIN starts)
 //! last page runs, every Vcpu, End        ─────▶ every vCPU's state restored
 //!                                        ◀───── READY, or REFUSED and why
@@ -48,6 +49,8 @@ pub const HANDOVER_MARGIN: Duration = Duration::from_secs(1);
 const TAKEN: u8 = 0xA5;
 /// The destination restored the whole VM and waits for the commit.
 const READY: u8 = 0;
+/// Post-copy: the destination made the VM; the source may pause its guest.
+const MADE: u8 = 0x4D;
 /// The destination refused: a length (u32, little-endian) and why follow.
 const REFUSED: u8 = 1;
 /// The source hands the guest over: the destination may run it.
@@ -138,6 +141,25 @@ pub(crate) fn read_answer(input: &mut impl Read) -> Result<(), MigrationError> {
         Ok(Err(Reply::Refused(why))) => Err(MigrationError::Refused(why)),
         Ok(Err(Reply::Other(byte))) => Err(MigrationError::Refused(format!(
             "it answered {byte:#04x} instead of READY"
+        ))),
+        Err(e) => Err(MigrationError::NoAnswer(e)),
+    }
+}
+
+/// Sends MADE at a post-copy destination: its VM exists.
+pub(crate) fn made(out: &mut impl Write) -> io::Result<()> {
+    out.write_all(&[MADE])?;
+    out.flush()
+}
+
+/// Reads MADE at a post-copy source, before its pause: or the
+/// destination's refusal.
+pub(crate) fn read_made(input: &mut impl Read) -> Result<(), MigrationError> {
+    match read_reply(input, MADE) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(Reply::Refused(why))) => Err(MigrationError::Refused(why)),
+        Ok(Err(Reply::Other(byte))) => Err(MigrationError::Refused(format!(
+            "it answered {byte:#04x} instead of saying it made the VM"
         ))),
         Err(e) => Err(MigrationError::NoAnswer(e)),
     }

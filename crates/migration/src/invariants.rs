@@ -30,7 +30,7 @@ pub fn migration_stream(data: &[u8]) {
                 assert!(gpa % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && len > 0);
                 assert!(gpa + len <= mem, "{len} bytes at {gpa:#x} past {mem:#x}");
             }
-            Record::Zero { gpa, pages } => {
+            Record::Zero { gpa, pages } | Record::Missing { gpa, pages } => {
                 assert!(gpa % PAGE_SIZE == 0 && pages > 0);
                 assert!(gpa + pages * PAGE_SIZE <= mem, "{pages} pages at {gpa:#x}");
             }
@@ -39,6 +39,7 @@ pub fn migration_stream(data: &[u8]) {
                 assert!(!std::mem::replace(slot, true), "vCPU {} twice", state.index);
             }
             Record::Chain(link) => assert!(link.id != 0, "snapshot id 0"),
+            Record::Postcopy(id) => assert!(id != 0, "post-copy id 0"),
             Record::End => {
                 assert!(seen.iter().all(|&s| s));
                 assert!(input.next_record().is_err());

@@ -18,6 +18,14 @@
 //! failure, and its pause is bounded by the downtime limit and
 //! [`HANDOVER_MARGIN`].
 //!
+//! # Post-copy
+//! With [`MigrateOptions::postcopy`] the guest runs at the destination
+//! before its memory is all there: the pages it lacks are registered with
+//! `userfaultfd(2)`, asked for as they fault and pushed meanwhile
+//! ([`postcopy`]); a cut link is survived where both sides were told to
+//! ([`MigrateOptions::resume`], [`Resume`]), and a lost side loses the
+//! guest ([`MigrationError::GuestLost`]).
+//!
 //! # Waits
 //! Every wait on the peer is bounded and named when it ends: a source's
 //! connection and the destination's taking it by [`CONNECT_TIMEOUT`], each
@@ -57,12 +65,14 @@ pub mod handover;
 pub mod invariants;
 mod listener;
 mod local;
+pub mod postcopy;
 pub mod snapshot;
 pub mod source;
 pub mod state;
 pub mod stream;
 mod throttle;
 pub mod tls;
+mod uffd;
 mod watch;
 
 use std::fmt;
@@ -75,10 +85,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use connection::Connection;
-pub use destination::{Incoming, hand_over, receive, receive_chain};
+pub use destination::{Incoming, hand_over, receive, receive_chain, receive_from};
 pub use handover::{HANDOVER_MARGIN, answer};
 pub use listener::{AcceptLimits, HANDSHAKE_TIMEOUT, Listener, MAX_HANDSHAKES};
 pub use local::{Moved, move_in_process, move_in_process_tls, move_to_listener};
+pub use postcopy::{FetchReport, Fetching, Postcopy, PostcopyPages, Resume};
 pub use snapshot::SnapshotKind;
 pub use source::{
     DirtyLogBackend, MigrateOptions, Migration, MigrationReport, Mover, Progress, Target,
@@ -211,6 +222,21 @@ pub enum MigrationError {
     /// snapshot before it to follow.
     #[error("snapshot chain: {0}")]
     Chain(String),
+    /// Post-copy at the destination: `userfaultfd(2)` was refused (no
+    /// `CONFIG_USERFAULTFD`, a seccomp filter, or
+    /// `vm.unprivileged_userfaultfd` 0 without `CAP_SYS_PTRACE`), or a
+    /// fill failed.
+    #[error("post-copy needs userfaultfd(2), which this host refused: {0}")]
+    Userfaultfd(#[source] io::Error),
+    /// Post-copy: the guest ran at the destination, and the side that
+    /// held the rest of its memory went away for good (or the link stayed
+    /// down past the limits): it runs nowhere now. A source never resumes
+    /// a guest it handed over.
+    #[error("the guest is lost: {0}")]
+    GuestLost(String),
+    /// Post-copy asked of a target that is not a destination process.
+    #[error("post-copy moves a guest to a destination process, not to a snapshot file")]
+    PostcopyToFile,
     /// The stream's guest program is not one this VMM has.
     #[error("the stream's guest program {0:?} is not one this reference-vmm has")]
     UnknownGuest(String),

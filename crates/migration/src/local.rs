@@ -5,13 +5,14 @@
 //! source and [`receive`] at the destination, each in its own process.
 
 use std::thread;
+use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress};
 
 use super::tls::{TlsClient, TlsServer};
 use super::{
-    AcceptLimits, Address, Incoming, Listener, MigrateOptions, Migration, MigrationError,
-    MigrationReport, Target, hand_over, receive,
+    AcceptLimits, Address, FetchReport, Fetching, Incoming, Listener, MigrateOptions, Migration,
+    MigrationError, MigrationReport, Resume, Target, hand_over, receive_from,
 };
 use reference_vmm::Error;
 use reference_vmm::RunReport;
@@ -34,6 +35,8 @@ pub struct Moved {
     /// The source's memory as it was handed over (the source's vCPUs
     /// stopped there).
     pub source_memory: VmMemory,
+    /// Post-copy: what the destination fetched after the hand-over.
+    pub fetched: Option<FetchReport>,
 }
 
 /// Runs `program` as `config` says and moves it, after
@@ -41,7 +44,10 @@ pub struct Moved {
 /// which runs the guest to its end. With `compare`, the destination waits
 /// until both memories have been compared (its guest then sees that wait
 /// as part of its stall); without, it runs at once, as a destination
-/// process does.
+/// process does. In post-copy the comparison reads the destination's
+/// memory through its faults, as its guest would, before the guest runs;
+/// with `options.resume` the destination waits for its source after a cut
+/// link, `options.timeout` at most.
 pub fn move_in_process(
     config: &VmConfig,
     program: &'static GuestProgram,
@@ -104,20 +110,14 @@ pub fn move_to_listener(
             what: "the listener".into(),
             source,
         })?;
-    // The destination runs the source's mechanisms.
-    let mechanisms = config.clone();
-    let destination = thread::spawn(move || {
-        let mut input =
-            listener.accept_source(&AcceptLimits::default(), &mut |line| eprintln!("{line}"))?;
-        let received = receive(&mut input, &mechanisms);
-        let incoming = hand_over(input.get_mut(), received)?;
-        match compare {
-            true => Ok(Err(incoming)),
-            false => Ok(Ok(incoming.vm.run(program, Box::new(std::io::sink()))?)),
-        }
-    });
     let mut vm = Vm::new(config)?;
     let source_memory = vm.memory();
+    // The destination runs the source's mechanisms.
+    let mechanisms = config.clone();
+    let compared = compare.then(|| source_memory.clone());
+    let resume = options.resume.then_some(options.timeout);
+    let destination =
+        thread::spawn(move || arrive(listener, &mechanisms, program, compared, resume));
     let target = match client {
         Some(client) => Target::TlsPeer(address, client),
         None => Target::Peer(address),
@@ -131,15 +131,19 @@ pub fn move_to_listener(
     let migration = migrated
         .recv()
         .map_err(|_| Error::ThreadPanicked("migration"))??;
-    let joined: Result<Result<RunReport, Incoming>, MigrationError> = destination
+    let joined = destination
         .join()
         .map_err(|_| Error::ThreadPanicked("destination"))?;
-    let (destination, differing) = match joined? {
-        Ok(report) => (report, None),
-        Err(incoming) => {
+    let (destination, differing, fetched) = match joined? {
+        Arrival::Ran {
+            report,
+            differing,
+            fetched,
+        } => (*report, differing, fetched),
+        Arrival::Held(incoming) => {
             let differing = differing_bytes(&source_memory, &incoming.vm.memory())?;
             let report = incoming.vm.run(program, Box::new(std::io::sink()))?;
-            (report, Some(differing))
+            (report, Some(differing), None)
         }
     };
     Ok(Moved {
@@ -148,6 +152,55 @@ pub fn move_to_listener(
         destination,
         differing,
         source_memory,
+        fetched,
+    })
+}
+
+/// The destination's end of a move in this process.
+enum Arrival {
+    /// The guest ran to its end here.
+    Ran {
+        report: Box<RunReport>,
+        differing: Option<u64>,
+        fetched: Option<FetchReport>,
+    },
+    /// Pre-copy to compare: the VM waits until the source's run is over.
+    Held(Box<Incoming>),
+}
+
+/// Takes the source on `listener`, receives the VM and runs it; to be
+/// compared with `compared`, the source's memory, where given; waiting
+/// for the source to come back after a cut link within `resume`.
+fn arrive(
+    listener: Listener,
+    mechanisms: &VmConfig,
+    program: &'static GuestProgram,
+    compared: Option<VmMemory>,
+    resume: Option<Duration>,
+) -> Result<Arrival, MigrationError> {
+    let mut input =
+        listener.accept_source(&AcceptLimits::default(), &mut |line| eprintln!("{line}"))?;
+    let received = receive_from(&mut input, mechanisms);
+    let mut incoming = hand_over(input.get_mut(), received)?;
+    if incoming.postcopy.is_none() && compared.is_some() {
+        return Ok(Arrival::Held(Box::new(incoming)));
+    }
+    let resume = resume.map(|within| Resume {
+        listener,
+        limits: AcceptLimits::default(),
+        within,
+        log: |line| eprintln!("{line}"),
+    });
+    let fetching = incoming.fetch(input, resume)?;
+    let differing = compared
+        .map(|source| differing_bytes(&source, &incoming.vm.memory()))
+        .transpose()?;
+    let run = incoming.vm.run(program, Box::new(std::io::sink()));
+    let fetched = fetching.map(Fetching::finish).transpose()?;
+    Ok(Arrival::Ran {
+        report: Box::new(run?),
+        differing,
+        fetched,
     })
 }
 

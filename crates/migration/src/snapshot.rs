@@ -5,14 +5,14 @@
 //! the increments after it, in order.
 
 use std::fs::File;
-use std::io::{BufWriter, Read};
+use std::io::BufWriter;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use reference_vmm::{RunControl, VcpuState};
 
 use super::source::{Mover, PAUSE_TIMEOUT, open_snapshot};
-use super::stream::{Link, MAX_PAGES_BYTES, StreamError, StreamWriter};
+use super::stream::{Link, MAX_PAGES_BYTES, StreamError, StreamWriter, random_id};
 use super::{MigrationError, MigrationReport};
 
 /// What a snapshot holds.
@@ -180,13 +180,9 @@ fn report(
     }
 }
 
-/// A snapshot id: 8 random bytes, never 0.
+/// A snapshot id ([`random_id`]).
 fn new_id() -> Result<u64, MigrationError> {
-    let mut bytes = [0u8; 8];
-    File::open("/dev/urandom")
-        .and_then(|mut random| random.read_exact(&mut bytes))
-        .map_err(|e| MigrationError::Chain(format!("no snapshot id from /dev/urandom: {e}")))?;
-    Ok(u64::from_le_bytes(bytes).max(1))
+    random_id().map_err(|e| MigrationError::Chain(format!("no snapshot id from /dev/urandom: {e}")))
 }
 
 #[cfg(test)]

@@ -12,12 +12,15 @@ use std::time::{Duration, Instant};
 
 use dirty_log::perf::RING_BYTES;
 use dirty_log::{
-    CopyRun, DirtyLog, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig, copy_round,
-    copy_round_pipelined,
+    CopyRun, DirtyLog, DirtySet, KvmBitmap, KvmDirtyRing, KvmManualProtect, ManualConfig,
+    copy_round, copy_round_pipelined,
 };
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
-use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter};
+use super::postcopy::Postcopy;
+use super::postcopy::pages::PageSet;
+use super::postcopy::serve::{self, Out, Reconnect, Served};
+use super::stream::{MAX_PAGES_BYTES, StreamError, StreamWriter, random_id, send_pages};
 use super::throttle::{Counts, Throttle, kick_paused};
 use super::watch::{Limit, Watch, watching};
 use super::{Address, Connection, HANDOVER_MARGIN, MigrationError, handover};
@@ -109,6 +112,14 @@ pub struct MigrateOptions {
     /// Print each pre-copy round on stderr: its pages, the bandwidth, the
     /// dirty rate, the limit and the downtime a stop now would take.
     pub progress: Progress,
+    /// Whether and when the guest moves before all its memory
+    /// ([`Postcopy`]); with post-copy there is no dirty limit.
+    pub postcopy: Postcopy,
+    /// Post-copy: after a cut link, connect to the destination again
+    /// (within `timeout`) and go on where it stopped; the destination must
+    /// wait for it ([`Resume`](crate::Resume)). Without, a link cut after
+    /// the hand-over loses the guest.
+    pub resume: bool,
 }
 
 impl Default for MigrateOptions {
@@ -122,6 +133,8 @@ impl Default for MigrateOptions {
             dirty_limit: true,
             timeout: Duration::from_secs(300),
             progress: Progress::Off,
+            postcopy: Postcopy::Off,
+            resume: false,
         }
     }
 }
@@ -171,6 +184,15 @@ pub struct MigrationReport {
     /// Whether it was a snapshot (no pre-copy: every page written with the
     /// guest paused).
     pub snapshot: bool,
+    /// Whether the guest moved in post-copy: it ran at the destination
+    /// before all its memory was there.
+    pub postcopy: bool,
+    /// Post-copy: pages sent after the hand-over, pushed or asked for.
+    pub postcopy_pages: u64,
+    /// Post-copy: pages the destination asked for (its remote faults).
+    pub asked_pages: u64,
+    /// Post-copy: new connections after a cut link.
+    pub reconnects: u32,
     /// From the first byte sent to the hand-over.
     pub total: Duration,
     /// From the pause to the destination's answer (or the file's sync).
@@ -199,10 +221,10 @@ impl fmt::Display for MigrationReport {
                 (n, 0) => format!(" ({n} under the dirty limit)"),
                 (n, e) => format!(" ({n} under the dirty limit, exceeded {e} time(s))"),
             },
-            if self.converged {
-                ""
-            } else {
-                " (pre-copy stopped at its limit)"
+            match (self.converged, self.postcopy) {
+                (true, _) => "",
+                (false, true) => " (then post-copy)",
+                (false, false) => " (pre-copy stopped at its limit)",
             },
             self.pages_sent,
             self.final_pages,
@@ -210,7 +232,15 @@ impl fmt::Display for MigrationReport {
             self.dirty_rate,
             self.total.as_secs_f64() * 1e3,
             self.downtime.as_secs_f64() * 1e3
-        )
+        )?;
+        if self.postcopy {
+            write!(
+                f,
+                "; post-copy: {} pages after the hand-over, {} asked for, {} reconnection(s)",
+                self.postcopy_pages, self.asked_pages, self.reconnects
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -250,6 +280,31 @@ impl Log {
             Self::Plain(log) => copy_round(log.as_mut(), copy),
             Self::Manual(log) => copy_round_pipelined(log, copy),
         }
+    }
+
+    /// The pages dirtied since the last round (the VMM's writes too), into
+    /// `set`, a page per guest page. Manual protect's pages are not
+    /// re-protected: the guest runs here no more, and clearing a
+    /// flat-out writer's pages would lengthen post-copy's pause.
+    pub(crate) fn last_round(&mut self, set: &mut PageSet) -> Result<(), dirty_log::Error> {
+        let Self::Manual(log) = self else {
+            let mut add = |run: CopyRun| {
+                set.insert_run(run.guest_addr() / PAGE_SIZE, run.pages);
+                Ok(())
+            };
+            return self.round(&mut add).map(drop);
+        };
+        let slots = log.slots().to_vec();
+        let mut vmm = DirtySet::for_slots(&slots);
+        log.merge_vmm_writes(&mut vmm)?;
+        for (i, (slot, (_, vmm_dirty))) in slots.iter().zip(vmm.iter()).enumerate() {
+            let mut dirty = log.get(i)?;
+            dirty.merge(vmm_dirty)?;
+            for (first, pages) in dirty.runs() {
+                set.insert_run(slot.guest_addr / PAGE_SIZE + first, pages);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -309,6 +364,8 @@ fn create_snapshot(path: &std::path::Path) -> std::io::Result<File> {
 pub struct Migration {
     mover: Mover,
     target: Opened,
+    /// Where post-copy connects again after a cut link.
+    to: Target,
 }
 
 impl Migration {
@@ -321,9 +378,14 @@ impl Migration {
         target: Target,
         options: MigrateOptions,
     ) -> Result<Self, MigrationError> {
-        let target = target.open()?;
+        check_postcopy(&target, &options)?;
+        let opened = target.open()?;
         let mover = Mover::track(vm, options)?;
-        Ok(Self { mover, target })
+        Ok(Self {
+            mover,
+            target: opened,
+            to: target,
+        })
     }
 
     /// Runs the migration beside the guest: waits `after`, sends the VM,
@@ -332,8 +394,12 @@ impl Migration {
     /// hand-over was committed and the guest no longer runs here. The
     /// guest's end or a stop ends it at once.
     pub fn run(self, control: &RunControl) -> Result<MigrationReport, MigrationError> {
-        let Self { mut mover, target } = self;
-        mover.move_to(control, target)
+        let Self {
+            mut mover,
+            target,
+            to,
+        } = self;
+        mover.move_to(control, target, &to)
     }
 }
 
@@ -409,14 +475,16 @@ impl Mover {
         control: &RunControl,
         target: &Target,
     ) -> Result<MigrationReport, MigrationError> {
+        check_postcopy(target, &self.copier.options)?;
         let opened = target.open()?;
-        self.move_to(control, opened)
+        self.move_to(control, opened, target)
     }
 
     fn move_to(
         &mut self,
         control: &RunControl,
         target: Opened,
+        to: &Target,
     ) -> Result<MigrationReport, MigrationError> {
         if self.chain.take().is_some() {
             // Tracking since a snapshot: the move starts its own from a
@@ -424,7 +492,7 @@ impl Mover {
             self.copier.log.disable();
         }
         let copier = &mut self.copier;
-        let moved = copier.move_vm(control, target);
+        let moved = copier.move_vm(control, target, to);
         copier.throttle.release();
         if copier.options.progress == Progress::Json {
             eprintln!("{}", outcome_json(&moved));
@@ -452,6 +520,7 @@ impl Copier {
         &mut self,
         control: &RunControl,
         target: Opened,
+        to: &Target,
     ) -> Result<MigrationReport, MigrationError> {
         if control.wait_for_end(self.options.after) {
             if let Opened::File(_, path) = &target {
@@ -465,9 +534,17 @@ impl Copier {
                 let cutter = connection.cutter().map_err(StreamError::Io)?;
                 let deadline = start + self.options.timeout;
                 let limit = Limit::Migration(self.options.timeout);
-                watching(control, cutter, deadline, limit, |watch| {
+                let (mut report, switched) = watching(control, cutter, deadline, limit, |watch| {
                     self.hand_over(control, connection, deadline, watch)
-                })?
+                })?;
+                if let Some((out, switch)) = switched {
+                    let served = self.serve(out, switch, to)?;
+                    report.postcopy_pages = served.pages;
+                    report.pages_sent += served.pages;
+                    report.asked_pages = served.asked;
+                    report.reconnects = served.reconnects;
+                }
+                report
             }
             Opened::File(file, path) => {
                 let saved = self.save(control, file);
@@ -490,19 +567,22 @@ impl Copier {
 
     /// Sends the VM to the destination and hands it over ([`handover`]):
     /// until the commit is sent any failure resumes the guest here; after
-    /// it, nothing does.
+    /// it, nothing does. In post-copy, the stream goes on with the pages
+    /// still to send.
     fn hand_over(
         &mut self,
         control: &RunControl,
         connection: Connection,
         deadline: Instant,
         watch: &Watch,
-    ) -> Result<MigrationReport, MigrationError> {
+    ) -> Result<(MigrationReport, Option<(Out, Switch)>), MigrationError> {
         let mut out =
             StreamWriter::after_header(BufWriter::with_capacity(MAX_PAGES_BYTES, connection));
-        let (mut report, paused) = self
+        let (mut report, paused, switched) = self
             .send(control, &mut out, Some((deadline, watch)))
             .map_err(|e| watch.explain(e))?;
+        // Post-copy's answer and commit end the guest's pause (see `send`).
+        let _favoured = report.postcopy.then(super::favour::Favoured::this_thread);
         let connection = out.get_mut().get_mut();
         let committed = handover::read_answer(connection)
             .and_then(|()| handover::commit(connection).map_err(MigrationError::NoAnswer));
@@ -518,7 +598,25 @@ impl Copier {
             e @ MigrationError::Unconfirmed(_) => e,
             other => MigrationError::Unconfirmed(other.to_string()),
         })?;
-        Ok(report)
+        Ok((report, switched.map(|switch| (out, switch))))
+    }
+
+    /// Post-copy after the hand-over: the destination's pages, until it
+    /// has them all; connecting to `to` again after a cut link, where the
+    /// options say so.
+    fn serve(&self, out: Out, switch: Switch, to: &Target) -> Result<Served, MigrationError> {
+        let connect = || match to.open()? {
+            Opened::Peer(connection) => Ok(connection),
+            Opened::File(..) => Err(MigrationError::PostcopyToFile),
+        };
+        let reconnect = self.options.resume.then_some(Reconnect {
+            connect: &connect,
+            within: self.options.timeout,
+        });
+        // The guest waits on these pages at the destination: this thread
+        // must not wait behind the host's other tenants.
+        let _favoured = super::favour::Favoured::this_thread();
+        serve::serve(out, &self.memory, switch.needed, switch.id, reconnect)
     }
 
     /// Writes a snapshot to `file`: the guest paused, then all its memory
@@ -529,7 +627,7 @@ impl Copier {
         file: File,
     ) -> Result<(MigrationReport, Instant, Result<(), MigrationError>), MigrationError> {
         let mut out = StreamWriter::new(BufWriter::with_capacity(MAX_PAGES_BYTES, file))?;
-        let (mut report, paused) = self.send(control, &mut out, None)?;
+        let (mut report, paused, _) = self.send(control, &mut out, None)?;
         report.snapshot = true;
         let synced = out.get_mut().get_ref().sync_all().map_err(StreamError::Io);
         Ok((report, paused, synced.map_err(MigrationError::from)))
@@ -538,19 +636,36 @@ impl Copier {
     /// Sends the whole stream, pre-copy first if given its deadline and
     /// watch (whose deadline the pause then brings forward to the downtime
     /// limit and [`HANDOVER_MARGIN`]); returns with the guest paused, or
-    /// resumed and an error.
+    /// resumed and an error. In post-copy the stream holds the pages
+    /// still to send in place of their bytes, and those pages come back.
     fn send<W: Deliver>(
         &mut self,
         control: &RunControl,
         out: &mut StreamWriter<W>,
         precopy: Option<(Instant, &Watch)>,
-    ) -> Result<(MigrationReport, Instant), MigrationError> {
+    ) -> Result<(MigrationReport, Instant, Option<Switch>), MigrationError> {
         out.config(control.description())?;
         let mut report = MigrationReport::default();
-        if let Some((deadline, _)) = precopy {
+        let postcopy = self.options.postcopy;
+        report.postcopy = precopy.is_some() && postcopy != Postcopy::Off;
+        let id = match report.postcopy {
+            true => random_id().map_err(StreamError::Io)?,
+            false => 0,
+        };
+        if report.postcopy {
+            out.postcopy(id)?;
+        }
+        if let Some((deadline, _)) = precopy.filter(|_| postcopy != Postcopy::Immediate) {
             self.log.enable()?;
             self.precopy_kicking(control, out, &mut report, deadline)?;
         }
+        if report.postcopy {
+            // The destination's VM is made before the guest pauses here.
+            out.get_mut().made()?;
+        }
+        // Post-copy's pause is this thread's and the destination's few
+        // records: it must not wait behind the host's other tenants.
+        let _favoured = report.postcopy.then(super::favour::Favoured::this_thread);
         let states = control.pause(PAUSE_TIMEOUT)?;
         let paused = Instant::now();
         if let Some((_, watch)) = precopy {
@@ -559,17 +674,53 @@ impl Copier {
         }
         let precopy = precopy.is_some();
         report.halted = states.iter().filter(|s| s.is_halted()).count();
-        match self.stop_and_copy(out, &states, precopy) {
-            Ok(pages) => {
+        let sent = match report.postcopy {
+            true => self
+                .switch(out, &states, id)
+                .map(|switch| (0, Some(switch))),
+            false => self
+                .stop_and_copy(out, &states, precopy)
+                .map(|pages| (pages, None)),
+        };
+        match sent {
+            Ok((pages, switch)) => {
                 report.final_pages = pages;
                 report.pages_sent += pages;
-                Ok((report, paused))
+                Ok((report, paused, switch))
             }
             Err(e) => {
                 control.resume();
                 Err(e)
             }
         }
+    }
+
+    /// Post-copy's stop: every vCPU's state and, in place of the pages
+    /// dirtied since the last round (every page, where no pre-copy ran),
+    /// their runs, which the destination will fetch.
+    fn switch<W: Write>(
+        &mut self,
+        out: &mut StreamWriter<W>,
+        states: &[VcpuState],
+        id: u64,
+    ) -> Result<Switch, MigrationError> {
+        let pages = (self.memory.last_addr().0 + 1) / PAGE_SIZE;
+        let needed = match self.options.postcopy {
+            Postcopy::Immediate => PageSet::all(pages),
+            _ => {
+                let mut needed = PageSet::new(pages);
+                self.log.last_round(&mut needed)?;
+                needed
+            }
+        };
+        for (page, n) in needed.runs() {
+            out.missing(page * PAGE_SIZE, n)?;
+        }
+        for state in states {
+            out.vcpu(state)?;
+        }
+        out.end()?;
+        Ok(Switch { needed, id })
     }
 
     /// [`Self::precopy`] beside a thread that kicks the vCPUs while the
@@ -604,10 +755,14 @@ impl Copier {
         deadline: Instant,
     ) -> Result<(), MigrationError> {
         let began = Instant::now();
+        let hybrid = self.options.postcopy == Postcopy::Hybrid;
+        let mut before = None;
         if !self.log.first_round_is_full() {
-            report.pages_sent += self.send_all(out)?;
+            let pages = self.send_all(out)?;
             out.get_mut().deliver(deadline)?;
+            report.pages_sent += pages;
             report.rounds += 1;
+            before = Some(pages);
         }
         loop {
             if Instant::now() >= deadline {
@@ -615,7 +770,7 @@ impl Copier {
             }
             let limited = report.rounds >= self.options.max_rounds
                 || began.elapsed() >= self.options.max_precopy;
-            if limited && !self.options.dirty_limit {
+            if limited && (hybrid || !self.options.dirty_limit) {
                 return Ok(());
             }
             if limited {
@@ -639,6 +794,12 @@ impl Copier {
                 report.converged = true;
                 return Ok(());
             }
+            // Hybrid: a round that sent no fewer pages than the one before
+            // gained nothing; post-copy takes over.
+            if hybrid && before.is_some_and(|b| pages >= b) {
+                return Ok(());
+            }
+            before = Some(pages);
         }
     }
 
@@ -738,11 +899,31 @@ impl Copier {
     }
 }
 
+/// Post-copy's switch: the pages the destination lacks, and the move's id.
+struct Switch {
+    needed: PageSet,
+    id: u64,
+}
+
+/// Post-copy needs a destination process: a file target is refused.
+fn check_postcopy(target: &Target, options: &MigrateOptions) -> Result<(), MigrationError> {
+    match (target, options.postcopy) {
+        (Target::File(_), Postcopy::Hybrid | Postcopy::Immediate) => {
+            Err(MigrationError::PostcopyToFile)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Where a stream goes, able to say when the other end has it all.
 trait Deliver: Write {
     /// Flushes, then waits (until `deadline` at most) until the other end
     /// has taken everything.
     fn deliver(&mut self, deadline: Instant) -> Result<(), StreamError>;
+
+    /// Post-copy: flushes, then waits for the destination to say its VM
+    /// is made.
+    fn made(&mut self) -> Result<(), MigrationError>;
 }
 
 impl Deliver for BufWriter<Connection> {
@@ -750,11 +931,20 @@ impl Deliver for BufWriter<Connection> {
         self.flush()?;
         Ok(self.get_ref().wait_delivered(deadline)?)
     }
+
+    fn made(&mut self) -> Result<(), MigrationError> {
+        self.flush().map_err(StreamError::Io)?;
+        handover::read_made(self.get_mut())
+    }
 }
 
 impl Deliver for BufWriter<File> {
     fn deliver(&mut self, _: Instant) -> Result<(), StreamError> {
         Ok(self.flush()?)
+    }
+
+    fn made(&mut self) -> Result<(), MigrationError> {
+        Err(MigrationError::PostcopyToFile)
     }
 }
 
@@ -773,26 +963,11 @@ fn outcome_json(moved: &Result<MigrationReport, MigrationError>) -> serde_json::
             "dirty_rate_pages_per_s": r.dirty_rate,
             "total_ms": r.total.as_secs_f64() * 1e3,
             "downtime_ms": r.downtime.as_secs_f64() * 1e3,
+            "postcopy": r.postcopy,
+            "postcopy_pages": r.postcopy_pages,
+            "asked_pages": r.asked_pages,
+            "reconnects": r.reconnects,
         }),
         Err(e) => serde_json::json!({ "event": "failed", "error": e.to_string() }),
     }
-}
-
-/// Sends `len` bytes of guest memory at `gpa`, a record at a time.
-fn send_pages<W: Write>(
-    memory: &VmMemory,
-    out: &mut StreamWriter<W>,
-    gpa: u64,
-    len: u64,
-    buf: &mut Vec<u8>,
-) -> Result<u64, MigrationError> {
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(MAX_PAGES_BYTES as u64) as usize;
-        buf.resize(n, 0);
-        memory.read_slice(buf, GuestAddress(gpa + done))?;
-        out.pages(gpa + done, buf)?;
-        done += n as u64;
-    }
-    Ok(len / PAGE_SIZE)
 }

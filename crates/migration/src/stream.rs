@@ -29,8 +29,11 @@
 use std::io::{self, Read, Write};
 
 use super::state::Saved;
+use crate::MigrationError;
+use reference_vmm::VmMemory;
 use reference_vmm::{VcpuState, VmDescription};
 use test_guests::layout::PAGE_SIZE;
+use vm_memory::{Bytes, GuestAddress};
 
 /// The first bytes of every stream.
 pub const MAGIC: [u8; 8] = *b"RVMMSTRM";
@@ -59,6 +62,12 @@ pub enum Kind {
     Zero = 5,
     /// A snapshot's place in its chain: its id, then its parent's (0: none).
     Chain = 6,
+    /// Post-copy: the move's id (its first 8 bytes; 8 more, zero). Before
+    /// the Missing runs; the first record of a stream that resumes one.
+    Postcopy = 7,
+    /// Post-copy: a run of pages the destination must fetch (the guest
+    /// runs there without them): its guest address, then its page count.
+    Missing = 8,
 }
 
 impl Kind {
@@ -70,6 +79,8 @@ impl Kind {
             Self::End,
             Self::Zero,
             Self::Chain,
+            Self::Postcopy,
+            Self::Missing,
         ]
         .into_iter()
         .find(|k| *k as u8 == kind)
@@ -172,6 +183,16 @@ pub enum Record {
     End,
     /// A snapshot's place in its chain, right after the Config record.
     Chain(Link),
+    /// The guest moves in post-copy; the move's id (never 0).
+    Postcopy(u64),
+    /// `pages` pages at `gpa` the destination must fetch after the
+    /// hand-over, inside the VM's memory.
+    Missing {
+        /// Guest physical address of the first page.
+        gpa: u64,
+        /// How many pages.
+        pages: u64,
+    },
 }
 
 /// A snapshot's place in its chain: an increment holds the pages written
@@ -240,10 +261,7 @@ impl<W: Write> StreamWriter<W> {
     }
 
     fn zero(&mut self, gpa: u64, pages: u64) -> Result<(), StreamError> {
-        let mut payload = [0u8; 16];
-        payload[..8].copy_from_slice(&gpa.to_le_bytes());
-        payload[8..].copy_from_slice(&pages.to_le_bytes());
-        self.record(Kind::Zero, &payload)
+        self.two_words(Kind::Zero, gpa, pages)
     }
 
     fn bytes(&mut self, gpa: u64, data: &[u8]) -> Result<(), StreamError> {
@@ -258,10 +276,25 @@ impl<W: Write> StreamWriter<W> {
 
     /// A snapshot's place in its chain: right after the Config record.
     pub fn chain(&mut self, link: Link) -> Result<(), StreamError> {
+        self.two_words(Kind::Chain, link.id, link.parent)
+    }
+
+    /// Post-copy's id: before the Missing runs, or first in a resumed
+    /// stream ([`StreamReader::resumed`]).
+    pub fn postcopy(&mut self, id: u64) -> Result<(), StreamError> {
+        self.two_words(Kind::Postcopy, id, 0)
+    }
+
+    /// A run of pages the destination must fetch once the guest runs there.
+    pub fn missing(&mut self, gpa: u64, pages: u64) -> Result<(), StreamError> {
+        self.two_words(Kind::Missing, gpa, pages)
+    }
+
+    fn two_words(&mut self, kind: Kind, first: u64, second: u64) -> Result<(), StreamError> {
         let mut payload = [0u8; 16];
-        payload[..8].copy_from_slice(&link.id.to_le_bytes());
-        payload[8..].copy_from_slice(&link.parent.to_le_bytes());
-        self.record(Kind::Chain, &payload)
+        payload[..8].copy_from_slice(&first.to_le_bytes());
+        payload[8..].copy_from_slice(&second.to_le_bytes());
+        self.record(kind, &payload)
     }
 
     /// One vCPU's state.
@@ -301,6 +334,32 @@ impl<W: Write> StreamWriter<W> {
     }
 }
 
+/// Sends `len` bytes of guest memory at `gpa`, a record at a time.
+pub(crate) fn send_pages<W: Write>(
+    memory: &VmMemory,
+    out: &mut StreamWriter<W>,
+    gpa: u64,
+    len: u64,
+    buf: &mut Vec<u8>,
+) -> Result<u64, MigrationError> {
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(MAX_PAGES_BYTES as u64) as usize;
+        buf.resize(n, 0);
+        memory.read_slice(buf, GuestAddress(gpa + done))?;
+        out.pages(gpa + done, buf)?;
+        done += n as u64;
+    }
+    Ok(len / PAGE_SIZE)
+}
+
+/// An id for a snapshot or a post-copy move: 8 random bytes, never 0.
+pub(crate) fn random_id() -> io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom").and_then(|mut random| random.read_exact(&mut bytes))?;
+    Ok(u64::from_le_bytes(bytes).max(1))
+}
+
 /// Whether `page` holds only zeros: an OR over words with no early exit,
 /// which the compiler vectorizes.
 pub(super) fn is_zero(page: &[u8]) -> bool {
@@ -328,6 +387,8 @@ struct Order {
     /// Which vCPUs' states have arrived.
     vcpus: Vec<bool>,
     ended: bool,
+    /// Whether a Postcopy record came.
+    postcopy: bool,
 }
 
 /// The first bytes of a stream: [`MAGIC`] and [`VERSION`].
@@ -369,6 +430,22 @@ impl<R: Read> StreamReader<R> {
         }
     }
 
+    /// Post-copy, past the End record: the source's pushes follow, page
+    /// runs (each checked against memory as before) and a last End.
+    pub fn pushes(&mut self) {
+        self.order.vcpus.clear();
+        self.order.ended = false;
+    }
+
+    /// A stream that resumes a post-copy move on a new connection (its
+    /// header read): a Postcopy record, then pushes as [`Self::pushes`],
+    /// for a VM of `mem_size` bytes.
+    pub fn resumed(input: R, mem_size: u64) -> Self {
+        let mut reader = Self::after_header(input);
+        reader.order.vm = Some((mem_size, 0));
+        reader
+    }
+
     /// The first record, the VM's description, checked.
     pub fn config(&mut self) -> Result<VmDescription, StreamError> {
         let (kind, seq, payload) = self.read_raw()?;
@@ -407,6 +484,11 @@ impl<R: Read> StreamReader<R> {
     /// The reader underneath (to answer the source on a connection).
     pub fn get_mut(&mut self) -> &mut R {
         &mut self.input
+    }
+
+    /// The reader underneath, the stream done with.
+    pub fn into_inner(self) -> R {
+        self.input
     }
 
     fn read_raw(&mut self) -> Result<(Kind, u32, Vec<u8>), StreamError> {
@@ -489,6 +571,15 @@ fn decode(kind: Kind, seq: u32, payload: &[u8]) -> Result<Record, StreamError> {
             (0, _) => return Err(malformed("snapshot id 0".into())),
             (id, parent) => Record::Chain(Link { id, parent }),
         },
+        Kind::Postcopy => match two_words(payload).map_err(malformed)? {
+            (0, _) => return Err(malformed("post-copy id 0".into())),
+            (id, 0) => Record::Postcopy(id),
+            (_, extra) => return Err(malformed(format!("{extra:#x} where 0 is due"))),
+        },
+        Kind::Missing => {
+            let (gpa, pages) = two_words(payload).map_err(malformed)?;
+            Record::Missing { gpa, pages }
+        }
         Kind::Vcpu => Record::Vcpu(Box::new(VcpuState::decode(payload).map_err(malformed)?)),
         Kind::End if payload.is_empty() => Record::End,
         Kind::End => {
@@ -525,12 +616,25 @@ impl Order {
             // The Config record is record 0.
             Record::Chain(_) if seq == 1 => Ok(()),
             Record::Chain(_) => Err(order("a Chain record anywhere but right after the Config")),
-            Record::Pages { .. } | Record::Zero { .. } if self.vcpus.iter().any(|&v| v) => {
+            Record::Pages { .. }
+            | Record::Zero { .. }
+            | Record::Postcopy(_)
+            | Record::Missing { .. }
+                if self.vcpus.iter().any(|&v| v) =>
+            {
                 Err(order("guest pages after a vCPU's state"))
+            }
+            Record::Postcopy(_) if self.postcopy => Err(order("a second Postcopy record")),
+            Record::Postcopy(_) => {
+                self.postcopy = true;
+                Ok(())
+            }
+            Record::Missing { .. } if !self.postcopy => {
+                Err(order("a Missing record before the Postcopy record"))
             }
             Record::Pages { gpa, data } => check_pages(*gpa, data.len() as u64, mem_size)
                 .map_err(|why| StreamError::Payload { seq, kind, why }),
-            Record::Zero { gpa, pages } => pages
+            Record::Zero { gpa, pages } | Record::Missing { gpa, pages } => pages
                 .checked_mul(PAGE_SIZE)
                 .ok_or_else(|| format!("{pages} pages at {gpa:#x} are more than any memory"))
                 .and_then(|len| check_pages(*gpa, len, mem_size))
@@ -618,6 +722,8 @@ mod tests {
                 Kind::Vcpu => out.vcpu(&user_vcpu(0)).unwrap(),
                 Kind::End => out.end().unwrap(),
                 Kind::Chain => out.chain(Link { id: 7, parent: 0 }).unwrap(),
+                Kind::Postcopy => out.postcopy(5).unwrap(),
+                Kind::Missing => out.missing(0, 1).unwrap(),
             }
             assert_eq!(out.seq, i as u32 + 1);
         }
@@ -894,5 +1000,73 @@ mod tests {
             e.to_string(),
             "record 1 (Vcpu) is malformed: vCPU 3 in a VM of 1"
         );
+    }
+
+    /// A post-copy stream: Postcopy once, before any vCPU's state, Missing
+    /// only after it; past the End, pushes of pages and a last End; a
+    /// resumed stream reads pushes against the memory it is given.
+    #[test]
+    fn postcopy_records_keep_their_order_and_pushes_follow_the_end() {
+        let mut out = StreamWriter::new(Vec::new()).unwrap();
+        out.config(&description(1)).unwrap();
+        out.postcopy(9).unwrap();
+        out.missing(0x2000, 3).unwrap();
+        out.vcpu(&user_vcpu(0)).unwrap();
+        out.end().unwrap();
+        out.pages(0x2000, &[5; 8192]).unwrap();
+        out.end().unwrap();
+        let mut input = StreamReader::new(&out.out[..]).unwrap();
+        input.config().unwrap();
+        assert!(matches!(input.next_record(), Ok(Record::Postcopy(9))));
+        assert!(matches!(
+            input.next_record(),
+            Ok(Record::Missing {
+                gpa: 0x2000,
+                pages: 3
+            })
+        ));
+        assert!(matches!(input.next_record(), Ok(Record::Vcpu(_))));
+        assert!(matches!(input.next_record(), Ok(Record::End)));
+        assert!(input.next_record().is_err(), "nothing after the End");
+        let mut input = StreamReader::new(&out.out[..]).unwrap();
+        input.config().unwrap();
+        while !matches!(input.next_record(), Ok(Record::End)) {}
+        input.pushes();
+        assert!(matches!(
+            input.next_record(),
+            Ok(Record::Pages { gpa: 0x2000, .. })
+        ));
+        assert!(matches!(input.next_record(), Ok(Record::End)));
+
+        for (kinds, why) in [
+            (
+                &[Kind::Config, Kind::Missing][..],
+                "a Missing record before the Postcopy record",
+            ),
+            (
+                &[Kind::Config, Kind::Postcopy, Kind::Postcopy],
+                "a second Postcopy record",
+            ),
+            (
+                &[Kind::Config, Kind::Postcopy, Kind::Vcpu, Kind::Missing],
+                "guest pages after a vCPU's state",
+            ),
+        ] {
+            let e = read_all(&with_kinds(kinds)).unwrap_err().to_string();
+            assert!(e.ends_with(why), "{kinds:?}: {e}");
+        }
+
+        let mut resumed = StreamWriter::after_header(Vec::new());
+        resumed.postcopy(9).unwrap();
+        resumed.pages(16 * PAGE_SIZE, &[1; 4096]).unwrap();
+        let mut input = StreamReader::resumed(&resumed.out[..], 16 * PAGE_SIZE);
+        assert!(matches!(input.next_record(), Ok(Record::Postcopy(9))));
+        assert!(matches!(
+            input.next_record(),
+            Err(StreamError::Payload {
+                kind: Kind::Pages,
+                ..
+            })
+        ));
     }
 }

@@ -116,14 +116,33 @@ fn every_scenario_runs_quick_and_measures_every_variant() {
     // Each backend at both rates; each without and with the dirty limit
     // over the link beside two hogs at both rates; over the link, the ring
     // without it and each with it at both rates; manual protect in plain
-    // text and in TLS at the lower;
-    // and Cloud Hypervisor's three ways at both rates where it was found.
+    // text and in TLS at the lower; post-copy after pre-copy and at once
+    // over the link beside two hogs at both rates, where userfaultfd(2) is
+    // allowed; and Cloud Hypervisor's three ways at both rates where it
+    // was found.
     let migrate = bench::migrate::run(QUICK, &mut quiet).unwrap();
     let ch = {
         use reference_bench::peer_run::PeerBinary;
         reference_bench::cloud_hypervisor::CloudHypervisor::find().is_some()
     };
-    all_measured(&migrate, 6 + 12 + 8 + 2 + if ch { 6 } else { 0 });
+    let postcopy = migration::postcopy::userfaultfd_available().is_ok();
+    let postcopy_rows = if postcopy { 4 } else { 0 };
+    all_measured(
+        &migrate,
+        6 + 12 + postcopy_rows + 8 + 2 + if ch { 6 } else { 0 },
+    );
+    // Post-copy at once always faults: its stall columns have figures.
+    let at_once = migrate
+        .rows
+        .iter()
+        .filter(|r| r[0].text.starts_with("post-copy (immediate)"));
+    for row in at_once {
+        assert!(
+            row[11..14].iter().all(|c| c.value.is_some()),
+            "{}",
+            migrate.markdown()
+        );
+    }
     assert_eq!(migrate.peer_goals.len(), 2, "{}", migrate.markdown());
     // This VMM's full snapshot, and its full and incremental ones; Cloud
     // Hypervisor's;

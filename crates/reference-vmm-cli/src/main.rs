@@ -11,9 +11,9 @@ use std::time::Duration;
 use apic_conformance::{self as conformance, DEFAULT_OPS};
 use clap::{Parser, Subcommand};
 use migration::{
-    self, AcceptLimits, Address, DirtyLogBackend, HANDSHAKE_TIMEOUT, MAX_HANDSHAKES,
-    MigrateOptions, Migration, MigrationError, MigrationReport, Mover, Progress, StreamReader,
-    Target,
+    self, AcceptLimits, Address, DirtyLogBackend, Fetching, HANDSHAKE_TIMEOUT, MAX_HANDSHAKES,
+    MigrateOptions, Migration, MigrationError, MigrationReport, Mover, Postcopy, Progress, Resume,
+    StreamReader, Target,
 };
 use reference_vmm::{Boot, CpuFeatures, Error, MAX_REPORTS, StopHandle, StopReason, Vm, VmConfig};
 use reference_vmm::{Irqchip, TimerPlacement};
@@ -272,6 +272,20 @@ struct MigrateArgs {
           num_args = 0..=1, requires = "live",
           value_parser = <Progress as FromStr>::from_str)]
     migrate_progress: Progress,
+    /// Post-copy: run the guest at the destination before all its memory
+    /// is there, the rest fetched as it faults and pushed meanwhile:
+    /// hybrid (after pre-copy rounds, once one fits the downtime or gains
+    /// nothing; no dirty limit) or immediate (at once). From the hand-over on, the guest
+    /// needs both hosts: losing the source (or the link past
+    /// --migrate-resume) loses it
+    #[arg(long, value_name = "WHEN", default_value = "off", requires = "live",
+          value_parser = <Postcopy as FromStr>::from_str)]
+    postcopy: Postcopy,
+    /// Post-copy: after a cut link, connect to the destination again (the
+    /// same address, within --migrate-timeout-ms) and go on where it
+    /// stopped; the destination must run `receive --resume`
+    #[arg(long, requires = "live")]
+    migrate_resume: bool,
 }
 
 impl MigrateArgs {
@@ -321,6 +335,8 @@ impl MigrateArgs {
             dirty_limit: !self.no_dirty_limit,
             timeout: Duration::from_millis(self.migrate_timeout_ms),
             progress: self.migrate_progress,
+            postcopy: self.postcopy,
+            resume: self.migrate_resume,
         }
     }
 }
@@ -351,6 +367,16 @@ struct ReceiveArgs {
     #[arg(long, value_name = "N", default_value_t = MAX_HANDSHAKES,
           value_parser = parse_max_handshakes)]
     max_handshakes: usize,
+    /// Post-copy: after a cut link, keep listening for the source to come
+    /// back (its `run --migrate-resume`) and go on where it stopped; the
+    /// guest's faulting vCPUs wait meanwhile
+    #[arg(long)]
+    resume: bool,
+    /// With --resume: how long the guest may wait for its source to come
+    /// back; past it the guest is lost and this process fails
+    #[arg(long, value_name = "MS", default_value_t = 60_000, requires = "resume",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    resume_timeout_ms: u64,
     #[command(flatten)]
     output: OutputArgs,
 }
@@ -892,12 +918,17 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         Err(e) => return fail(&format!("the migration stream: {e}")),
     };
     eprintln!("receiving from {}", input.get_mut().peer());
-    // Nobody else is taken: the socket goes.
-    drop(listener);
+    // Nobody else is taken (but a source coming back, with --resume).
+    let resume = args.resume.then(|| Resume {
+        listener,
+        limits: args.limits(),
+        within: Duration::from_millis(args.resume_timeout_ms),
+        log: |line| eprintln!("{line}"),
+    });
     let start = std::time::Instant::now();
-    let received = migration::receive(&mut input, &args.output.destination());
+    let received = migration::receive_from(&mut input, &args.output.destination());
     // The VM runs only once the source has committed the hand-over.
-    let incoming = match migration::hand_over(input.get_mut(), received) {
+    let mut incoming = match migration::hand_over(input.get_mut(), received) {
         Ok(incoming) => incoming,
         Err(e) => return fail(&format!("the migration failed: {e}")),
     };
@@ -908,7 +939,33 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         incoming.vm.vcpu_fds().len(),
         start.elapsed().as_secs_f64() * 1e3
     );
-    run_vm(incoming.vm, incoming.program, serial_out, None)
+    let missing = incoming.postcopy.as_ref().map_or(0, |p| p.missing());
+    let fetching = match incoming.fetch(input, resume) {
+        Ok(fetching) => fetching,
+        Err(e) => return fail(&format!("post-copy: {e}")),
+    };
+    if fetching.is_some() {
+        eprintln!("post-copy: the guest runs here; {missing} pages to come from the source");
+    }
+    let ran = run_vm(incoming.vm, incoming.program, serial_out, None);
+    match fetching.map(Fetching::finish) {
+        Some(Err(e)) => fail(&format!("post-copy: {e}")),
+        Some(Ok(f)) => {
+            eprintln!(
+                "post-copy: every page here after {:.1} ms: {} filled from the source, {} remote \
+                 faults (stall p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms), {} reconnection(s)",
+                f.took.as_secs_f64() * 1e3,
+                f.filled,
+                f.remote_faults,
+                f.stall_p50.as_secs_f64() * 1e3,
+                f.stall_p99.as_secs_f64() * 1e3,
+                f.stall_max.as_secs_f64() * 1e3,
+                f.reconnects
+            );
+            ran
+        }
+        None => ran,
+    }
 }
 
 fn restore(args: RestoreArgs) -> ExitCode {

@@ -84,8 +84,8 @@ fn every_worked_example_in_the_readme_runs_as_written() {
     let examples = examples();
     assert_eq!(
         examples.len(),
-        4,
-        "migration, snapshot, incremental snapshots, control socket"
+        5,
+        "migration, post-copy, snapshot, incremental snapshots, control socket"
     );
     for script in examples {
         clean();

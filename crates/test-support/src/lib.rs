@@ -15,6 +15,7 @@ pub mod criterion_medians;
 pub mod hogs;
 pub mod hosts;
 pub mod kvm;
+pub mod proxy;
 pub mod results;
 pub mod summary;
 pub mod traces;

@@ -15,10 +15,11 @@ use std::time::Duration;
 use crate::Error;
 use crate::peer::Peers;
 use crate::{Cell, Options, Runs, Table, goal, plot, ticks_per_us};
+use migration::postcopy::userfaultfd_available;
 use migration::tls::{TlsClient, TlsFiles, TlsServer};
 use migration::{
-    Address, DirtyLogBackend, Listener, MigrateOptions, MigrationError, Moved, move_in_process,
-    move_to_listener,
+    Address, DirtyLogBackend, Listener, MigrateOptions, MigrationError, Moved, Postcopy,
+    move_in_process, move_to_listener,
 };
 use reference_vmm::PauseError;
 use reference_vmm::{RunReport, Vm, VmConfig};
@@ -136,7 +137,7 @@ fn non_writer_rate(moved: &Moved) -> Option<f64> {
     Some(passes as f64 / elapsed.as_secs_f64())
 }
 
-const COLUMNS: [&str; 11] = [
+const COLUMNS: [&str; 14] = [
     "backend",
     "dirtying",
     "rounds",
@@ -148,6 +149,9 @@ const COLUMNS: [&str; 11] = [
     "no-migration stall ms",
     "non-writer passes/s",
     "differing bytes",
+    "remote-fault stall p50 ms",
+    "remote-fault stall p99 ms",
+    "remote-fault stall max ms",
 ];
 
 /// One backend's runs at one rate.
@@ -171,6 +175,9 @@ struct Cells {
     stalls: Vec<(f64, f64)>,
     /// The first run's time paused by the dirty limit per vCPU, ms.
     limit_pauses_ms: Vec<f64>,
+    /// Post-copy: each run's remote-fault stalls at the destination (p50,
+    /// p99, max), ms.
+    fault_ms: [Runs; 3],
 }
 
 impl Cells {
@@ -193,6 +200,15 @@ impl Cells {
             self.non_writer.push(rate);
         }
         self.converged += usize::from(m.converged);
+        if let Some(f) = moved.fetched {
+            for (runs, stall) in
+                self.fault_ms
+                    .iter_mut()
+                    .zip([f.stall_p50, f.stall_p99, f.stall_max])
+            {
+                runs.push(stall.as_secs_f64() * 1e3);
+            }
+        }
         if self.stalls.is_empty() {
             self.stalls = stalls(&moved);
             let paused = moved.source.vcpus.iter().map(|v| v.dirty_paused);
@@ -244,6 +260,7 @@ struct Variant {
     backend: DirtyLogBackend,
     dirty_limit: bool,
     link: Link,
+    postcopy: Postcopy,
 }
 
 const fn variant(label: &'static str, backend: DirtyLogBackend) -> Variant {
@@ -252,6 +269,7 @@ const fn variant(label: &'static str, backend: DirtyLogBackend) -> Variant {
         backend,
         dirty_limit: false,
         link: Link::Unix,
+        postcopy: Postcopy::Off,
     }
 }
 
@@ -261,6 +279,16 @@ const fn over_link(label: &'static str, backend: DirtyLogBackend, dirty_limit: b
         backend,
         dirty_limit,
         link: Link::Tcp,
+        postcopy: Postcopy::Off,
+    }
+}
+
+/// Over the link, manual protect's pre-copy handing over to post-copy
+/// (`Hybrid`), or post-copy at once.
+const fn postcopy_over_link(label: &'static str, postcopy: Postcopy) -> Variant {
+    Variant {
+        postcopy,
+        ..over_link(label, DirtyLogBackend::Manual, false)
     }
 }
 
@@ -271,8 +299,8 @@ const BACKENDS: [Variant; 3] = [
     variant("ring", DirtyLogBackend::Ring),
 ];
 /// Beside two CPU hogs over the link: each backend without and with the
-/// dirty limit.
-const LOADED: [Variant; 6] = [
+/// dirty limit, and post-copy after pre-copy and at once.
+const LOADED: [Variant; 8] = [
     over_link("bitmap, link + 2 hogs", DirtyLogBackend::Bitmap, false),
     over_link(
         "bitmap + dirty limit, link + 2 hogs",
@@ -291,7 +319,14 @@ const LOADED: [Variant; 6] = [
         DirtyLogBackend::Ring,
         true,
     ),
+    postcopy_over_link(
+        "manual + post-copy (hybrid), link + 2 hogs",
+        Postcopy::Hybrid,
+    ),
+    postcopy_over_link("post-copy (immediate), link + 2 hogs", Postcopy::Immediate),
 ];
+/// The rows of [`LOADED`] that move in post-copy.
+const POSTCOPY_ROWS: std::ops::Range<usize> = 6..8;
 /// Over the link alone: the ring without the dirty limit, each backend
 /// with it.
 const LINKED: [Variant; 4] = [
@@ -525,7 +560,14 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
          host, beside the same guest's without a move (beside the same hogs). Medians of {} \
          runs ({tls_reps} for manual protect in plain text and in TLS), where the destination runs as soon as it answers; in each, the guest checks \
          every page against its generation. Differing bytes: one more run per cell whose \
-         destination waits until both memories are compared byte for byte at the switch-over.",
+         destination waits until both memories are compared byte for byte at the switch-over. \
+         Post-copy rows: manual protect's pre-copy until a round fits the downtime or sends no \
+         fewer pages than the one before (hybrid), or none (immediate); then the guest runs at the destination, the \
+         pages still at the source registered with userfaultfd(2), asked for as they fault and \
+         pushed meanwhile, with no dirty limit. Their total runs to the destination's last page; \
+         a remote fault's stall is the destination's, from the fault's arrival at its fault \
+         thread to its page filled (each run's p50, p99 and max; medians over runs); their \
+         compared run reads the destination's memory through its faults before its guest runs.",
         AFTER.as_millis(),
         RUN.as_secs(),
         RUN_AFTER.as_secs(),
@@ -548,6 +590,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
         opts.reps(),
     ));
     t.note(non_writer_goal(&linked));
+    t.note(postcopy_goal(&loaded));
     t.note(tls_goal(&tls[0], &tls[1]));
     t.note(goal(
         "0 differing bytes in every compared run",
@@ -600,14 +643,14 @@ fn measure(
         for (v, cell) in variants
             .iter()
             .zip(&mut cells)
-            .filter(|(v, _)| opts.runs(v.label))
+            .filter(|(v, _)| runs(opts, v))
         {
             progress(&format!("migrate: {rate}, {}, run {rep}", v.label));
             // --quick compares in its one run, and times that run.
             cell.add(move_with(config, v, links, opts.quick))?;
         }
     }
-    let chosen = |(v, _): &(&Variant, _)| opts.runs(v.label);
+    let chosen = |(v, _): &(&Variant, _)| runs(opts, v);
     for (v, cell) in variants
         .iter()
         .zip(&mut cells)
@@ -619,11 +662,7 @@ fn measure(
             cell.differing = moved.differing.unwrap_or(u64::MAX);
         }
     }
-    for (v, c) in variants
-        .iter()
-        .zip(&cells)
-        .filter(|(v, _)| opts.runs(v.label))
-    {
+    for (v, c) in variants.iter().zip(&cells).filter(|(v, _)| runs(opts, v)) {
         let mut converged = format!("{} of {}", c.converged, load.reps);
         if c.unfinished > 0 {
             converged += &format!("; {} unfinished", c.unfinished);
@@ -643,6 +682,9 @@ fn measure(
             Cell::runs(&baseline, 2),
             Cells::median(&c.non_writer, 0),
             Cell::num(c.differing as f64, 0),
+            Cells::median(&c.fault_ms[0], 3),
+            Cells::median(&c.fault_ms[1], 3),
+            Cells::median(&c.fault_ms[2], 3),
         ]);
     }
     plots(t, load.group, rate, variants, &cells);
@@ -688,6 +730,13 @@ fn plots(t: &mut Table, group: &str, rate: &str, variants: &[Variant], cells: &[
     t.plot(plot::bars(&file, &caption, axes, &limited));
 }
 
+/// Whether `variant` runs: chosen (`--only`), and for post-copy, where
+/// `userfaultfd(2)` is allowed (the notes say when it is not).
+fn runs(opts: Options, variant: &Variant) -> bool {
+    opts.runs(variant.label)
+        && (variant.postcopy == Postcopy::Off || userfaultfd_available().is_ok())
+}
+
 fn move_with(
     config: &VmConfig,
     variant: &Variant,
@@ -700,6 +749,7 @@ fn move_with(
         max_rounds: MAX_ROUNDS,
         max_precopy: MAX_PRECOPY,
         dirty_limit: variant.dirty_limit,
+        postcopy: variant.postcopy,
         ..MigrateOptions::default()
     };
     let config = VmConfig {
@@ -761,6 +811,49 @@ fn dirty_limit_goal(
         met,
         &[],
     )
+}
+
+/// Post-copy beside two hogs over the link, at both rates, after pre-copy
+/// and at once: the pause at most 5 ms; a remote fault's stall p99 at most
+/// 2 ms and max at most 20 ms (medians of the runs).
+fn postcopy_goal(loaded: &[Vec<Cells>]) -> String {
+    let what = "beside two CPU hogs over the link, post-copy (after pre-copy and at once, at both \
+                rates) pauses the guest at most 5 ms, and a remote fault stalls its vCPU at most \
+                2 ms at the 99th percentile and 20 ms at most";
+    if let Err(e) = userfaultfd_available() {
+        return format!("Goal: {what}. Not measured: userfaultfd(2) is refused here ({e}).");
+    }
+    let rows: Vec<(String, &Cells)> = loaded
+        .iter()
+        .zip(RATES)
+        .flat_map(|(cells, (rate, _))| {
+            let rows = LOADED[POSTCOPY_ROWS].iter().zip(&cells[POSTCOPY_ROWS]);
+            rows.map(move |(v, c)| {
+                let name = v.label.split(", link").next().unwrap_or(v.label);
+                (format!("{name} at {rate}"), c)
+            })
+        })
+        .collect();
+    let figures = |c: &Cells| {
+        (
+            c.downtime_ms.median(),
+            c.fault_ms[1].median(),
+            c.fault_ms[2].median(),
+        )
+    };
+    let met = rows.iter().all(|(_, c)| {
+        let (down, p99, max) = figures(c);
+        down <= 5.0 && p99 <= 2.0 && max <= 20.0
+    });
+    let seen = rows
+        .iter()
+        .map(|(name, c)| {
+            let (down, p99, max) = figures(c);
+            format!("{name}: pause {down:.2} ms, p99 {p99:.3} ms, max {max:.3} ms")
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    goal(what, &seen, met, &[])
 }
 
 /// With the ring's limit, the vCPU that does not write keeps at least 90 %

@@ -149,18 +149,23 @@ pub fn receive_in(ns: &str, listen: &str, tls: &[String]) -> Background {
 pub struct Background(pub Child);
 
 impl Background {
-    /// The address a `receive` prints first.
+    /// The address a `receive` prints first (after its warnings).
     pub fn listening_on(&mut self) -> String {
-        let mut line = Vec::new();
-        let mut byte = [0u8];
         let stderr = self.0.stderr.as_mut().unwrap();
-        while stderr.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
-            line.push(byte[0]);
+        loop {
+            let mut line = Vec::new();
+            let mut byte = [0u8];
+            while stderr.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+                line.push(byte[0]);
+            }
+            let line = text(&line);
+            if !line.starts_with("warning: ") {
+                return line
+                    .strip_prefix("listening on ")
+                    .unwrap_or_else(|| panic!("{line}"))
+                    .to_owned();
+            }
         }
-        let line = text(&line);
-        line.strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("{line}"))
-            .to_owned()
     }
 
     /// The first line on stderr from here that holds `word`, within

@@ -1,0 +1,180 @@
+//! The source after a post-copy hand-over: its guest stopped for good, its
+//! memory kept until the destination has every page. It answers each page
+//! the destination asks for at once and pushes the rest in small records
+//! between, keeping its socket's queue short so that an answer never waits
+//! behind it; after a cut link it connects again where told to.
+
+use std::io::{BufWriter, Write};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use reference_vmm::VmMemory;
+use test_guests::layout::PAGE_SIZE;
+
+use super::pages::PageSet;
+use super::{Note, PUSH_PAGES, QUEUE_BYTES};
+use crate::stream::{StreamError, StreamWriter, send_pages};
+use crate::{Connection, MigrationError, PEER_TIMEOUT};
+
+/// The stream to the destination, continued after the hand-over.
+pub(crate) type Out = StreamWriter<BufWriter<Connection>>;
+
+/// How long a source waits between tries to reach its destination again.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// What the source did after the hand-over.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Served {
+    /// Pages sent, pushed or asked for.
+    pub pages: u64,
+    /// Pages the destination asked for.
+    pub asked: u64,
+    /// New connections after a cut link.
+    pub reconnects: u32,
+}
+
+/// How a source reaches its destination again after a cut link, and for
+/// how long it tries.
+pub(crate) struct Reconnect<'a> {
+    pub connect: &'a dyn Fn() -> Result<Connection, MigrationError>,
+    pub within: Duration,
+}
+
+/// Serves the destination until it has every page of `needed`; connects
+/// again through `reconnect` after a failure, where given.
+///
+/// # Errors
+/// [`MigrationError::GuestLost`]: the destination went away (or broke the
+/// protocol) without every page, and could not be reached again.
+pub(crate) fn serve(
+    mut out: Out,
+    memory: &VmMemory,
+    mut needed: PageSet,
+    id: u64,
+    reconnect: Option<Reconnect<'_>>,
+) -> Result<Served, MigrationError> {
+    let mut served = Served::default();
+    loop {
+        let failed = match serve_on(&mut out, memory, &mut needed, &mut served) {
+            Ok(()) => return Ok(served),
+            Err(e) => e,
+        };
+        let Some(reconnect) = &reconnect else {
+            return Err(lost(
+                &failed,
+                "the source was not told to reconnect (--migrate-resume)",
+            ));
+        };
+        out = connect_again(reconnect, id, &mut needed).map_err(|why| lost(&failed, &why))?;
+        served.reconnects += 1;
+    }
+}
+
+fn lost(failed: &MigrationError, after: &str) -> MigrationError {
+    MigrationError::GuestLost(format!(
+        "the destination ran it and went away before it had every page ({failed}); {after}"
+    ))
+}
+
+/// One connection's share: asked pages first, pushes between, End once
+/// all are sent, until the destination says it has them all.
+fn serve_on(
+    out: &mut Out,
+    memory: &VmMemory,
+    needed: &mut PageSet,
+    served: &mut Served,
+) -> Result<(), MigrationError> {
+    let pages = needed.capacity();
+    let mut buf = Vec::new();
+    let mut ended = false;
+    loop {
+        let connection = out.get_mut().get_mut();
+        let queued = connection.unsent().map_err(StreamError::Io)? > QUEUE_BYTES;
+        let wait = match (ended, queued) {
+            (true, _) => PEER_TIMEOUT,
+            (false, true) => Duration::from_micros(200),
+            (false, false) => Duration::ZERO,
+        };
+        if connection
+            .wait_readable(Some(wait))
+            .map_err(StreamError::Io)?
+        {
+            match Note::read(connection, pages).map_err(StreamError::Io)? {
+                Note::Ask(gpa) => {
+                    needed.remove(gpa / PAGE_SIZE);
+                    send_pages(memory, out, gpa, PAGE_SIZE, &mut buf)?;
+                    out.get_mut().flush().map_err(StreamError::Io)?;
+                    served.asked += 1;
+                    served.pages += 1;
+                }
+                Note::HaveAll => return Ok(()),
+                Note::Needed(_) => return Err(protocol("a list of pages on a running connection")),
+            }
+            continue;
+        }
+        if ended {
+            return Err(protocol(
+                "no word that it has every page within the peer timeout",
+            ));
+        }
+        if queued {
+            continue;
+        }
+        match needed.take_run(PUSH_PAGES) {
+            Some((page, n)) => {
+                send_pages(memory, out, page * PAGE_SIZE, n * PAGE_SIZE, &mut buf)?;
+                out.get_mut().flush().map_err(StreamError::Io)?;
+                served.pages += n;
+            }
+            None => {
+                out.end()?;
+                ended = true;
+            }
+        }
+    }
+}
+
+fn protocol(what: &str) -> MigrationError {
+    MigrationError::Stream(StreamError::Io(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("the destination sent {what}"),
+    )))
+}
+
+/// Connects to the destination again, within `reconnect.within`: the
+/// move's id out, the pages it still lacks back (they replace `needed`).
+fn connect_again(reconnect: &Reconnect<'_>, id: u64, needed: &mut PageSet) -> Result<Out, String> {
+    let deadline = Instant::now() + reconnect.within;
+    let mut last = String::from("no try");
+    while Instant::now() < deadline {
+        match (reconnect.connect)().and_then(|c| resume_on(c, id, needed.capacity())) {
+            Ok((out, lacking)) => {
+                *needed = lacking;
+                return Ok(out);
+            }
+            Err(e) => last = e.to_string(),
+        }
+        thread::sleep(RETRY);
+    }
+    Err(format!(
+        "it could not be reached again within {} ms (last: {last}): the guest is lost, and never \
+         runs here again",
+        reconnect.within.as_millis()
+    ))
+}
+
+fn resume_on(
+    connection: Connection,
+    id: u64,
+    pages: u64,
+) -> Result<(Out, PageSet), MigrationError> {
+    let mut out = StreamWriter::after_header(BufWriter::new(connection));
+    out.postcopy(id)?;
+    out.get_mut().flush().map_err(StreamError::Io)?;
+    match Note::read(out.get_mut().get_mut(), pages).map_err(StreamError::Io)? {
+        Note::Needed(lacking) => Ok((out, lacking)),
+        _ => Err(protocol(
+            "something else than the pages it lacks on a new connection",
+        )),
+    }
+}

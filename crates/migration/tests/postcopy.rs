@@ -1,0 +1,262 @@
+//! Post-copy on `/dev/kvm` and `userfaultfd(2)`, in this process over real
+//! sockets: a guest writing flat out moves at once and after pre-copy
+//! (hybrid), unthrottled, its memory read through the destination's
+//! faults equal to the source's at the pause; its vCPUs fault on the pages
+//! still at the source and its own check of every page passes; in TLS;
+//! and a link cut for 2 s in the middle of post-copy is survived. Each
+//! test skips, saying so, where `userfaultfd(2)` is refused.
+
+#[path = "../../reference-vmm/tests/common/mod.rs"]
+mod common;
+
+use std::thread;
+use std::time::Duration;
+
+use common::kvm_available;
+use migration::postcopy::userfaultfd_available;
+use migration::tls::TlsFiles;
+use migration::{
+    AcceptLimits, Address, DirtyLogBackend, MigrateOptions, Migration, Moved, Postcopy, Resume,
+    Target, hand_over, move_in_process, move_in_process_tls, receive_from,
+};
+use reference_vmm::{Irqchip, RunReport, Vm, VmConfig, VmMemory};
+use test_support::certs::cas;
+use test_support::proxy::{LinkProxy, Plan};
+use vm_memory::{Bytes, GuestAddress};
+
+const VCPUS: u32 = 3;
+/// Pages each writing vCPU rewrites: 16 MiB each.
+const PAGES: u64 = 4096;
+
+/// Whether the test can run: KVM, and `userfaultfd(2)` (a visible skip
+/// where it is refused).
+fn can_run(test: &str) -> bool {
+    kvm_available(test)
+        && match userfaultfd_available() {
+            Ok(()) => true,
+            Err(e) => common::skip(test, &format!("userfaultfd(2) is refused here: {e}")),
+        }
+}
+
+/// The `migrate` guest writing flat out over 16 MiB on each of two vCPUs
+/// (a third only computes), 300 ms once the move ended: no pre-copy round
+/// fits a 5 ms downtime.
+fn flat_out() -> VmConfig {
+    let ms = lapic_timer::TscClock::shared().tsc_khz();
+    let mut config = VmConfig {
+        vcpus: VCPUS,
+        mem_mib: 128,
+        irqchip: Irqchip::Kernel,
+        timeout: Some(Duration::from_secs(120)),
+        ..VmConfig::default()
+    };
+    config.params[..6].copy_from_slice(&[PAGES, 300 * ms, 0, ms, 1, 2]);
+    config
+}
+
+fn options(postcopy: Postcopy) -> MigrateOptions {
+    MigrateOptions {
+        backend: DirtyLogBackend::Manual,
+        after: Duration::from_millis(100),
+        downtime: Duration::from_millis(5),
+        max_rounds: 5,
+        postcopy,
+        ..MigrateOptions::default()
+    }
+}
+
+fn tcp() -> Address {
+    "tcp:127.0.0.1:0".parse().unwrap()
+}
+
+/// The guest's own checks passed at the destination: each writer checked
+/// its pages (a page lost or stale fails the run).
+fn assert_checked(report: &RunReport, what: &str) {
+    assert!(report.vcpus.iter().all(|v| v.finished), "{what}: {report}");
+    for vcpu in 0..2 {
+        assert_eq!(
+            report.value(vcpu, "pages_checked"),
+            Some(PAGES),
+            "{what}: {report}"
+        );
+    }
+}
+
+/// A move in post-copy: unthrottled, the destination fetched every page
+/// the source sent after the hand-over.
+fn assert_postcopy(moved: &Moved, what: &str) {
+    let m = &moved.migration;
+    assert!(m.postcopy && m.limited_rounds == 0, "{what}: {m}");
+    assert!(m.postcopy_pages > 0 && m.downtime <= m.total, "{what}: {m}");
+    let fetched = moved.fetched.expect("post-copy fetched");
+    eprintln!("{what}: {m}\n  destination: {fetched:?}");
+    assert!(
+        fetched.filled >= m.postcopy_pages - m.asked_pages,
+        "{what}: {fetched:?} {m}"
+    );
+    assert!(moved.source.handed_over, "{what}: {}", moved.source);
+    assert_checked(&moved.destination, what);
+}
+
+#[test]
+fn a_flat_out_writer_moves_in_postcopy_unthrottled_byte_for_byte() {
+    if !can_run("a_flat_out_writer_moves_in_postcopy_unthrottled_byte_for_byte") {
+        return;
+    }
+    let program = test_guests::find("migrate").unwrap();
+    for postcopy in [Postcopy::Immediate, Postcopy::Hybrid] {
+        for compare in [true, false] {
+            let what = format!("{postcopy}, compared: {compare}");
+            let moved = move_in_process(&flat_out(), program, options(postcopy), &tcp(), compare)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_postcopy(&moved, &what);
+            let fetched = moved.fetched.unwrap();
+            match compare {
+                // Read through the faults before the guest ran: each page
+                // as the guest would first have seen it.
+                true => assert_eq!(moved.differing, Some(0), "{what}"),
+                // The guest ran at once: its vCPUs faulted on pages still
+                // at the source, and each waited for its page.
+                false if postcopy == Postcopy::Immediate => {
+                    assert!(fetched.remote_faults > 0, "{what}: {fetched:?}");
+                    assert!(
+                        fetched.stall_max >= fetched.stall_p50,
+                        "{what}: {fetched:?}"
+                    );
+                }
+                false => {}
+            }
+            if postcopy == Postcopy::Hybrid {
+                let m = &moved.migration;
+                assert!(m.rounds >= 2 && !m.converged, "{what}: {m}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_guest_moves_in_postcopy_in_tls() {
+    if !can_run("a_guest_moves_in_postcopy_in_tls") {
+        return;
+    }
+    let (ca, _) = cas("postcopy");
+    let files = |name: &str| {
+        let f = ca.files(name, &ca);
+        TlsFiles {
+            cert: f.cert,
+            key: f.key,
+            ca: f.ca,
+        }
+    };
+    let client = files("source.example").client().unwrap();
+    let server = files("127.0.0.1")
+        .server(&["source.example".into()])
+        .unwrap();
+    let program = test_guests::find("migrate").unwrap();
+    let moved = move_in_process_tls(
+        &flat_out(),
+        program,
+        options(Postcopy::Immediate),
+        &tcp(),
+        (client, server),
+        false,
+    )
+    .unwrap();
+    assert_postcopy(&moved, "tls");
+}
+
+/// Bytes that differ between two memories of `size` bytes, read a MiB at
+/// a time (the destination's through its faults).
+fn differing(a: &VmMemory, b: &VmMemory, size: u64) -> u64 {
+    let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    (0..size)
+        .step_by(1 << 20)
+        .map(|at| {
+            a.read_slice(&mut x, GuestAddress(at)).unwrap();
+            b.read_slice(&mut y, GuestAddress(at)).unwrap();
+            x.iter().zip(&y).filter(|(p, q)| p != q).count() as u64
+        })
+        .sum()
+}
+
+/// The link goes down for 2 s once 8 MiB have gone from the source (in the
+/// middle of post-copy: before the hand-over only the vCPUs' states go),
+/// and comes back: the source connects again, the destination tells it
+/// the pages it still lacks, and the guest, waiting meanwhile, runs on
+/// with every page. Once more with the destination's memory read through
+/// its faults before its guest runs (the reads wait out the cut), against
+/// the source's: 0 bytes differ.
+#[test]
+fn a_link_cut_for_2_s_in_the_middle_of_postcopy_is_survived() {
+    if !can_run("a_link_cut_for_2_s_in_the_middle_of_postcopy_is_survived") {
+        return;
+    }
+    for compare in [false, true] {
+        cut_for_2_s(compare);
+    }
+}
+
+fn cut_for_2_s(compare: bool) {
+    let listener = tcp().listen().unwrap();
+    let Address::Tcp(at) = listener.address().unwrap() else {
+        unreachable!("a tcp: listener")
+    };
+    let down = Duration::from_secs(2);
+    let proxy = LinkProxy::start(
+        at,
+        Plan::CutAt {
+            bytes: 8 << 20,
+            down,
+        },
+    )
+    .unwrap();
+    let options = MigrateOptions {
+        resume: true,
+        timeout: Duration::from_secs(60),
+        ..options(Postcopy::Immediate)
+    };
+    let config = flat_out();
+    let program = test_guests::find("migrate").unwrap();
+    let mut vm = Vm::new(&config).unwrap();
+    let source_memory = vm.memory();
+    let destination = {
+        let config = config.clone();
+        thread::spawn(move || {
+            let mut input = listener
+                .accept_source(&AcceptLimits::default(), &mut |_| {})
+                .unwrap();
+            let received = receive_from(&mut input, &config);
+            let mut incoming = hand_over(input.get_mut(), received).unwrap();
+            let resume = Resume {
+                listener,
+                limits: AcceptLimits::default(),
+                within: Duration::from_secs(30),
+                log: |line| eprintln!("{line}"),
+            };
+            let fetching = incoming
+                .fetch(input, Some(resume))
+                .unwrap()
+                .expect("post-copy");
+            let size = config.mem_mib << 20;
+            let bytes = compare.then(|| differing(&source_memory, &incoming.vm.memory(), size));
+            let run = incoming.vm.run(program, Box::new(std::io::sink()));
+            (run.unwrap(), fetching.finish().unwrap(), bytes)
+        })
+    };
+    let target = Target::Peer(Address::Tcp(proxy.address()));
+    let migration = Migration::prepare(&mut vm, target, options).unwrap();
+    let (tx, moved) = std::sync::mpsc::channel();
+    vm.on_start(Box::new(move |control| {
+        drop(tx.send(migration.run(control)))
+    }));
+    let source = vm.run(program, Box::new(std::io::sink())).unwrap();
+    let report = moved.recv().unwrap().unwrap();
+    let (run, fetched, bytes) = destination.join().unwrap();
+    eprintln!("cut (compared: {compare}): {report}\n  destination: {fetched:?}");
+    assert_eq!(proxy.cuts(), 1);
+    assert!(report.postcopy && report.reconnects >= 1, "{report}");
+    assert_eq!(fetched.reconnects, report.reconnects, "{fetched:?}");
+    assert!(source.handed_over, "{source}");
+    assert_eq!(bytes.unwrap_or(0), 0, "bytes differ after the cut");
+    assert_checked(&run, "after the cut");
+}
