@@ -136,14 +136,7 @@ pub(crate) fn read_taken(input: &mut impl Read) -> Result<(), MigrationError> {
 /// Reads the destination's answer after the whole stream: READY, or its
 /// refusal.
 pub(crate) fn read_answer(input: &mut impl Read) -> Result<(), MigrationError> {
-    match read_reply(input, READY) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(Reply::Refused(why))) => Err(MigrationError::Refused(why)),
-        Ok(Err(Reply::Other(byte))) => Err(MigrationError::Refused(format!(
-            "it answered {byte:#04x} instead of READY"
-        ))),
-        Err(e) => Err(MigrationError::NoAnswer(e)),
-    }
+    read_or_refusal(input, READY, "READY")
 }
 
 /// Sends MADE at a post-copy destination: its VM exists.
@@ -155,11 +148,16 @@ pub(crate) fn made(out: &mut impl Write) -> io::Result<()> {
 /// Reads MADE at a post-copy source, before its pause: or the
 /// destination's refusal.
 pub(crate) fn read_made(input: &mut impl Read) -> Result<(), MigrationError> {
-    match read_reply(input, MADE) {
+    read_or_refusal(input, MADE, "saying it made the VM")
+}
+
+/// `expected` (`what`, in words), or the destination's refusal.
+fn read_or_refusal(input: &mut impl Read, expected: u8, what: &str) -> Result<(), MigrationError> {
+    match read_reply(input, expected) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(Reply::Refused(why))) => Err(MigrationError::Refused(why)),
         Ok(Err(Reply::Other(byte))) => Err(MigrationError::Refused(format!(
-            "it answered {byte:#04x} instead of saying it made the VM"
+            "it answered {byte:#04x} instead of {what}"
         ))),
         Err(e) => Err(MigrationError::NoAnswer(e)),
     }

@@ -10,7 +10,7 @@ mod cli;
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
 use cli::*;
@@ -73,10 +73,11 @@ fn two_processes_move_a_guest_in_postcopy_and_each_says_what_it_did() {
     }
 }
 
-/// Runs a source to the destination at `to` in post-copy with `extra`,
-/// kills the destination once its guest runs there and the proxy holds the
-/// rest of the source's stream, and returns the source's output.
-fn kill_the_destination(extra: &[&str]) -> Output {
+/// A `receive`, and a source moving to it in post-copy at once with
+/// `extra` through a proxy that holds the source's stream once the
+/// destination has said RUNNING (after TAKEN, MADE, READY): its pages never
+/// reach it.
+fn held_move(extra: &[&str]) -> (Background, Child, LinkProxy) {
     let mut destination = receive(&[]);
     let at: SocketAddr = destination
         .listening_on()
@@ -84,18 +85,21 @@ fn kill_the_destination(extra: &[&str]) -> Output {
         .unwrap()
         .parse()
         .unwrap();
-    // TAKEN, MADE, READY, RUNNING: then the pages never reach it.
     let proxy = LinkProxy::start(at, Plan::HoldAfter { answers: 4 }).unwrap();
     let to = format!("tcp:{}", proxy.address());
     let mut args = vec!["--migrate-to", &to, "--insecure", "--postcopy", "immediate"];
     args.extend(extra);
-    let source = source(&args);
+    (destination, source(&args), proxy)
+}
+
+/// Kills the destination of a [`held_move`] once its guest runs there, and
+/// returns the source's output.
+fn kill_the_destination(extra: &[&str]) -> Output {
+    let (mut destination, source, _proxy) = held_move(extra);
     destination.log_line_with("post-copy: the guest runs here", Duration::from_secs(60));
     destination.0.kill().unwrap();
     let _ = destination.0.wait();
-    let out = source.wait_with_output().unwrap();
-    drop(proxy);
-    out
+    source.wait_with_output().unwrap()
 }
 
 #[test]
@@ -140,16 +144,7 @@ fn a_source_killed_in_the_middle_of_postcopy_leaves_the_destination_saying_the_g
     if !can_run(test) {
         return;
     }
-    let mut destination = receive(&[]);
-    let at: SocketAddr = destination
-        .listening_on()
-        .strip_prefix("tcp:")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let proxy = LinkProxy::start(at, Plan::HoldAfter { answers: 4 }).unwrap();
-    let to = format!("tcp:{}", proxy.address());
-    let mut source = source(&["--migrate-to", &to, "--insecure", "--postcopy", "immediate"]);
+    let (mut destination, mut source, proxy) = held_move(&[]);
     let stderr = destination.0.stderr.take().unwrap();
     let (tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
