@@ -362,7 +362,7 @@ pub(crate) fn random_id() -> io::Result<u64> {
 
 /// Whether `page` holds only zeros: an OR over words with no early exit,
 /// which the compiler vectorizes.
-pub(super) fn is_zero(page: &[u8]) -> bool {
+pub(crate) fn is_zero(page: &[u8]) -> bool {
     let words = page.chunks_exact(8);
     let rest = words.remainder();
     words.fold(0, |acc, w| {

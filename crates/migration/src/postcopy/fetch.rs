@@ -313,25 +313,52 @@ impl Fetcher {
         Ok(())
     }
 
-    /// Fills the pages of a run it still lacks: `data`'s, or zeros.
+    /// Fills the pages of a run it still lacks: `data`'s, or zeros; each
+    /// stretch of them with one call.
     fn fill(&mut self, gpa: u64, data: Option<&[u8]>, pages: u64) -> Result<(), MigrationError> {
         let first = gpa / PAGE_SIZE;
-        for page in first..first + pages {
-            if !self.pages.needed.remove(page) {
-                continue;
+        let mut page = first;
+        while page < first + pages {
+            let start = page;
+            while page < first + pages && self.pages.needed.remove(page) {
+                page += 1;
             }
-            let at = self.pages.at(page);
-            let filled = match data {
-                Some(data) => {
-                    let offset = ((page - first) * PAGE_SIZE) as usize;
-                    self.pages
-                        .uffd
-                        .copy(at, &data[offset..offset + PAGE_SIZE as usize])
-                }
-                None => self.pages.uffd.zero(at, PAGE_SIZE as usize),
-            };
-            filled.map_err(MigrationError::Userfaultfd)?;
-            self.report.filled += 1;
+            if page > start {
+                let bytes = |from: u64, n: u64| {
+                    data.map(|d| {
+                        &d[((from - first) * PAGE_SIZE) as usize..][..(n * PAGE_SIZE) as usize]
+                    })
+                };
+                self.fill_stretch(start, page - start, bytes)?;
+            }
+            page += 1;
+        }
+        Ok(())
+    }
+
+    /// Fills `n` pages from `start` that it lacked (`bytes(from, n)`: their
+    /// data, `None` for zeros): one call, or a call a page where another
+    /// was there already.
+    fn fill_stretch<'a>(
+        &mut self,
+        start: u64,
+        n: u64,
+        bytes: impl Fn(u64, u64) -> Option<&'a [u8]>,
+    ) -> Result<(), MigrationError> {
+        let uffd = &self.pages.uffd;
+        let fill = |from: u64, n: u64| match bytes(from, n) {
+            Some(data) => uffd.copy(self.pages.at(from), data),
+            None => uffd.zero(self.pages.at(from), (n * PAGE_SIZE) as usize),
+        };
+        let whole = fill(start, n).map_err(MigrationError::Userfaultfd)?;
+        if whole == Filled::Already && n > 1 {
+            // The call stopped at a page there already: a page at a time.
+            for page in start..start + n {
+                fill(page, 1).map_err(MigrationError::Userfaultfd)?;
+            }
+        }
+        self.report.filled += n;
+        for page in start..start + n {
             if let Some(asked) = self.asked.remove(&page) {
                 self.stalls.push(asked.elapsed());
             }

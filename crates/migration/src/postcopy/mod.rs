@@ -69,9 +69,12 @@ pub fn userfaultfd_available() -> io::Result<()> {
     crate::uffd::Userfaultfd::new().map(drop)
 }
 
-/// Pages pushed in one record after the hand-over (32 KiB, a quarter of
-/// a millisecond at 1 Gbit/s): an asked page waits behind at most this.
+/// Pages of data pushed at a time after the hand-over (32 KiB, a quarter
+/// of a millisecond at 1 Gbit/s): an asked page waits behind at most this.
 pub(crate) const PUSH_PAGES: u64 = 8;
+/// Pages a push looks at (256 KiB): the zero pages among them go as one
+/// record a stretch, which the destination fills with one call.
+pub(crate) const PUSH_WINDOW: u64 = 64;
 /// Bytes the source lets sit unsent in its socket before it pushes more,
 /// so that an asked page is not queued behind a full socket buffer; more
 /// than a 1 Gbit/s link holds in flight over a LAN.

@@ -82,6 +82,13 @@ impl PageSet {
         Some((first, n))
     }
 
+    /// Puts `n` pages from `first` back, the cursor on them: the next
+    /// run taken starts there.
+    pub(crate) fn put_back(&mut self, first: u64, n: u64) {
+        self.insert_run(first, n);
+        self.cursor = first;
+    }
+
     /// Every run in the set, in order: first page and length.
     pub(crate) fn runs(&self) -> Vec<(u64, u64)> {
         let mut runs = Vec::new();
@@ -133,6 +140,12 @@ mod tests {
         assert_eq!(set.take_run(16), Some((5, 1)));
         assert_eq!(set.take_run(16), Some((7, 1)));
         assert_eq!(set.take_run(16), Some((63, 3)));
+        set.put_back(64, 2);
+        assert_eq!(
+            set.take_run(16),
+            Some((64, 2)),
+            "what was put back comes next"
+        );
         set.insert_run(0, 1);
         assert_eq!(set.take_run(16), Some((199, 1)));
         assert_eq!(

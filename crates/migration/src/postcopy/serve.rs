@@ -12,9 +12,10 @@ use reference_vmm::VmMemory;
 use test_guests::layout::PAGE_SIZE;
 
 use super::pages::PageSet;
-use super::{Note, PUSH_PAGES, QUEUE_BYTES};
-use crate::stream::{StreamError, StreamWriter, send_pages};
+use super::{Note, PUSH_PAGES, PUSH_WINDOW, QUEUE_BYTES};
+use crate::stream::{StreamError, StreamWriter, is_zero, send_pages};
 use crate::{Connection, MigrationError, PEER_TIMEOUT};
+use vm_memory::{Bytes, GuestAddress};
 
 /// The stream to the destination, continued after the hand-over.
 pub(crate) type Out = StreamWriter<BufWriter<Connection>>;
@@ -120,11 +121,10 @@ fn serve_on(
         if queued {
             continue;
         }
-        match needed.take_run(PUSH_PAGES) {
+        match needed.take_run(PUSH_WINDOW) {
             Some((page, n)) => {
-                send_pages(memory, out, page * PAGE_SIZE, n * PAGE_SIZE, &mut buf)?;
+                served.pages += push(out, memory, needed, (page, n), &mut buf)?;
                 out.get_mut().flush().map_err(StreamError::Io)?;
-                served.pages += n;
             }
             None => {
                 out.end()?;
@@ -132,6 +132,45 @@ fn serve_on(
             }
         }
     }
+}
+
+/// Pushes the start of the run `(page, n)`: its pages up to the
+/// [`PUSH_PAGES`]th that holds data (zero pages go as one record each
+/// stretch, for nothing); the rest goes back to `needed`, first in line.
+/// Returns the pages sent.
+fn push(
+    out: &mut Out,
+    memory: &VmMemory,
+    needed: &mut PageSet,
+    (page, n): (u64, u64),
+    buf: &mut Vec<u8>,
+) -> Result<u64, MigrationError> {
+    let page_bytes = PAGE_SIZE as usize;
+    // Read a push's worth at a time, until the data fills one.
+    let (mut read, mut data) = (0, 0);
+    buf.clear();
+    while read < n && data < PUSH_PAGES {
+        let k = (n - read).min(PUSH_PAGES);
+        buf.resize((read + k) as usize * page_bytes, 0);
+        let chunk = &mut buf[read as usize * page_bytes..];
+        memory.read_slice(chunk, GuestAddress((page + read) * PAGE_SIZE))?;
+        data += chunk.chunks(page_bytes).filter(|p| !is_zero(p)).count() as u64;
+        read += k;
+    }
+    let mut data = 0;
+    let sent = buf
+        .chunks(page_bytes)
+        .take_while(|p| {
+            let before = data;
+            data += u64::from(!is_zero(p));
+            before < PUSH_PAGES
+        })
+        .count() as u64;
+    out.pages(page * PAGE_SIZE, &buf[..sent as usize * page_bytes])?;
+    if sent < n {
+        needed.put_back(page + sent, n - sent);
+    }
+    Ok(sent)
 }
 
 fn protocol(what: &str) -> MigrationError {
