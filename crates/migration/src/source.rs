@@ -107,7 +107,8 @@ pub struct MigrateOptions {
     /// Without this, the stop-and-copy starts there.
     pub dirty_limit: bool,
     /// The migration gives up after this long (unless it has committed the
-    /// hand-over), the guest running on here.
+    /// hand-over), the guest running on here. Post-copy's pages after the
+    /// hand-over get this long again: past it the guest is lost.
     pub timeout: Duration,
     /// Print each pre-copy round on stderr: its pages, the bandwidth, the
     /// dirty rate, the limit and the downtime a stop now would take.
@@ -616,7 +617,14 @@ impl Copier {
         // The guest waits on these pages at the destination: this thread
         // must not wait behind the host's other tenants.
         let _favoured = super::favour::Favoured::this_thread();
-        serve::serve(out, &self.memory, switch.needed, switch.id, reconnect)
+        let limit = self.options.timeout;
+        serve::serve(
+            out,
+            &self.memory,
+            (switch.needed, switch.id),
+            reconnect,
+            limit,
+        )
     }
 
     /// Writes a snapshot to `file`: the guest paused, then all its memory

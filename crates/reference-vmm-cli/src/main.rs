@@ -262,6 +262,8 @@ struct MigrateArgs {
     #[arg(long, requires = "live")]
     no_dirty_limit: bool,
     /// Give up the migration after this long, the guest running on here
+    /// (post-copy: its pages after the hand-over get this long again, and
+    /// past it the guest is lost)
     #[arg(long, value_name = "MS", default_value_t = 300_000, requires = "live",
           value_parser = clap::value_parser!(u64).range(1..))]
     migrate_timeout_ms: u64,

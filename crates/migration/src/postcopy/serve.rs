@@ -41,23 +41,27 @@ pub(crate) struct Reconnect<'a> {
     pub within: Duration,
 }
 
-/// Serves the destination until it has every page of `needed`; connects
-/// again through `reconnect` after a failure, where given.
+/// Serves the destination until it has every page of `needed`, `limit`
+/// at most; connects again through `reconnect` after a failure, where
+/// given.
 ///
 /// # Errors
 /// [`MigrationError::GuestLost`]: the destination went away (or broke the
-/// protocol) without every page, and could not be reached again.
+/// protocol) without every page, and could not be reached again; or the
+/// limit passed.
 pub(crate) fn serve(
     mut out: Out,
     memory: &VmMemory,
-    mut needed: PageSet,
-    id: u64,
+    (mut needed, id): (PageSet, u64),
     reconnect: Option<Reconnect<'_>>,
+    limit: Duration,
 ) -> Result<Served, MigrationError> {
     let mut served = Served::default();
+    let deadline = Instant::now() + limit;
     loop {
-        let failed = match serve_on(&mut out, memory, &mut needed, &mut served) {
+        let failed = match serve_on(&mut out, memory, &mut needed, &mut served, deadline) {
             Ok(()) => return Ok(served),
+            Err(e @ MigrationError::GuestLost(_)) => return Err(e),
             Err(e) => e,
         };
         let Some(reconnect) = &reconnect else {
@@ -84,15 +88,23 @@ fn serve_on(
     memory: &VmMemory,
     needed: &mut PageSet,
     served: &mut Served,
+    deadline: Instant,
 ) -> Result<(), MigrationError> {
     let pages = needed.capacity();
     let mut buf = Vec::new();
     let mut ended = false;
     loop {
+        if Instant::now() >= deadline {
+            return Err(MigrationError::GuestLost(format!(
+                "post-copy ran past its time limit (--migrate-timeout-ms) with {} pages still at \
+                 the source",
+                needed.len()
+            )));
+        }
         let connection = out.get_mut().get_mut();
         let queued = connection.unsent().map_err(StreamError::Io)? > QUEUE_BYTES;
         let wait = match (ended, queued) {
-            (true, _) => PEER_TIMEOUT,
+            (true, _) => PEER_TIMEOUT.min(deadline.saturating_duration_since(Instant::now())),
             (false, true) => Duration::from_micros(200),
             (false, false) => Duration::ZERO,
         };
