@@ -267,9 +267,9 @@ mod tests {
         let uffd = match Userfaultfd::new() {
             Ok(u) => u,
             Err(e) => {
-                eprintln!(
-                    "SKIP a_faulting_thread_waits_for_its_page_and_reads_what_was_copied: userfaultfd(2) refused: {e}"
-                );
+                let why = format!("userfaultfd(2) is refused here: {e}");
+                let test = "a_faulting_thread_waits_for_its_page_and_reads_what_was_copied";
+                test_support::kvm::skip("migration", test, &why);
                 return;
             }
         };

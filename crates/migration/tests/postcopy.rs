@@ -9,6 +9,8 @@
 #[path = "../../reference-vmm/tests/common/mod.rs"]
 mod common;
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::Duration;
 
@@ -16,8 +18,9 @@ use common::kvm_available;
 use migration::postcopy::userfaultfd_available;
 use migration::tls::TlsFiles;
 use migration::{
-    AcceptLimits, Address, DirtyLogBackend, MigrateOptions, Migration, Moved, Postcopy, Resume,
-    Target, hand_over, move_in_process, move_in_process_tls, receive_from,
+    AcceptLimits, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, Moved,
+    Postcopy, Resume, StreamWriter, Target, hand_over, move_in_process, move_in_process_tls,
+    receive, receive_from,
 };
 use reference_vmm::{Irqchip, RunReport, Vm, VmConfig, VmMemory};
 use test_support::certs::cas;
@@ -179,11 +182,10 @@ fn differing(a: &VmMemory, b: &VmMemory, size: u64) -> u64 {
         .sum()
 }
 
-/// The link goes down for 2 s once 8 MiB have gone from the source (in the
-/// middle of post-copy: before the hand-over only the vCPUs' states go),
-/// and comes back: the source connects again, the destination tells it
-/// the pages it still lacks, and the guest, waiting meanwhile, runs on
-/// with every page. Once more with the destination's memory read through
+/// The link goes down for 2 s once the destination has said RUNNING and
+/// 16 KiB of pushes have gone (in the middle of post-copy), and comes
+/// back: the source connects again, the destination tells it the pages it
+/// still lacks, and the guest, waiting meanwhile, runs on with every page. Once more with the destination's memory read through
 /// its faults before its guest runs (the reads wait out the cut), against
 /// the source's: 0 bytes differ.
 #[test]
@@ -202,14 +204,13 @@ fn cut_for_2_s(compare: bool) {
         unreachable!("a tcp: listener")
     };
     let down = Duration::from_secs(2);
-    let proxy = LinkProxy::start(
-        at,
-        Plan::CutAt {
-            bytes: 8 << 20,
-            down,
-        },
-    )
-    .unwrap();
+    // TAKEN, MADE, READY, RUNNING; then 16 KiB of pushes.
+    let plan = Plan::CutAt {
+        answers: 4,
+        bytes: 16 << 10,
+        down,
+    };
+    let proxy = LinkProxy::start(at, plan).unwrap();
     let options = MigrateOptions {
         resume: true,
         timeout: Duration::from_secs(60),
@@ -249,7 +250,13 @@ fn cut_for_2_s(compare: bool) {
     vm.on_start(Box::new(move |control| {
         drop(tx.send(migration.run(control)))
     }));
-    let source = vm.run(program, Box::new(std::io::sink())).unwrap();
+    // While the link is down, a stranger comes with another move's id.
+    let (source, dropped) = thread::scope(|scope| {
+        let stranger = (!compare).then(|| scope.spawn(|| stranger(&proxy, at)));
+        let source = vm.run(program, Box::new(std::io::sink())).unwrap();
+        (source, stranger.map(|s| s.join().unwrap()))
+    });
+    assert_ne!(dropped, Some(false), "the stranger was heard");
     let report = moved.recv().unwrap().unwrap();
     let (run, fetched, bytes) = destination.join().unwrap();
     eprintln!("cut (compared: {compare}): {report}\n  destination: {fetched:?}");
@@ -259,4 +266,73 @@ fn cut_for_2_s(compare: bool) {
     assert!(source.handed_over, "{source}");
     assert_eq!(bytes.unwrap_or(0), 0, "bytes differ after the cut");
     assert_checked(&run, "after the cut");
+}
+
+/// Once `proxy` has cut the link, comes to the destination at `at` with
+/// another move's id; whether the destination dropped it without a word
+/// past TAKEN.
+fn stranger(proxy: &LinkProxy, at: SocketAddr) -> bool {
+    while proxy.cuts() == 0 {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let mut sock = TcpStream::connect(at).unwrap();
+    sock.write_all(&migration::stream::header()).unwrap();
+    let mut taken = [0u8];
+    sock.read_exact(&mut taken).unwrap();
+    StreamWriter::after_header(&sock).postcopy(1).unwrap();
+    let mut rest = Vec::new();
+    let _ = sock.read_to_end(&mut rest);
+    rest.is_empty()
+}
+
+/// Post-copy where it cannot run: to a snapshot file, refused before the
+/// guest starts (no file made); to a destination that reads the stream as
+/// a file would (plain `receive`), refused there, the guest running on at
+/// the source to its end.
+#[test]
+fn postcopy_where_it_cannot_run_is_refused_and_the_guest_runs_on_at_the_source() {
+    if !can_run("postcopy_where_it_cannot_run_is_refused_and_the_guest_runs_on_at_the_source") {
+        return;
+    }
+    let config = flat_out();
+    let program = test_guests::find("migrate").unwrap();
+    let path = std::env::temp_dir().join(format!("postcopy-{}.snap", std::process::id()));
+    let mut vm = Vm::new(&config).unwrap();
+    let to_file = Migration::prepare(
+        &mut vm,
+        Target::File(path.clone()),
+        options(Postcopy::Immediate),
+    );
+    assert!(matches!(to_file, Err(MigrationError::PostcopyToFile)));
+    assert!(!path.exists());
+
+    let listener = tcp().listen().unwrap();
+    let address = listener.address().unwrap();
+    let destination = {
+        let config = config.clone();
+        thread::spawn(move || {
+            let mut input = listener
+                .accept_source(&AcceptLimits::default(), &mut |_| {})
+                .unwrap();
+            let received = receive(&mut input, &config);
+            hand_over(input.get_mut(), received)
+                .err()
+                .map(|e| e.to_string())
+        })
+    };
+    let migration =
+        Migration::prepare(&mut vm, Target::Peer(address), options(Postcopy::Immediate)).unwrap();
+    let (tx, moved) = std::sync::mpsc::channel();
+    vm.on_start(Box::new(move |control| {
+        drop(tx.send(migration.run(control)))
+    }));
+    let source = vm.run(program, Box::new(std::io::sink())).unwrap();
+    let refused = destination.join().unwrap().expect("refused");
+    assert!(refused.contains("a post-copy stream"), "{refused}");
+    match moved.recv().unwrap() {
+        Err(MigrationError::Refused(why)) => assert!(why.contains("receive_from"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!source.handed_over, "{source}");
+    assert_checked(&source, "at the source");
 }

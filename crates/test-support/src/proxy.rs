@@ -13,11 +13,14 @@ use std::time::{Duration, Instant};
 /// What the proxy does to the link.
 #[derive(Clone, Copy, Debug)]
 pub enum Plan {
-    /// Once `bytes` have gone from the source (over every connection),
+    /// Once the destination has sent `answers` bytes back and then
+    /// `bytes` more have gone from the source (over every connection),
     /// cuts the connection (both ways), then closes every new one at once
     /// for `down`: the link is down for that long. It cuts once.
     CutAt {
-        /// Bytes from the source before the cut.
+        /// Bytes from the destination before the source's are counted.
+        answers: u64,
+        /// Bytes from the source, counted, before the cut.
         bytes: u64,
         /// How long the link stays down.
         down: Duration,
@@ -143,7 +146,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, from_source: bo
     let mut buf = vec![0u8; 64 << 10];
     while let Ok(n @ 1..) = from.read(&mut buf) {
         let allowed = match (shared.plan, from_source) {
-            (Plan::CutAt { bytes, .. }, true) if shared.cuts.load(SeqCst) == 0 => {
+            (Plan::CutAt { answers, bytes, .. }, true)
+                if shared.cuts.load(SeqCst) == 0
+                    && shared.from_destination.load(SeqCst) >= answers =>
+            {
                 let before = shared.from_source.fetch_add(n as u64, SeqCst);
                 bytes.saturating_sub(before).min(n as u64) as usize
             }

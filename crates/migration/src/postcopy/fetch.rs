@@ -154,13 +154,7 @@ impl Incoming {
             return Ok(None);
         };
         let stop = self.vm.stop_handle();
-        let fetcher = Fetcher {
-            pages,
-            asked: HashMap::new(),
-            stalls: Vec::new(),
-            report: FetchReport::default(),
-            faults: Vec::new(),
-        };
+        let fetcher = Fetcher::new(pages);
         let thread = thread::Builder::new()
             .name("postcopy".into())
             .spawn(move || {
@@ -186,6 +180,16 @@ struct Fetcher {
 }
 
 impl Fetcher {
+    fn new(pages: PostcopyPages) -> Self {
+        Self {
+            pages,
+            asked: HashMap::new(),
+            stalls: Vec::new(),
+            report: FetchReport::default(),
+            faults: Vec::new(),
+        }
+    }
+
     fn run(
         mut self,
         mut input: StreamReader<Connection>,
@@ -422,5 +426,143 @@ impl Fetcher {
             Note::Ask(page * PAGE_SIZE).write(connection)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
+    use crate::Address;
+    use crate::stream::StreamWriter;
+
+    const PAGES: u64 = 16;
+
+    /// Guest memory of [`PAGES`] pages, page 1 holding what pre-copy sent
+    /// (stale by the switch); post-copy lacking pages 1, 2 and 5. `None`
+    /// (said) where userfaultfd is refused.
+    fn lacking() -> Option<(VmMemory, PostcopyPages)> {
+        let memory =
+            VmMemory::from_ranges(&[(GuestAddress(0), (PAGES * PAGE_SIZE) as usize)]).unwrap();
+        memory
+            .write_slice(&[3; PAGE_SIZE as usize], GuestAddress(PAGE_SIZE))
+            .unwrap();
+        let mut needed = PageSet::new(PAGES);
+        for page in [1, 2, 5] {
+            needed.insert_run(page, 1);
+        }
+        match PostcopyPages::prepare(&memory, 7, needed) {
+            Ok(pages) => Some((memory, pages)),
+            Err(e) => {
+                let why = format!("userfaultfd(2) is refused here: {e}");
+                test_support::kvm::skip("migration", "postcopy::fetch::tests", &why);
+                None
+            }
+        }
+    }
+
+    /// What a fetcher's thread ends with, and the VM's stop handle.
+    type Fetched = JoinHandle<(Result<FetchReport, MigrationError>, StopHandle)>;
+
+    /// A fetcher reading from one end of a socket pair; the other end.
+    fn fetching(pages: PostcopyPages, resume: Option<Resume>) -> (UnixStream, Fetched) {
+        let (source, destination) = UnixStream::pair().unwrap();
+        let input = StreamReader::resumed(
+            Connection::unix(destination, "unix:source".into()),
+            PAGES * PAGE_SIZE,
+        );
+        let thread = thread::spawn(move || {
+            let stop = StopHandle::default();
+            (Fetcher::new(pages).run(input, resume, &stop), stop)
+        });
+        (source, thread)
+    }
+
+    #[test]
+    fn pushed_pages_fill_what_was_lacked_and_the_end_is_answered_with_have_all() {
+        let Some((memory, pages)) = lacking() else {
+            return;
+        };
+        assert_eq!(pages.missing(), 3);
+        let (source, fetcher) = fetching(pages, None);
+        let mut out = StreamWriter::after_header(&source);
+        out.pages(PAGE_SIZE, &[[8; 4096], [0; 4096]].concat())
+            .unwrap();
+        out.pages(5 * PAGE_SIZE, &[6; 4096]).unwrap();
+        // A page it has (pushed twice) is left as it is.
+        out.pages(PAGE_SIZE, &[9; 4096]).unwrap();
+        out.end().unwrap();
+        let said = Note::read(&mut &source, PAGES).unwrap();
+        assert_eq!(said, Note::HaveAll);
+        let (report, stop) = fetcher.join().unwrap();
+        assert_eq!(report.unwrap().filled, 3);
+        assert_eq!(stop.requested(), None);
+        let page = |n: u64| {
+            let mut bytes = [0u8; 4096];
+            memory
+                .read_slice(&mut bytes, GuestAddress(n * PAGE_SIZE))
+                .unwrap();
+            bytes
+        };
+        assert_eq!(
+            (page(1)[0], page(2)[0], page(5)[0], page(3)[0]),
+            (8, 0, 6, 0)
+        );
+    }
+
+    #[test]
+    fn a_source_that_ends_short_or_sends_a_stray_record_loses_the_guest_and_stops_the_vm() {
+        for stray in [false, true] {
+            let Some((_memory, pages)) = lacking() else {
+                return;
+            };
+            let (source, fetcher) = fetching(pages, None);
+            let mut out = StreamWriter::after_header(&source);
+            match stray {
+                true => out.postcopy(7).unwrap(),
+                false => out.end().unwrap(),
+            }
+            (&source).flush().unwrap();
+            let (report, stop) = fetcher.join().unwrap();
+            let e = report.unwrap_err().to_string();
+            let why = match stray {
+                true => "a record other than pages",
+                false => "with 3 pages still missing",
+            };
+            assert!(
+                e.starts_with("the guest is lost: ") && e.contains(why),
+                "{e}"
+            );
+            assert!(
+                e.ends_with("this destination was not told to wait for it (--resume)"),
+                "{e}"
+            );
+            assert_eq!(stop.requested(), Some(StopReason::Requested));
+        }
+    }
+
+    #[test]
+    fn a_source_that_does_not_come_back_in_time_loses_the_guest() {
+        let Some((_memory, pages)) = lacking() else {
+            return;
+        };
+        let path = std::env::temp_dir().join(format!("rvmm-resume-{}.sock", std::process::id()));
+        let listener = Address::Unix(path).listen().unwrap();
+        let resume = Resume {
+            listener,
+            limits: AcceptLimits::default(),
+            within: Duration::from_millis(50),
+            log: |_| {},
+        };
+        let (source, fetcher) = fetching(pages, Some(resume));
+        drop(source);
+        let (report, stop) = fetcher.join().unwrap();
+        let e = report.unwrap_err().to_string();
+        assert!(e.ends_with("it did not come back within 50 ms"), "{e}");
+        assert_eq!(stop.requested(), Some(StopReason::Requested));
     }
 }

@@ -229,3 +229,156 @@ fn resume_on(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+    use std::thread;
+
+    use super::*;
+    use crate::stream::{Record, StreamReader};
+
+    const PAGES: u64 = 32;
+
+    /// Guest memory whose page `n` holds `n` (page 0 zeros).
+    fn memory() -> VmMemory {
+        let memory =
+            VmMemory::from_ranges(&[(GuestAddress(0), (PAGES * PAGE_SIZE) as usize)]).unwrap();
+        for n in 1..PAGES {
+            memory
+                .write_slice(&[n as u8; 4096], GuestAddress(n * PAGE_SIZE))
+                .unwrap();
+        }
+        memory
+    }
+
+    fn pair() -> (Out, UnixStream) {
+        let (source, destination) = UnixStream::pair().unwrap();
+        let out =
+            StreamWriter::after_header(BufWriter::new(Connection::unix(source, "unix:d".into())));
+        (out, destination)
+    }
+
+    /// Reads pushes to the End, the first page of each record in order
+    /// (a zero run's as 0), then says HAVE_ALL.
+    fn read_pushes(sock: &UnixStream, input: &mut StreamReader<&UnixStream>) -> Vec<(u64, u8)> {
+        let mut seen = Vec::new();
+        loop {
+            match input.next_record().unwrap() {
+                Record::Pages { gpa, data } => seen.push((gpa / PAGE_SIZE, data[0])),
+                Record::Zero { gpa, .. } => seen.push((gpa / PAGE_SIZE, 0)),
+                Record::End => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        Note::HaveAll.write(&mut &*sock).unwrap();
+        seen
+    }
+
+    /// [`read_pushes`] on its own thread.
+    fn destination(sock: UnixStream) -> thread::JoinHandle<Vec<(u64, u8)>> {
+        thread::spawn(move || {
+            let mut input = StreamReader::resumed(&sock, PAGES * PAGE_SIZE);
+            read_pushes(&sock, &mut input)
+        })
+    }
+
+    #[test]
+    fn an_asked_page_goes_first_then_the_pushes_until_the_destination_has_all() {
+        let (out, sock) = pair();
+        Note::Ask(20 * PAGE_SIZE).write(&mut &sock).unwrap();
+        let seen = destination(sock);
+        let served = serve(out, &memory(), (PageSet::all(PAGES), 9), None, PEER_TIMEOUT).unwrap();
+        let seen = seen.join().unwrap();
+        assert_eq!(seen[0], (20, 20), "the asked page first: {seen:?}");
+        assert_eq!(
+            (served.asked, served.pages, served.reconnects),
+            (1, PAGES, 0)
+        );
+        // Zero page 0 and data pages 1..8 in the first push: 8 pages of
+        // data at most, the rest back first in line.
+        assert_eq!(&seen[1..4], &[(0, 0), (1, 1), (9, 9)], "{seen:?}");
+    }
+
+    #[test]
+    fn a_destination_that_breaks_the_protocol_or_outlasts_the_limit_loses_the_guest() {
+        let (out, sock) = pair();
+        Note::Needed(PageSet::all(PAGES)).write(&mut &sock).unwrap();
+        let e = serve(out, &memory(), (PageSet::all(PAGES), 9), None, PEER_TIMEOUT).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("a list of pages on a running connection"), "{e}");
+        assert!(e.ends_with("(--migrate-resume)"), "{e}");
+        let (out, _sock) = pair();
+        let e = serve(
+            out,
+            &memory(),
+            (PageSet::all(PAGES), 9),
+            None,
+            Duration::ZERO,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("ran past its time limit"), "{e}");
+    }
+
+    /// After a cut, the source connects again: the move's id out, the
+    /// pages lacked back, and only those pushed; a destination it cannot
+    /// reach again within the window loses the guest.
+    #[test]
+    fn a_source_told_to_reconnect_goes_on_with_the_pages_lacked_or_gives_up_in_time() {
+        let (out, sock) = pair();
+        drop(sock);
+        let (again, peer) = UnixStream::pair().unwrap();
+        let again = std::sync::Mutex::new(Some(again));
+        let connect = || {
+            let sock = again
+                .lock()
+                .unwrap()
+                .take()
+                .ok_or(MigrationError::Stopped)?;
+            Ok(Connection::unix(sock, "unix:again".into()))
+        };
+        let back = thread::spawn(move || {
+            let mut input = StreamReader::resumed(&peer, PAGES * PAGE_SIZE);
+            assert!(matches!(input.next_record(), Ok(Record::Postcopy(9))));
+            let mut lacked = PageSet::new(PAGES);
+            lacked.insert_run(30, 2);
+            Note::Needed(lacked).write(&mut &peer).unwrap();
+            read_pushes(&peer, &mut input)
+        });
+        let reconnect = Reconnect {
+            connect: &connect,
+            within: Duration::from_secs(10),
+        };
+        let served = serve(
+            out,
+            &memory(),
+            (PageSet::all(PAGES), 9),
+            Some(reconnect),
+            PEER_TIMEOUT,
+        )
+        .unwrap();
+        assert_eq!(back.join().unwrap(), vec![(30, 30)]);
+        assert_eq!(served.reconnects, 1);
+
+        let (out, sock) = pair();
+        drop(sock);
+        let never = || Err(MigrationError::Stopped);
+        let reconnect = Reconnect {
+            connect: &never,
+            within: Duration::from_millis(50),
+        };
+        let e = serve(
+            out,
+            &memory(),
+            (PageSet::all(PAGES), 9),
+            Some(reconnect),
+            PEER_TIMEOUT,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("could not be reached again within 50 ms"),
+            "{e}"
+        );
+    }
+}
