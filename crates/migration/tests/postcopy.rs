@@ -18,9 +18,9 @@ use common::kvm_available;
 use migration::postcopy::userfaultfd_available;
 use migration::tls::TlsFiles;
 use migration::{
-    AcceptLimits, Address, DirtyLogBackend, MigrateOptions, Migration, MigrationError, Moved,
-    Postcopy, Resume, StreamWriter, Target, hand_over, move_in_process, move_in_process_tls,
-    receive, receive_from,
+    AcceptLimits, Address, Connection, DirtyLogBackend, Listener, MigrateOptions, Migration,
+    MigrationError, Moved, Postcopy, Resume, StreamReader, StreamWriter, Target, hand_over,
+    move_in_process, move_in_process_tls, receive, receive_from,
 };
 use reference_vmm::{Irqchip, RunReport, Vm, VmConfig, VmMemory};
 use test_support::certs::cas;
@@ -168,6 +168,13 @@ fn a_guest_moves_in_postcopy_in_tls() {
     assert_postcopy(&moved, "tls");
 }
 
+/// The source that came to `listener`.
+fn taken(listener: &Listener) -> StreamReader<Connection> {
+    listener
+        .accept_source(&AcceptLimits::default(), &mut |_| {})
+        .unwrap()
+}
+
 /// Bytes that differ between two memories of `size` bytes, read a MiB at
 /// a time (the destination's through its faults).
 fn differing(a: &VmMemory, b: &VmMemory, size: u64) -> u64 {
@@ -223,9 +230,7 @@ fn cut_for_2_s(compare: bool) {
     let destination = {
         let config = config.clone();
         thread::spawn(move || {
-            let mut input = listener
-                .accept_source(&AcceptLimits::default(), &mut |_| {})
-                .unwrap();
+            let mut input = taken(&listener);
             let received = receive_from(&mut input, &config);
             let mut incoming = hand_over(input.get_mut(), received).unwrap();
             let resume = Resume {
@@ -308,18 +313,16 @@ fn postcopy_where_it_cannot_run_is_refused_and_the_guest_runs_on_at_the_source()
 
     let listener = tcp().listen().unwrap();
     let address = listener.address().unwrap();
-    let destination = {
+    let destination = thread::spawn({
         let config = config.clone();
-        thread::spawn(move || {
-            let mut input = listener
-                .accept_source(&AcceptLimits::default(), &mut |_| {})
-                .unwrap();
+        move || {
+            let mut input = taken(&listener);
             let received = receive(&mut input, &config);
             hand_over(input.get_mut(), received)
                 .err()
                 .map(|e| e.to_string())
-        })
-    };
+        }
+    });
     let migration =
         Migration::prepare(&mut vm, Target::Peer(address), options(Postcopy::Immediate)).unwrap();
     let (tx, moved) = std::sync::mpsc::channel();
