@@ -565,4 +565,53 @@ mod tests {
         assert!(e.ends_with("it did not come back within 50 ms"), "{e}");
         assert_eq!(stop.requested(), Some(StopReason::Requested));
     }
+
+    /// After a cut, only this move's source is taken back: a connection
+    /// with another move's id, and one whose first record is damaged, are
+    /// dropped; the source is told the pages still lacked and pushes them.
+    #[test]
+    fn after_a_cut_only_this_moves_source_is_taken_back() {
+        let Some((memory, pages)) = lacking() else {
+            return;
+        };
+        let path = std::env::temp_dir().join(format!("rvmm-back-{}.sock", std::process::id()));
+        let address = Address::Unix(path);
+        let resume = Resume {
+            listener: address.listen().unwrap(),
+            limits: AcceptLimits::default(),
+            within: Duration::from_secs(30),
+            log: |line| eprintln!("{line}"),
+        };
+        let (source, fetcher) = fetching(pages, Some(resume));
+        drop(source);
+        let dropped = |first: &dyn Fn(&mut Connection)| {
+            let mut stranger = address.connect().unwrap();
+            first(&mut stranger);
+            stranger.flush().unwrap();
+            let mut rest = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut stranger, &mut rest);
+            assert!(rest.is_empty(), "a stranger was answered: {rest:?}");
+        };
+        dropped(&|c| StreamWriter::after_header(c).postcopy(99).unwrap());
+        dropped(&|c| c.write_all(&[0xff; 21]).unwrap());
+        let mut back = address.connect().unwrap();
+        let mut out = StreamWriter::after_header(&mut back);
+        out.postcopy(7).unwrap();
+        out.get_mut().flush().unwrap();
+        let Note::Needed(lacked) = Note::read(out.get_mut(), PAGES).unwrap() else {
+            panic!("no list of the pages lacked")
+        };
+        assert_eq!(lacked.runs(), vec![(1, 2), (5, 1)]);
+        out.pages(PAGE_SIZE, &[4; 8192]).unwrap();
+        out.pages(5 * PAGE_SIZE, &[5; 4096]).unwrap();
+        out.end().unwrap();
+        assert_eq!(Note::read(&mut back, PAGES).unwrap(), Note::HaveAll);
+        let report = fetcher.join().unwrap().0.unwrap();
+        assert_eq!((report.reconnects, report.filled), (1, 3));
+        let mut byte = [0u8];
+        memory
+            .read_slice(&mut byte, GuestAddress(2 * PAGE_SIZE))
+            .unwrap();
+        assert_eq!(byte[0], 4);
+    }
 }

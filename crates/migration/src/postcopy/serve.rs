@@ -327,14 +327,14 @@ mod tests {
     fn a_source_told_to_reconnect_goes_on_with_the_pages_lacked_or_gives_up_in_time() {
         let (out, sock) = pair();
         drop(sock);
+        // The first destination that answers says something else than the
+        // pages it lacks: the source tries again.
+        let (confused, confused_peer) = UnixStream::pair().unwrap();
+        Note::HaveAll.write(&mut &confused_peer).unwrap();
         let (again, peer) = UnixStream::pair().unwrap();
-        let again = std::sync::Mutex::new(Some(again));
+        let again = std::sync::Mutex::new(vec![again, confused]);
         let connect = || {
-            let sock = again
-                .lock()
-                .unwrap()
-                .take()
-                .ok_or(MigrationError::Stopped)?;
+            let sock = again.lock().unwrap().pop().ok_or(MigrationError::Stopped)?;
             Ok(Connection::unix(sock, "unix:again".into()))
         };
         let back = thread::spawn(move || {
