@@ -209,7 +209,8 @@ impl Userfaultfd {
         // laid out as the kernel's structure; the kernel reads and writes
         // only that structure (and, for a copy, the source and destination
         // ranges its callers own).
-        match unsafe { libc::ioctl(self.fd.as_raw_fd(), op, arg) } {
+        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), op, arg) };
+        match rc {
             0 => Ok(()),
             _ => Err(io::Error::last_os_error()),
         }
