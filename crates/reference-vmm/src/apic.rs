@@ -27,8 +27,6 @@
 
 use lapic_timer::{GuestTime, LapicTimer, LapicTimerState, TimerRegister};
 
-use crate::seeded_bugs::{SeededBug, planted};
-
 /// IA32_APIC_BASE.
 pub const MSR_APIC_BASE: u32 = 0x1B;
 /// Guest physical address of the xAPIC register page.
@@ -314,10 +312,7 @@ impl LocalApic {
     pub fn ppr(&self) -> u8 {
         let isrv = highest(&self.isr).unwrap_or(0);
         if self.tpr >> 4 >= isrv >> 4 {
-            match planted(SeededBug::PprDropsTprSubclass) {
-                true => self.tpr & 0xF0,
-                false => self.tpr,
-            }
+            self.tpr
         } else {
             isrv & 0xF0
         }
@@ -471,18 +466,12 @@ impl LocalApic {
     /// The mask bit an LVT write gets whatever it says: set while the APIC
     /// is software-disabled (KVM's rule).
     fn lvt_forced_mask(&self) -> u32 {
-        match self.enabled() || planted(SeededBug::LvtUnmaskedWhileDisabled) {
-            true => 0,
-            false => LVT_MASKED,
-        }
+        if self.enabled() { 0 } else { LVT_MASKED }
     }
 
     /// SVR: a software disable masks every LVT entry, the timer's too.
     fn write_svr(&mut self, value: u32, now_ns: u64) -> Action {
-        self.svr = match planted(SeededBug::SvrKeepsBroadcastSuppression) {
-            true => value & (SVR_WRITABLE | 1 << 12),
-            false => value & SVR_WRITABLE,
-        };
+        self.svr = value & SVR_WRITABLE;
         if self.enabled() {
             return Action::None;
         }

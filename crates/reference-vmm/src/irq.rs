@@ -58,7 +58,6 @@ use crate::memory::VmMemory;
 
 use crate::apic::Destination;
 use crate::kick::KickTarget;
-use crate::seeded_bugs::{SeededBug, planted};
 
 /// Wake-source bit for an interrupt.
 pub const WAKE_INTERRUPT: usize = 0;
@@ -251,8 +250,7 @@ impl Interrupts {
                 continue;
             }
             reached += 1;
-            let disabled_takes = planted(SeededBug::DisabledVcpuTakesIpis) && t != from;
-            if link.accepting.load(SeqCst) || disabled_takes {
+            if link.accepting.load(SeqCst) {
                 self.post(t, vector);
                 delivered += 1;
             }

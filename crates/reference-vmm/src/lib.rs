@@ -60,7 +60,6 @@ mod memory;
 pub mod names;
 mod policies;
 mod report;
-pub mod seeded_bugs;
 mod shared;
 mod stop;
 mod vcpu;
