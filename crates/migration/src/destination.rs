@@ -9,6 +9,7 @@ use std::time::Duration;
 use vm_memory::bitmap::Bitmap;
 use vm_memory::{Address as _, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use super::image::read_image;
 use super::postcopy::PostcopyPages;
 use super::postcopy::pages::PageSet;
 use super::stream::{Link, Record, StreamReader};
@@ -191,6 +192,7 @@ fn apply<R: Read>(
         postcopy: None,
     };
     let pages = (memory.last_addr().0 + 1) / PAGE_SIZE;
+    let mut image = Vec::new();
     loop {
         match input.next_record()? {
             Record::Pages { gpa, data } => {
@@ -222,9 +224,15 @@ fn apply<R: Read>(
                     needed.insert_run(gpa / PAGE_SIZE, n);
                 }
             }
+            Record::Image { gpa, pages: n } => image.push((gpa, n * PAGE_SIZE)),
             Record::End => break,
         }
     }
+    read_image(input, &image, |gpa, data| {
+        memory.write_slice(data, GuestAddress(gpa))?;
+        applied.pages += data.len() as u64 / PAGE_SIZE;
+        Ok::<_, MigrationError>(())
+    })?;
     applied.states.sort_by_key(|s| s.index);
     Ok(applied)
 }

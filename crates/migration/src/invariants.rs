@@ -10,7 +10,8 @@ use crate::stream::{MAGIC, Record, StreamReader, VERSION};
 /// Migration stream: arbitrary bytes after a valid header. Checks: the
 /// reader ends in an error or at the End record, without a panic; every page
 /// run it hands out (bytes or zeros) is whole pages inside the memory the
-/// Config record described; every vCPU state has an index below the described count and
+/// Config record described, a snapshot image's runs in ascending order;
+/// every vCPU state has an index below the described count and
 /// comes once; the End record comes only after every vCPU's, and nothing
 /// is read after it.
 pub fn migration_stream(data: &[u8]) {
@@ -23,6 +24,7 @@ pub fn migration_stream(data: &[u8]) {
     };
     let mem = described.mem_mib << 20;
     let mut seen = vec![false; described.vcpus as usize];
+    let mut image_end = 0;
     while let Ok(record) = input.next_record() {
         match record {
             Record::Pages { gpa, data } => {
@@ -33,6 +35,11 @@ pub fn migration_stream(data: &[u8]) {
             Record::Zero { gpa, pages } | Record::Missing { gpa, pages } => {
                 assert!(gpa % PAGE_SIZE == 0 && pages > 0);
                 assert!(gpa + pages * PAGE_SIZE <= mem, "{pages} pages at {gpa:#x}");
+            }
+            Record::Image { gpa, pages } => {
+                assert!(gpa % PAGE_SIZE == 0 && pages > 0 && gpa >= image_end);
+                image_end = gpa + pages * PAGE_SIZE;
+                assert!(image_end <= mem, "{pages} image pages at {gpa:#x}");
             }
             Record::Vcpu(state) => {
                 let slot = &mut seen[state.index as usize];
@@ -62,6 +69,8 @@ mod tests {
         out.chain(Link { id: 9, parent: 4 }).unwrap();
         out.pages(0x1000, &[[7u8; 4096], [0; 4096]].concat())
             .unwrap();
+        out.image(0x4000, 2).unwrap();
+        out.image(0x6000, 1).unwrap();
         out.vcpu(&user_vcpu(1)).unwrap();
         out.vcpu(&user_vcpu(0)).unwrap();
         out.end().unwrap();

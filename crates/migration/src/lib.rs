@@ -61,6 +61,7 @@ mod connection;
 pub mod destination;
 mod favour;
 pub mod handover;
+pub mod image;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod invariants;
 mod listener;

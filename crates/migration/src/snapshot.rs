@@ -5,15 +5,16 @@
 //! the increments after it, in order.
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Seek};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use reference_vmm::{RunControl, VcpuState};
+use test_guests::layout::PAGE_SIZE;
 
 use super::source::{Mover, PAUSE_TIMEOUT, open_snapshot};
 use super::stream::{Link, MAX_PAGES_BYTES, StreamError, StreamWriter, random_id};
-use super::{MigrationError, MigrationReport};
+use super::{MigrationError, MigrationReport, image};
 
 /// What a snapshot holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -119,8 +120,10 @@ impl Mover {
         }
     }
 
-    /// The whole stream to `file`: for a full snapshot every page, with
-    /// the dirty log started; for an increment the pages it found.
+    /// The snapshot to `file`: the stream, naming the pages it holds (for
+    /// a full snapshot every page, with the dirty log started; for an
+    /// increment the pages it found), then their memory image
+    /// ([`crate::image`]).
     fn write(
         &mut self,
         control: &RunControl,
@@ -141,12 +144,22 @@ impl Mover {
             }
         }
         // Manual protect's first round after it starts is every page.
-        let harvest = !link.is_full() || copier.log.first_round_is_full();
-        let pages = copier.stop_and_copy(&mut out, states, harvest)?;
-        let file = out
+        let runs = match !link.is_full() || copier.log.first_round_is_full() {
+            true => copier.dirty_runs()?,
+            false => image::all_of(&copier.memory),
+        };
+        let image = image::name_runs(&copier.memory, &mut out, &runs)?;
+        for state in states {
+            out.vcpu(state)?;
+        }
+        out.end()?;
+        let mut file = out
             .into_inner()
             .into_inner()
             .map_err(|e| StreamError::Io(e.into_error()))?;
+        let start = image::image_start(file.stream_position().map_err(StreamError::Io)?);
+        image::write_image(&copier.memory, &file, start, &image)?;
+        let pages = runs.iter().map(|(_, len)| len / PAGE_SIZE).sum();
         Ok((file, pages))
     }
 

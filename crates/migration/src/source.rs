@@ -511,7 +511,7 @@ impl Mover {
 pub(crate) struct Copier {
     pub(crate) log: Log,
     options: MigrateOptions,
-    memory: VmMemory,
+    pub(crate) memory: VmMemory,
     /// The dirty rate per vCPU and the limit.
     throttle: Throttle,
 }
@@ -890,6 +890,16 @@ impl Copier {
             (Some(e), _) => Err(e),
             (None, pages) => Ok(pages?),
         }
+    }
+
+    /// One harvest: the dirty runs, sent nowhere.
+    pub(crate) fn dirty_runs(&mut self) -> Result<Vec<crate::image::Run>, MigrationError> {
+        let mut runs = Vec::new();
+        self.log.round(|run| {
+            runs.push((run.guest_addr(), run.len() as u64));
+            Ok(())
+        })?;
+        Ok(runs)
     }
 
     /// Every page of guest memory.

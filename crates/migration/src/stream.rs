@@ -27,6 +27,7 @@
 //! record whose checksum failed.
 
 use std::io::{self, Read, Write};
+use std::ops::Range;
 
 use super::state::Saved;
 use crate::MigrationError;
@@ -38,7 +39,7 @@ use vm_memory::{Bytes, GuestAddress};
 /// The first bytes of every stream.
 pub const MAGIC: [u8; 8] = *b"RVMMSTRM";
 /// The format this code writes and reads.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Bytes of guest memory in one `Pages` record, at most.
 pub const MAX_PAGES_BYTES: usize = 1 << 20;
 /// The largest payload a reader accepts: a full `Pages` record and its
@@ -68,6 +69,9 @@ pub enum Kind {
     /// Post-copy: a run of pages the destination must fetch (the guest
     /// runs there without them): its guest address, then its page count.
     Missing = 8,
+    /// A snapshot: a run of pages held in its memory image, past the End
+    /// record ([`crate::image`]): its guest address, then its page count.
+    Image = 9,
 }
 
 impl Kind {
@@ -81,6 +85,7 @@ impl Kind {
             Self::Chain,
             Self::Postcopy,
             Self::Missing,
+            Self::Image,
         ]
         .into_iter()
         .find(|k| *k as u8 == kind)
@@ -193,6 +198,14 @@ pub enum Record {
         /// How many pages.
         pages: u64,
     },
+    /// `pages` pages at `gpa` held in the snapshot's memory image, after
+    /// the End record; runs in ascending order, inside the VM's memory.
+    Image {
+        /// Guest physical address of the first page.
+        gpa: u64,
+        /// How many pages.
+        pages: u64,
+    },
 }
 
 /// A snapshot's place in its chain: an increment holds the pages written
@@ -241,27 +254,25 @@ impl<W: Write> StreamWriter<W> {
     /// `Zero` record, the others' bytes in records of at most
     /// [`MAX_PAGES_BYTES`]. Returns the pages written.
     pub fn pages(&mut self, gpa: u64, data: &[u8]) -> Result<u64, StreamError> {
-        let page = PAGE_SIZE as usize;
-        let mut start = 0;
-        while start < data.len() {
-            let zero = is_zero(&data[start..(start + page).min(data.len())]);
-            let len = data[start..]
-                .chunks(page)
-                .take_while(|p| is_zero(p) == zero)
-                .map(<[u8]>::len)
-                .sum::<usize>();
-            let at = gpa + start as u64;
+        for (zero, range) in stretches(data) {
+            let at = gpa + range.start as u64;
             match zero {
-                true => self.zero(at, (len / page) as u64)?,
-                false => self.bytes(at, &data[start..start + len])?,
+                true => self.zero(at, range.len() as u64 / PAGE_SIZE)?,
+                false => self.bytes(at, &data[range])?,
             }
-            start += len;
         }
         Ok(data.len() as u64 / PAGE_SIZE)
     }
 
-    fn zero(&mut self, gpa: u64, pages: u64) -> Result<(), StreamError> {
+    /// `pages` pages at `gpa` that hold only zeros.
+    pub fn zero(&mut self, gpa: u64, pages: u64) -> Result<(), StreamError> {
         self.two_words(Kind::Zero, gpa, pages)
+    }
+
+    /// A snapshot's run of `pages` pages at `gpa`, written to its memory
+    /// image after the End record ([`crate::image`]).
+    pub fn image(&mut self, gpa: u64, pages: u64) -> Result<(), StreamError> {
+        self.two_words(Kind::Image, gpa, pages)
     }
 
     fn bytes(&mut self, gpa: u64, data: &[u8]) -> Result<(), StreamError> {
@@ -371,12 +382,34 @@ pub(crate) fn is_zero(page: &[u8]) -> bool {
         && rest.iter().all(|&b| b == 0)
 }
 
+/// `data`'s stretches of whole pages (the last may be short): whether each
+/// holds only zeros, and its byte range; neighbours differ.
+pub(crate) fn stretches(data: &[u8]) -> impl Iterator<Item = (bool, Range<usize>)> + '_ {
+    let page = PAGE_SIZE as usize;
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start == data.len() {
+            return None;
+        }
+        let zero = is_zero(&data[start..(start + page).min(data.len())]);
+        let len = data[start..]
+            .chunks(page)
+            .take_while(|p| is_zero(p) == zero)
+            .map(<[u8]>::len)
+            .sum::<usize>();
+        start += len;
+        Some((zero, start - len..start))
+    })
+}
+
 /// Reads a stream record by record, checking each and the order.
 #[derive(Debug)]
 pub struct StreamReader<R: Read> {
     input: R,
     seq: u32,
     order: Order,
+    /// Bytes read so far, the header's included.
+    consumed: u64,
 }
 
 /// Where the reader is in the record order.
@@ -389,6 +422,8 @@ struct Order {
     ended: bool,
     /// Whether a Postcopy record came.
     postcopy: bool,
+    /// Where the last Image run ended: the next starts there or after.
+    image_end: Option<u64>,
 }
 
 /// The first bytes of a stream: [`MAGIC`] and [`VERSION`].
@@ -426,6 +461,7 @@ impl<R: Read> StreamReader<R> {
         Self {
             input,
             seq: 0,
+            consumed: header().len() as u64,
             order: Order::default(),
         }
     }
@@ -481,6 +517,12 @@ impl<R: Read> StreamReader<R> {
         self.seq
     }
 
+    /// Bytes read so far, from the stream's first: where a snapshot's
+    /// memory image begins, once rounded up to a page ([`crate::image`]).
+    pub fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
     /// The reader underneath (to answer the source on a connection).
     pub fn get_mut(&mut self) -> &mut R {
         &mut self.input
@@ -519,6 +561,7 @@ impl<R: Read> StreamReader<R> {
             });
         }
         self.seq += 1;
+        self.consumed += (head.len() + payload.len() + crc.len()) as u64;
         let kind = Kind::from_u8(head[0]).ok_or(StreamError::UnknownKind { seq, kind: head[0] })?;
         Ok((kind, seq, payload))
     }
@@ -580,6 +623,10 @@ fn decode(kind: Kind, seq: u32, payload: &[u8]) -> Result<Record, StreamError> {
             let (gpa, pages) = two_words(payload).map_err(malformed)?;
             Record::Missing { gpa, pages }
         }
+        Kind::Image => {
+            let (gpa, pages) = two_words(payload).map_err(malformed)?;
+            Record::Image { gpa, pages }
+        }
         Kind::Vcpu => Record::Vcpu(Box::new(VcpuState::decode(payload).map_err(malformed)?)),
         Kind::End if payload.is_empty() => Record::End,
         Kind::End => {
@@ -620,11 +667,21 @@ impl Order {
             | Record::Zero { .. }
             | Record::Postcopy(_)
             | Record::Missing { .. }
+            | Record::Image { .. }
                 if self.vcpus.iter().any(|&v| v) =>
             {
                 Err(order("guest pages after a vCPU's state"))
             }
             Record::Postcopy(_) if self.postcopy => Err(order("a second Postcopy record")),
+            Record::Postcopy(_) if self.image_end.is_some() => {
+                Err(order("a Postcopy record in a snapshot with a memory image"))
+            }
+            Record::Image { .. } if self.postcopy => {
+                Err(order("an Image record in a post-copy stream"))
+            }
+            Record::Image { gpa, .. } if self.image_end.is_some_and(|end| *gpa < end) => {
+                Err(order("an Image run below the one before it"))
+            }
             Record::Postcopy(_) => {
                 self.postcopy = true;
                 Ok(())
@@ -634,11 +691,22 @@ impl Order {
             }
             Record::Pages { gpa, data } => check_pages(*gpa, data.len() as u64, mem_size)
                 .map_err(|why| StreamError::Payload { seq, kind, why }),
-            Record::Zero { gpa, pages } | Record::Missing { gpa, pages } => pages
-                .checked_mul(PAGE_SIZE)
-                .ok_or_else(|| format!("{pages} pages at {gpa:#x} are more than any memory"))
-                .and_then(|len| check_pages(*gpa, len, mem_size))
-                .map_err(|why| StreamError::Payload { seq, kind, why }),
+            Record::Zero { gpa, pages } | Record::Missing { gpa, pages } => {
+                check_run(*gpa, *pages, mem_size).map_err(|why| StreamError::Payload {
+                    seq,
+                    kind,
+                    why,
+                })
+            }
+            Record::Image { gpa, pages } => {
+                check_run(*gpa, *pages, mem_size).map_err(|why| StreamError::Payload {
+                    seq,
+                    kind,
+                    why,
+                })?;
+                self.image_end = Some(gpa + pages * PAGE_SIZE);
+                Ok(())
+            }
             Record::Vcpu(state) => {
                 let index = state.index;
                 match self.vcpus.get_mut(index as usize) {
@@ -661,6 +729,14 @@ impl Order {
             Record::End => Err(order("the End record before every vCPU's state")),
         }
     }
+}
+
+/// A run of `pages` pages at `gpa`: as [`check_pages`].
+fn check_run(gpa: u64, pages: u64, mem_size: u64) -> Result<(), String> {
+    pages
+        .checked_mul(PAGE_SIZE)
+        .ok_or_else(|| format!("{pages} pages at {gpa:#x} are more than any memory"))
+        .and_then(|len| check_pages(gpa, len, mem_size))
 }
 
 /// A run of pages must be whole, aligned pages inside guest memory.
@@ -724,6 +800,7 @@ mod tests {
                 Kind::Chain => out.chain(Link { id: 7, parent: 0 }).unwrap(),
                 Kind::Postcopy => out.postcopy(5).unwrap(),
                 Kind::Missing => out.missing(0, 1).unwrap(),
+                Kind::Image => out.image(0, 1).unwrap(),
             }
             assert_eq!(out.seq, i as u32 + 1);
         }
@@ -841,7 +918,7 @@ mod tests {
         let e = read_all(&bytes).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "stream format version 1, but this reference-vmm reads version 3"
+            "stream format version 1, but this reference-vmm reads version 4"
         );
     }
 
@@ -858,6 +935,19 @@ mod tests {
             (
                 &[Config, Pages, Chain],
                 "a Chain record anywhere but right after the Config",
+            ),
+            (&[Config, Vcpu, Image], "guest pages after a vCPU's state"),
+            (
+                &[Config, Image, Image],
+                "an Image run below the one before it",
+            ),
+            (
+                &[Config, Postcopy, Image],
+                "an Image record in a post-copy stream",
+            ),
+            (
+                &[Config, Image, Postcopy],
+                "a Postcopy record in a snapshot with a memory image",
             ),
         ];
         for (kinds, why) in cases {

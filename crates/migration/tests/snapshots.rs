@@ -11,6 +11,7 @@ mod common;
 
 use std::fs::File;
 use std::io::BufReader;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -177,7 +178,14 @@ fn a_chain_restores_byte_for_byte(backend: DirtyLogBackend) {
     );
     let Taken { base, increment } = taken.recv().unwrap().unwrap();
 
-    let sizes = files.clone().map(|f| std::fs::metadata(f).unwrap().len());
+    // Bytes on disk: each file holds a memory image with holes where the
+    // snapshot has no page.
+    let metadata = files.clone().map(|f| std::fs::metadata(f).unwrap());
+    let sizes = metadata.clone().map(|m| m.blocks() * 512);
+    assert!(
+        metadata[1].len() >= MEM_MIB << 20,
+        "the increment's image spans memory"
+    );
     let second = restored(&files[2..]).unwrap();
     let run = second
         .vm
@@ -189,11 +197,12 @@ fn a_chain_restores_byte_for_byte(backend: DirtyLogBackend) {
         "the second chain"
     );
     eprintln!(
-        "{backend}: base {} bytes, {} pages in {:?}; increment {} bytes, {} pages in {:?}",
+        "{backend}: base {} bytes on disk, {} pages in {:?}; increment {} bytes on disk ({} long), {} pages in {:?}",
         sizes[0],
         base.0.pages_sent,
         base.0.downtime,
         sizes[1],
+        metadata[1].len(),
         increment.0.pages_sent,
         increment.0.downtime
     );
