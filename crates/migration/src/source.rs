@@ -616,7 +616,7 @@ impl Copier {
         });
         // The guest waits on these pages at the destination: this thread
         // must not wait behind the host's other tenants.
-        let _favoured = super::favour::Favoured::this_thread();
+        let _favoured = super::favour::Favoured::realtime();
         let limit = self.options.timeout;
         serve::serve(
             out,

@@ -159,7 +159,7 @@ impl Incoming {
             .name("postcopy".into())
             .spawn(move || {
                 // The guest's vCPUs wait on this thread's fills.
-                let _favoured = crate::favour::Favoured::this_thread();
+                let _favoured = crate::favour::Favoured::realtime();
                 fetcher.run(input, resume, &stop)
             })
             .map_err(|source| reference_vmm::Error::SpawnHelper {

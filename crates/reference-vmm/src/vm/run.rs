@@ -367,6 +367,7 @@ impl RunControl {
     pub fn pause(&self, timeout: Duration) -> Result<Vec<VcpuState>, PauseError> {
         self.shared.moving.pause.request();
         self.shared.irqs.kick_all();
+        self.shared.irqs.boost_all();
         self.shared
             .moving
             .pause
