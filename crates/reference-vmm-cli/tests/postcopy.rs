@@ -161,7 +161,9 @@ fn a_source_killed_in_the_middle_of_postcopy_leaves_the_destination_saying_the_g
     source.kill().unwrap();
     let _ = source.wait();
     let status = destination.0.wait().unwrap();
-    let log: Vec<String> = lines.try_iter().collect();
+    // The reader thread may still be on the last lines: up to its EOF.
+    let log: Vec<String> =
+        std::iter::from_fn(|| lines.recv_timeout(Duration::from_secs(10)).ok()).collect();
     assert_eq!(status.code(), Some(1), "{log:?}");
     assert!(
         log.iter()
