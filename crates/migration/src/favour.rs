@@ -19,17 +19,17 @@
 //! (`sched_setattr`'s runtime for a fair thread), which gives its wake-ups
 //! an earlier deadline than a CPU hog's.
 //!
-//! That still left post-copy's remote faults a p99 of 1.9-3.4 ms beside
-//! two hogs over the 1 Gbit/s link: the source's serving thread and the
-//! destination's fetch thread wake for every page a vCPU waits on. Both
-//! run `SCHED_FIFO` at priority 1 for post-copy alone ([`Favoured::realtime`]),
-//! which brought the p99 to 0.23-0.24 ms. A real-time thread that never
-//! sleeps holds its CPU; these sleep whenever the link is full or nothing
-//! is asked, post-copy ends within `--migrate-timeout-ms`, and the kernel's
-//! real-time throttling (`sched_rt_runtime_us`, 95 % by default) bounds
-//! them meanwhile. `SCHED_DEADLINE` at 300 µs a millisecond, tried as the
-//! bounded form, throttled the pushes: post-copy took 3x as long, and the
-//! p99 was 7-9 ms.
+//! Post-copy's page threads, the source's serving thread and the
+//! destination's fetch thread, wake for every page a vCPU waits on, and a
+//! 100 µs slice still leaves such a wake-up behind a CPU hog's slice now
+//! and then: both run `SCHED_FIFO` at priority 1 for post-copy alone
+//! ([`Favoured::realtime`]). What bounds them: they sleep while the link
+//! is full or nothing is asked; on a link faster than they can copy they
+//! do not, and each may then hold a CPU until post-copy ends, within
+//! `--migrate-timeout-ms`, less the kernel's real-time throttling
+//! (`sched_rt_runtime_us`, 95 % by default). `SCHED_DEADLINE`, which would
+//! cap their share, throttles the pushes once the share is spent and the
+//! asks wait behind them (BENCHMARKS.md's migrate rows measure the p99).
 
 use vcpu_sched::thread::{SchedAttr, Tid, current_tid, get_attr, set_attr};
 

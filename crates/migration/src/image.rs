@@ -96,12 +96,14 @@ pub fn read_image<R: Read, E: From<StreamError>>(
     let mut buf = vec![0u8; MAX_PAGES_BYTES];
     for (gpa, len) in chunks(image) {
         let reader = input.get_mut();
-        let hole = (start + gpa).checked_sub(at).ok_or_else(|| {
+        let out_of_order = || {
             StreamError::Io(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "memory image runs out of order",
+                "memory image runs out of order or past any file",
             ))
-        })?;
+        };
+        let offset = start.checked_add(gpa).ok_or_else(out_of_order)?;
+        let hole = offset.checked_sub(at).ok_or_else(out_of_order)?;
         if io::copy(&mut reader.take(hole), &mut io::sink()).map_err(StreamError::Io)? < hole {
             return Err(StreamError::Truncated("the memory image").into());
         }
@@ -110,7 +112,7 @@ pub fn read_image<R: Read, E: From<StreamError>>(
             io::ErrorKind::UnexpectedEof => StreamError::Truncated("the memory image"),
             _ => StreamError::Io(e),
         })?;
-        at = start + gpa + len;
+        at = offset + len;
         write(gpa, data)?;
     }
     Ok(())
@@ -120,7 +122,8 @@ pub fn read_image<R: Read, E: From<StreamError>>(
 fn chunks(runs: &[Run]) -> impl Iterator<Item = Run> + '_ {
     let most = MAX_PAGES_BYTES as u64;
     runs.iter().flat_map(move |&(gpa, len)| {
-        (0..len.div_ceil(most)).map(move |i| (gpa + i * most, most.min(len - i * most)))
+        (0..len.div_ceil(most))
+            .map(move |i| (gpa.saturating_add(i * most), most.min(len - i * most)))
     })
 }
 
@@ -209,6 +212,10 @@ mod tests {
         let backwards = [(0x2000, PAGE_SIZE), (0x1000, PAGE_SIZE)];
         let e = read_image(&mut input, &backwards, |_, _| Ok::<_, StreamError>(())).unwrap_err();
         assert!(e.to_string().contains("out of order"), "{e}");
+        let (mut input, _) = runs_of(&bytes);
+        let past = [(u64::MAX - PAGE_SIZE + 1, PAGE_SIZE)];
+        let e = read_image(&mut input, &past, |_, _| Ok::<_, StreamError>(())).unwrap_err();
+        assert!(e.to_string().contains("past any file"), "{e}");
     }
 
     #[test]

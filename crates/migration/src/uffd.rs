@@ -204,11 +204,12 @@ impl Userfaultfd {
         self.fd.as_raw_fd()
     }
 
+    /// Issues `op` with `arg`. Each `op` takes a pointer to the `T` its
+    /// callers pass, laid out as the kernel's structure; the kernel reads
+    /// and writes only that structure (and, for a copy, the source and
+    /// destination ranges its callers own).
     fn ioctl<T>(&self, op: libc::c_ulong, arg: *mut T) -> io::Result<()> {
-        // SAFETY: each `op` takes a pointer to the `T` its callers pass,
-        // laid out as the kernel's structure; the kernel reads and writes
-        // only that structure (and, for a copy, the source and destination
-        // ranges its callers own).
+        // SAFETY: `arg` points to the structure `op` takes (see above).
         let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), op, arg) };
         match rc {
             0 => Ok(()),
