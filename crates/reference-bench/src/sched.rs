@@ -362,7 +362,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             ));
             let before = hogs.iterations();
             if let Ok(probe) = &probe {
-                probe.take_latest();
+                probe.take();
             }
             let rounds = match variant {
                 Variant::KernelLocks {
@@ -389,7 +389,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
             boost_cpu_us[i].push(sample.boost_cpu_us);
             revoker_late_us[i].push(sample.revoker_late_us);
             if let Ok(probe) = &probe {
-                host_late_us[i].push(probe.take_latest().as_secs_f64() * 1e6);
+                host_late_us[i].push(probe.take().latest.as_secs_f64() * 1e6);
             }
         }
     }

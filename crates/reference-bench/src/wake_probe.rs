@@ -8,6 +8,9 @@
 //! kernel that does not preempt, a hypervisor below it that holds the
 //! CPU), no userspace revoker keeps a boost to its budget, and this probe
 //! shows by how much in the same runs, independently of the booster.
+//! Likewise a post-copy remote fault waits on a fetch and a serve thread:
+//! beside post-copy runs the probe counts the times no thread could run
+//! for over [`HELD`], and a fault caught in one waits as long.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -17,11 +20,32 @@ use std::time::Duration;
 /// How often each probe thread wakes.
 pub const PERIOD: Duration = Duration::from_millis(1);
 
+/// A wake-up later than this is the host holding a CPU from every thread
+/// of this machine, its highest-priority one included: a thread that
+/// waits for a CPU then (a page fault's handler, say) waits as long.
+pub const HELD: Duration = Duration::from_millis(1);
+
+/// What the probe threads saw over an interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lateness {
+    /// The latest any probe thread woke past its deadline.
+    pub latest: Duration,
+    /// Wake-ups later than [`HELD`], over every probe thread.
+    pub held: u64,
+}
+
 /// The probe threads; see the [module docs](self).
 pub struct WakeProbe {
     stop: Arc<AtomicBool>,
-    latest_ns: Arc<AtomicU64>,
+    seen: Arc<Seen>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// The probe threads' tallies since the last [`WakeProbe::take`].
+#[derive(Default)]
+struct Seen {
+    latest_ns: AtomicU64,
+    held: AtomicU64,
 }
 
 impl WakeProbe {
@@ -29,21 +53,21 @@ impl WakeProbe {
     /// it cannot (no real-time priority for this process, no CPU list).
     pub fn start() -> Result<Self, String> {
         let stop = Arc::new(AtomicBool::new(false));
-        let latest_ns = Arc::new(AtomicU64::new(0));
+        let seen = Arc::new(Seen::default());
         let mut probe = Self {
             stop: stop.clone(),
-            latest_ns: latest_ns.clone(),
+            seen: seen.clone(),
             threads: Vec::new(),
         };
         for cpu in allowed_cpus()? {
             let (ready, started) = std::sync::mpsc::channel();
-            let (stop, latest_ns) = (stop.clone(), latest_ns.clone());
+            let (stop, seen) = (stop.clone(), seen.clone());
             let thread = thread::Builder::new()
                 .name(format!("wake-probe-{cpu}"))
                 .spawn(move || match make_real_time(cpu) {
                     Ok(()) => {
                         let _ = ready.send(Ok(()));
-                        sleep_and_measure(&stop, &latest_ns);
+                        sleep_and_measure(&stop, &seen);
                     }
                     Err(e) => {
                         let _ = ready.send(Err(e));
@@ -58,10 +82,13 @@ impl WakeProbe {
         Ok(probe)
     }
 
-    /// The latest any probe thread woke past its deadline since the last
-    /// call (or the start); starts the next interval.
-    pub fn take_latest(&self) -> Duration {
-        Duration::from_nanos(self.latest_ns.swap(0, Relaxed))
+    /// What the probe threads saw since the last call (or the start);
+    /// starts the next interval.
+    pub fn take(&self) -> Lateness {
+        Lateness {
+            latest: Duration::from_nanos(self.seen.latest_ns.swap(0, Relaxed)),
+            held: self.seen.held.swap(0, Relaxed),
+        }
     }
 }
 
@@ -116,9 +143,9 @@ fn make_real_time(cpu: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Sleeps to a deadline each [`PERIOD`] until `stop`, raising `latest_ns`
-/// to each wake-up's lateness.
-fn sleep_and_measure(stop: &AtomicBool, latest_ns: &AtomicU64) {
+/// Sleeps to a deadline each [`PERIOD`] until `stop`, raising the latest
+/// lateness in `seen` to each wake-up's and counting those past [`HELD`].
+fn sleep_and_measure(stop: &AtomicBool, seen: &Seen) {
     let mut deadline = now_ns() + PERIOD.as_nanos() as u64;
     while !stop.load(Relaxed) {
         let at = libc::timespec {
@@ -139,7 +166,11 @@ fn sleep_and_measure(stop: &AtomicBool, latest_ns: &AtomicU64) {
             continue; // interrupted: sleep to the same deadline
         }
         let woke = now_ns();
-        latest_ns.fetch_max(woke.saturating_sub(deadline), Relaxed);
+        let late = woke.saturating_sub(deadline);
+        seen.latest_ns.fetch_max(late, Relaxed);
+        if late > HELD.as_nanos() as u64 {
+            seen.held.fetch_add(1, Relaxed);
+        }
         // After a long stall, the next deadline is a period from now, not
         // a run of deadlines already past.
         deadline = (deadline + PERIOD.as_nanos() as u64).max(woke + 1);

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::Error;
 use crate::peer::Peers;
+use crate::wake_probe::{HELD, Lateness, WakeProbe};
 use crate::{Cell, Options, Runs, Table, goal, plot, ticks_per_us};
 use migration::postcopy::userfaultfd_available;
 use migration::tls::{TlsClient, TlsFiles, TlsServer};
@@ -178,12 +179,16 @@ struct Cells {
     /// Post-copy: each run's remote-fault stalls at the destination (p50,
     /// p99, max), ms.
     fault_ms: [Runs; 3],
+    /// Post-copy: what the host held of this machine's CPUs beside each
+    /// run, where the probe could run.
+    held: Vec<Lateness>,
 }
 
 impl Cells {
-    /// Adds a run; one whose guest ended first counts as unfinished, one
-    /// the pause's bound ended as resumed.
-    fn add(&mut self, moved: Result<Moved, Error>) -> Result<(), Error> {
+    /// Adds a run and, for post-copy, what the host held beside it; one
+    /// whose guest ended first counts as unfinished, one the pause's bound
+    /// ended as resumed.
+    fn add(&mut self, moved: Result<Moved, Error>, held: Option<Lateness>) -> Result<(), Error> {
         let Some(moved) = self.moved(moved)? else {
             return Ok(());
         };
@@ -208,6 +213,7 @@ impl Cells {
             {
                 runs.push(stall.as_secs_f64() * 1e3);
             }
+            self.held.extend(held);
         }
         if self.stalls.is_empty() {
             self.stalls = stalls(&moved);
@@ -591,6 +597,7 @@ pub fn run(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, Error
     ));
     t.note(non_writer_goal(&linked));
     t.note(postcopy_goal(&loaded));
+    t.note(held_note());
     t.note(tls_goal(&tls[0], &tls[1]));
     t.note(goal(
         "0 differing bytes in every compared run",
@@ -646,8 +653,13 @@ fn measure(
             .filter(|(v, _)| runs(opts, v))
         {
             progress(&format!("migrate: {rate}, {}, run {rep}", v.label));
+            // A remote fault waits on this machine's CPUs: what the host
+            // held of them, beside each post-copy run.
+            let probe = (v.postcopy != Postcopy::Off).then(WakeProbe::start);
             // --quick compares in its one run, and times that run.
-            cell.add(move_with(config, v, links, opts.quick))?;
+            let moved = move_with(config, v, links, opts.quick);
+            let held = probe.and_then(Result::ok).map(|probe| probe.take());
+            cell.add(moved, held)?;
         }
     }
     let chosen = |(v, _): &(&Variant, _)| runs(opts, v);
@@ -849,11 +861,44 @@ fn postcopy_goal(loaded: &[Vec<Cells>]) -> String {
         .iter()
         .map(|(name, c)| {
             let (down, p99, max) = figures(c);
-            format!("{name}: pause {down:.2} ms, p99 {p99:.3} ms, max {max:.3} ms")
+            format!(
+                "{name}: pause {down:.2} ms, p99 {p99:.3} ms, max {max:.3} ms{}",
+                held_beside(c)
+            )
         })
         .collect::<Vec<_>>()
         .join("; ");
     goal(what, &seen, met, &[])
+}
+
+/// Each run's p99 beside what the host held of the CPUs in that run, where
+/// the probe ran beside every run.
+fn held_beside(c: &Cells) -> String {
+    if c.held.is_empty() || c.held.len() != c.fault_ms[1].0.len() {
+        return String::new();
+    }
+    let each = c.fault_ms[1].0.iter().zip(&c.held).map(|(p99, held)| {
+        format!(
+            "{p99:.2} ms with {} held, longest {:.1} ms",
+            held.held,
+            held.latest.as_secs_f64() * 1e3
+        )
+    });
+    format!(" (runs: {})", each.collect::<Vec<_>>().join(", "))
+}
+
+/// What "held" means in [`postcopy_goal`].
+fn held_note() -> String {
+    format!(
+        "Post-copy and the host: beside each post-copy run a SCHED_FIFO 99 thread pinned to each \
+         CPU wakes every {} ms (the bench's wake_probe); \"held\" counts its wake-ups more than \
+         {} ms late, times when no thread of this machine could run on that CPU for that long (a \
+         kernel section that does not preempt, or the hypervisor below this machine holding \
+         it), and \"longest\" is its latest wake-up: a remote fault whose fetch or serve thread \
+         waited for a CPU then waited as long, whatever post-copy does.",
+        crate::wake_probe::PERIOD.as_millis(),
+        HELD.as_millis()
+    )
 }
 
 /// With the ring's limit, the vCPU that does not write keeps at least 90 %
@@ -925,5 +970,23 @@ mod tests {
         assert!(cells.moved(Err(limit.into())).unwrap().is_none());
         assert_eq!((cells.resumed, cells.unfinished), (1, 0));
         assert!(cells.moved(Err(MigrationError::Stopped.into())).is_err());
+    }
+
+    #[test]
+    fn each_runs_p99_stands_beside_what_the_host_held_in_that_run() {
+        let mut cells = Cells::default();
+        cells.fault_ms[1] = Runs(vec![0.27, 3.04]);
+        let held = |held, ms| Lateness {
+            latest: Duration::from_micros(ms),
+            held,
+        };
+        cells.held = vec![held(0, 240), held(4, 4100)];
+        assert_eq!(
+            held_beside(&cells),
+            " (runs: 0.27 ms with 0 held, longest 0.2 ms, 3.04 ms with 4 held, longest 4.1 ms)"
+        );
+        // A run the probe missed: no pairing rather than a wrong one.
+        cells.held.pop();
+        assert_eq!(held_beside(&cells), "");
     }
 }
