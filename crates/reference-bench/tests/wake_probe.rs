@@ -8,15 +8,18 @@ use std::time::{Duration, Instant};
 
 use reference_bench::wake_probe::{HELD, WakeProbe};
 
+/// The probe, or a visible skip where this host gives it no real-time
+/// priority.
+fn started(test: &str) -> Option<WakeProbe> {
+    WakeProbe::start()
+        .map_err(|why| common::skip(test, &why))
+        .ok()
+}
+
 #[test]
 fn the_probe_reports_how_late_it_woke() {
-    let test = "the_probe_reports_how_late_it_woke";
-    let probe = match WakeProbe::start() {
-        Ok(probe) => probe,
-        Err(why) => {
-            common::skip(test, &why);
-            return;
-        }
+    let Some(probe) = started("the_probe_reports_how_late_it_woke") else {
+        return;
     };
     std::thread::sleep(Duration::from_millis(20));
     // Every wake-up comes at or after its deadline: after 20 periods the
@@ -29,13 +32,8 @@ fn the_probe_reports_how_late_it_woke() {
 
 #[test]
 fn a_cpu_held_from_the_probe_is_counted() {
-    let test = "a_cpu_held_from_the_probe_is_counted";
-    let probe = match WakeProbe::start() {
-        Ok(probe) => probe,
-        Err(why) => {
-            common::skip(test, &why);
-            return;
-        }
+    let Some(probe) = started("a_cpu_held_from_the_probe_is_counted") else {
+        return;
     };
     probe.take();
     // A thread at the probe's own priority, pinned to one CPU, spins for
