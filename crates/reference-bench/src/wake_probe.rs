@@ -48,6 +48,16 @@ struct Seen {
     held: AtomicU64,
 }
 
+impl Seen {
+    /// Tallies a wake-up `late_ns` past its deadline.
+    fn record(&self, late_ns: u64) {
+        self.latest_ns.fetch_max(late_ns, Relaxed);
+        if late_ns > HELD.as_nanos() as u64 {
+            self.held.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 impl WakeProbe {
     /// Starts a probe thread on each of this process's CPUs, or says why
     /// it cannot (no real-time priority for this process, no CPU list).
@@ -166,11 +176,7 @@ fn sleep_and_measure(stop: &AtomicBool, seen: &Seen) {
             continue; // interrupted: sleep to the same deadline
         }
         let woke = now_ns();
-        let late = woke.saturating_sub(deadline);
-        seen.latest_ns.fetch_max(late, Relaxed);
-        if late > HELD.as_nanos() as u64 {
-            seen.held.fetch_add(1, Relaxed);
-        }
+        seen.record(woke.saturating_sub(deadline));
         // After a long stall, the next deadline is a period from now, not
         // a run of deadlines already past.
         deadline = (deadline + PERIOD.as_nanos() as u64).max(woke + 1);
@@ -186,4 +192,21 @@ fn now_ns() -> u64 {
     // SAFETY: writes the monotonic time into `ts`.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_wake_ups_later_than_held_count_as_held() {
+        let seen = Seen::default();
+        seen.record(900_000);
+        seen.record(HELD.as_nanos() as u64);
+        assert_eq!(seen.held.load(Relaxed), 0);
+        seen.record(4_400_000);
+        seen.record(1_200_000);
+        assert_eq!(seen.held.load(Relaxed), 2);
+        assert_eq!(seen.latest_ns.load(Relaxed), 4_400_000);
+    }
 }
