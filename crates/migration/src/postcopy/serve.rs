@@ -114,11 +114,16 @@ fn serve_on(
         {
             match Note::read(connection, pages).map_err(StreamError::Io)? {
                 Note::Ask(gpa) => {
-                    needed.remove(gpa / PAGE_SIZE);
-                    send_pages(memory, out, gpa, PAGE_SIZE, &mut buf)?;
-                    out.get_mut().flush().map_err(StreamError::Io)?;
                     served.asked += 1;
-                    served.pages += 1;
+                    // A page already sent is ahead of the answer in the
+                    // stream: the destination fills it from there, and may
+                    // have every page and be gone by the time an answer
+                    // would reach it.
+                    if needed.remove(gpa / PAGE_SIZE) {
+                        send_pages(memory, out, gpa, PAGE_SIZE, &mut buf)?;
+                        out.get_mut().flush().map_err(StreamError::Io)?;
+                        served.pages += 1;
+                    }
                 }
                 Note::HaveAll => return Ok(()),
                 Note::Needed(_) => return Err(protocol("a list of pages on a running connection")),
@@ -298,6 +303,32 @@ mod tests {
         // Zero page 0 and data pages 1..8 in the first push: 8 pages of
         // data at most, the rest back first in line.
         assert_eq!(&seen[1..4], &[(0, 0), (1, 1), (9, 9)], "{seen:?}");
+    }
+
+    /// The destination asked for a page the source had pushed already, got
+    /// it from the push, had every page and went: the source answers
+    /// nothing (the destination is gone) and the move has succeeded.
+    #[test]
+    fn an_ask_for_a_page_already_pushed_gets_no_second_copy() {
+        let (out, sock) = pair();
+        let seen = thread::spawn(move || {
+            let mut input = StreamReader::resumed(&sock, PAGES * PAGE_SIZE);
+            let mut seen = Vec::new();
+            while let Record::Pages { gpa, .. } | Record::Zero { gpa, .. } =
+                input.next_record().unwrap()
+            {
+                seen.push(gpa / PAGE_SIZE);
+            }
+            Note::Ask(5 * PAGE_SIZE).write(&mut &sock).unwrap();
+            Note::HaveAll.write(&mut &sock).unwrap();
+            seen
+        });
+        let served = serve(out, &memory(), (PageSet::all(PAGES), 9), None, PEER_TIMEOUT).unwrap();
+        assert!(seen.join().unwrap().contains(&0));
+        assert_eq!(
+            (served.asked, served.pages, served.reconnects),
+            (1, PAGES, 0)
+        );
     }
 
     #[test]
