@@ -152,6 +152,45 @@ fn a_guest_failure_under_a_rust_peer_ends_the_run_with_its_exception() {
     }
 }
 
+/// The kit's virtio driver under Cloud Hypervisor, which always has a
+/// virtio entropy device: every request comes back by its MSI-X interrupt,
+/// whether the vCPU halts or spins for it. Under Firecracker, which has no
+/// PCI bus, the guest says what it lacks.
+#[test]
+fn the_virtio_rng_guest_gets_each_request_back_by_its_interrupt() {
+    let test = "the_virtio_rng_guest_gets_each_request_back_by_its_interrupt";
+    if !common::kvm_available(test) {
+        return;
+    }
+    let program = test_guests::find("virtio-rng").unwrap();
+    for (name, peer) in rust_peers(test) {
+        for spin in [0, 1] {
+            let mut params = [0; PARAMS];
+            params[..2].copy_from_slice(&[50, spin]);
+            let image = Image::build(program, 2, 64, params).unwrap();
+            let path = image_file(&format!("{test}-{spin}"), &image);
+            let run = peer.run(&path, 2, QEMU_TIMEOUT);
+            if let RustPeer::Fc(_) = peer {
+                let err = run.unwrap_err();
+                assert!(
+                    matches!(&err, PeerError::Guest { what, .. }
+                        if what.contains("no virtio entropy device on PCI bus 0")),
+                    "{name}: {err}"
+                );
+                continue;
+            }
+            let run = run.unwrap();
+            assert_eq!(
+                run.value(0, "irqs"),
+                Some(50),
+                "{name}, spin {spin}: {run:?}"
+            );
+            let (ticks, max) = (run.value(0, "ticks").unwrap(), run.value(0, "max").unwrap());
+            assert!(max > 0 && max <= ticks, "{name}, spin {spin}: {run:?}");
+        }
+    }
+}
+
 #[test]
 fn a_guest_that_never_ends_is_stopped_at_the_timeout() {
     let test = "a_guest_that_never_ends_is_stopped_at_the_timeout";

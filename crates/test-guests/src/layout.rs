@@ -143,6 +143,12 @@ pub const FREE_MEMORY_START: u64 = 0x110_0000;
 /// Where measuring programs store their samples (u64 each), for the VMM to
 /// read after the run: the start of free memory.
 pub const SAMPLES_ADDR: u64 = FREE_MEMORY_START;
+/// Where a guest's device driver (`virtio-rng`) keeps the page tables that
+/// map the device, its queue and its buffer: free memory, as the samples.
+pub const DEVICE_AREA_ADDR: u64 = FREE_MEMORY_START;
+/// Bytes of the device area: three table pages, the driver's words, the
+/// queue and the buffer, a page each.
+pub const DEVICE_AREA_SIZE: u64 = 6 * PAGE_SIZE;
 /// Where `dirty-writer` writes: free memory from 32 MiB on.
 pub const DIRTY_AREA_ADDR: u64 = 32 << 20;
 /// Where the VMM writes `apic-script`'s operations, one area per vCPU of

@@ -22,11 +22,12 @@ use crate::abi::{
 };
 use crate::layout::{
     ACKS_OFFSET, APIC_READY_OFFSET, APIC_SCRIPT_ADDR, APIC_SCRIPT_SHIFT, BOOST_REQUESTS_OFFSET,
-    BOOT_TABLE_OFFSET, DIRTY_AREA_ADDR, DONE_COUNT_OFFSET, EXCEPTION_STACK_GAP, GUEST_LOCK_OFFSET,
-    IDT_OFFSET, IMAGE_ADDR, IRQ_RECORD_SIZE, KERNEL_STACK_TOP_OFFSET, MAILBOX_OFFSET, MAILBOX_RING,
-    MAILBOX_SHIFT, MIGRATIONS_OFFSET, PAGE_SIZE, PARAMS_OFFSET, PML4_ADDR, SAMPLES_ADDR,
-    SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR, TRAMPOLINE_ADDR, UCALL_TRANSPORT_OFFSET,
-    USER_STACK_TOP_OFFSET, VCPU_AREA_BASE, VCPU_AREA_SIZE, VCPU_DATA_OFFSET,
+    BOOT_TABLE_OFFSET, DEVICE_AREA_ADDR, DEVICE_AREA_SIZE, DIRTY_AREA_ADDR, DONE_COUNT_OFFSET,
+    EXCEPTION_STACK_GAP, GUEST_LOCK_OFFSET, IDT_OFFSET, IMAGE_ADDR, IRQ_RECORD_SIZE,
+    KERNEL_STACK_TOP_OFFSET, MAILBOX_OFFSET, MAILBOX_RING, MAILBOX_SHIFT, MIGRATIONS_OFFSET,
+    PAGE_SIZE, PARAMS_OFFSET, PML4_ADDR, SAMPLES_ADDR, SERIAL_LOCK_OFFSET, SHARED_DATA_ADDR,
+    TRAMPOLINE_ADDR, UCALL_TRANSPORT_OFFSET, USER_STACK_TOP_OFFSET, VCPU_AREA_BASE, VCPU_AREA_SIZE,
+    VCPU_DATA_OFFSET,
 };
 use crate::ucall;
 use crate::x86::idt::IDT_SIZE;
@@ -59,6 +60,7 @@ core::arch::global_asm!(
     include_str!("migrate.s"),
     include_str!("locks.s"),
     include_str!("apic.s"),
+    include_str!("virtio.s"),
     include_str!("pvh.s"),
     ".globl test_guests_image_end",
     "test_guests_image_end:",
@@ -118,6 +120,7 @@ core::arch::global_asm!(
     migrations = const SHARED_DATA_ADDR + MIGRATIONS_OFFSET,
     guest_lock = const SHARED_DATA_ADDR + GUEST_LOCK_OFFSET,
     completion_port = const COMPLETION_PORT,
+    virtio_area = const DEVICE_AREA_ADDR,
     boost_requests = const SHARED_DATA_ADDR + BOOST_REQUESTS_OFFSET,
     boot_table = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET,
     boot_vcpus = const SHARED_DATA_ADDR + BOOT_TABLE_OFFSET + 16,
@@ -188,6 +191,7 @@ unsafe extern "C" {
     safe static test_guests_periodic_timer: u8;
     safe static test_guests_xapic_bytes: u8;
     safe static test_guests_yield_spin: u8;
+    safe static test_guests_virtio_rng: u8;
     safe static test_guests_pvh_entry: u8;
 }
 
@@ -328,6 +332,9 @@ pub enum DataArea {
     /// A `1 << APIC_SCRIPT_SHIFT`-byte area per vCPU from
     /// [`APIC_SCRIPT_ADDR`].
     ApicScripts,
+    /// A device driver's page tables, queue and buffer:
+    /// [`DEVICE_AREA_SIZE`] bytes from [`DEVICE_AREA_ADDR`].
+    Device,
     /// `params[0]` pages per vCPU from [`DIRTY_AREA_ADDR`], `bytes_each`
     /// bytes for each (the page, and whatever the program keeps per page).
     Pages {
@@ -345,6 +352,7 @@ impl DataArea {
             Self::None => 0,
             Self::Samples => count.saturating_mul(8).saturating_add(SAMPLES_ADDR),
             Self::ApicScripts => crate::layout::apic_script(vcpus),
+            Self::Device => DEVICE_AREA_ADDR + DEVICE_AREA_SIZE,
             Self::Pages { bytes_each } => count
                 .saturating_mul(bytes_each)
                 .saturating_mul(u64::from(vcpus))
@@ -756,6 +764,15 @@ pub static PROGRAMS: &[GuestProgram] = &[
         min_vcpus: 2,
         data: DataArea::None,
         entry: &test_guests_yield_spin,
+    },
+    GuestProgram {
+        name: "virtio-rng",
+        about: "vCPU 0 drives the VMM's virtio entropy device (modern virtio-pci on bus 0, as Cloud Hypervisor always has and QEMU's virtio-rng-pci; not this workspace's VMM), its queue's MSI-X interrupt routed to itself: params[0] requests of 64 bytes, one at a time, each from its notify to the interrupt (params[1] = 1: spinning for it, 0: halting)",
+        params: &[count("requests"), any("1: spin for the interrupt, 0: halt")],
+        until_stopped: false,
+        min_vcpus: 1,
+        data: DataArea::Device,
+        entry: &test_guests_virtio_rng,
     },
     GuestProgram {
         name: "assert-fail",
