@@ -44,7 +44,7 @@ struct BenchArgs {
     #[arg(long, value_name = "PATH")]
     firecracker: Option<PathBuf>,
     /// Cloud Hypervisor built with integrations/cloud-hypervisor/apply.sh,
-    /// for `ch-halt` and `ch-migrate` [without it their goals say how to
+    /// for `ch-halt`, `ch-migrate` and `ch-boost` [without it their goals say how to
     /// build it].
     #[arg(long, value_name = "PATH")]
     patched_cloud_hypervisor: Option<PathBuf>,
@@ -196,7 +196,11 @@ enum Scenario {
     /// dirty-log under Cloud Hypervisor's live migration, stock against
     /// patched (not in `all`: it needs --patched-cloud-hypervisor).
     ChMigrate,
-    /// ch-halt and ch-migrate: integrations/cloud-hypervisor/RESULTS.md.
+    /// vcpu-sched's delivery boost on Cloud Hypervisor's MSI routes, beside
+    /// two CPU hogs, stock against patched (not in `all`: it needs
+    /// --patched-cloud-hypervisor).
+    ChBoost,
+    /// ch-halt, ch-migrate and ch-boost: integrations/cloud-hypervisor/RESULTS.md.
     CloudHypervisor,
     /// Firecracker's diff snapshots from dirty-log, stock against patched
     /// (not in `all`: it needs --patched-firecracker).
@@ -356,7 +360,7 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
     let scenarios: &[Scenario] = match args.scenario {
         // Every scenario, in the order they are declared.
         Scenario::All => &<Scenario as clap::ValueEnum>::value_variants()[..Scenario::All as usize],
-        Scenario::CloudHypervisor => &[Scenario::ChHalt, Scenario::ChMigrate],
+        Scenario::CloudHypervisor => &[Scenario::ChHalt, Scenario::ChMigrate, Scenario::ChBoost],
         _ => std::slice::from_ref(&args.scenario),
     };
     let chosen: Vec<Scenario> = scenarios
@@ -383,6 +387,7 @@ fn bench(args: BenchArgs) -> Result<(), Failure> {
             Scenario::Snapshot => bench::snapshot::run(opts, &mut progress),
             Scenario::ChHalt => bench::integrations::ch_halt(opts, &mut progress),
             Scenario::ChMigrate => bench::integrations::ch_migrate(opts, &mut progress),
+            Scenario::ChBoost => bench::integrations::ch_boost(opts, &mut progress),
             Scenario::FcSnapshot => bench::integrations::fc_snapshot(opts, &mut progress),
             Scenario::All | Scenario::CloudHypervisor => unreachable!("expanded above"),
         };

@@ -104,6 +104,24 @@ fn an_unpatched_cloud_hypervisor_moves_the_guest_at_both_rates() {
 }
 
 #[test]
+fn an_unpatched_cloud_hypervisor_completes_every_virtio_request_and_logs_no_boost() {
+    let test = "an_unpatched_cloud_hypervisor_completes_every_virtio_request_and_logs_no_boost";
+    let Some(ch) = cloud_hypervisor(test) else {
+        return;
+    };
+    let t = integrations::ch_boost(quick(Some(ch.binary()), None), &mut |_| {}).unwrap();
+    // Spinning and halting, two builds each: every row has its round trips.
+    let (mean, longest) = (column(&t, 2), column(&t, 4));
+    assert_eq!(mean.len(), 4);
+    for (m, l) in mean.iter().zip(&longest) {
+        assert!(m.is_finite() && *m > 0.0 && l >= m, "{t:?}");
+    }
+    // The release build has no boost to log.
+    assert!(t.rows[1][5].value.is_none_or(f64::is_nan), "{t:?}");
+    assert_eq!(t.peer_goals.len(), 2);
+}
+
+#[test]
 fn an_unpatched_firecracker_diffs_from_mincore_and_misses_the_goal() {
     let test = "an_unpatched_firecracker_diffs_from_mincore_and_misses_the_goal";
     if !common::kvm_available(test) {
@@ -134,6 +152,7 @@ fn without_the_patched_builds_each_goal_says_how_to_build_them() {
     let none = quick(None, None);
     let goals = [
         integrations::ch_migrate(none, &mut |_| {}).unwrap(),
+        integrations::ch_boost(none, &mut |_| {}).unwrap(),
         integrations::fc_snapshot(none, &mut |_| {}).unwrap(),
     ];
     for t in goals {

@@ -5,7 +5,8 @@
 //! manual protect, and with its ring alone and under the dirty limit, on the
 //! migrate scenario's guest; `reference-bench
 //! fc-snapshot`, Firecracker's diff snapshots from dirty-log against its
-//! own (`mincore`, KVM's log).
+//! own (`mincore`, KVM's log); `reference-bench ch-boost` (its `boost` module),
+//! vcpu-sched's delivery boost on Cloud Hypervisor's MSI routes.
 //!
 //! KVM's polling is counted inside the patched build, which reads its
 //! vCPUs' statistics (`CH_HALT_POLL_METER=1` meters KVM's default window
@@ -17,8 +18,12 @@
 //! (`integrations/*/apply.sh`), named by `--patched-cloud-hypervisor` or
 //! `--patched-firecracker`.
 
+mod boost;
+
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+
+pub use boost::ch_boost;
 
 use crate::cloud_hypervisor::CloudHypervisor;
 use crate::firecracker::Firecracker;
