@@ -10,8 +10,7 @@
 use std::ffi::OsStr;
 use std::time::Duration;
 
-use super::{LogFile, missing};
-use crate::cloud_hypervisor::CloudHypervisor;
+use super::{LogFile, cloud_hypervisors};
 use crate::peer::{ImageFile, Peers};
 use crate::peer_run::{PeerBinary, PeerError, PeerRun};
 use crate::runs::{Runs, goal};
@@ -21,13 +20,14 @@ use test_support::Hogs;
 
 /// Requests per run (a tenth with `--quick`).
 const REQUESTS: u64 = 5000;
-/// How the vCPU waits for each interrupt: the guest's params[1].
-const WAITS: [(&str, u64); 2] = [("spinning", 1), ("halting", 0)];
 /// The spinning vCPU's round trip the boost is to reach, against stock:
 /// 1.3x faster, as the sched scenario asks of a delivery boost.
 const SPIN_GOAL: f64 = 1.0 / 1.3;
 /// What a halting vCPU may pay for the boost, against stock.
 const HALT_GOAL: f64 = 1.1;
+/// How the vCPU waits for each interrupt (the guest's params[1]), and the
+/// goal for it.
+const WAITS: [(&str, u64, f64); 2] = [("spinning", 1, SPIN_GOAL), ("halting", 0, HALT_GOAL)];
 /// Each run's bound.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -57,15 +57,8 @@ pub fn ch_boost(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, 
         ],
     );
     let peers = Peers::find(opts);
-    let patched = opts.patched_cloud_hypervisor.map(CloudHypervisor::at);
-    let (Some(stock), Some(patched)) = (peers.cloud_hypervisor(), patched) else {
-        for (wait, _) in WAITS {
-            t.peer_goal(format!(
-                "Cloud Hypervisor with vcpu-sched's delivery boost, a {wait} vCPU: not \
-                 measured: {}",
-                missing(peers.cloud_hypervisor().is_some())
-            ));
-        }
+    let asks = WAITS.map(|(wait, _, at_most)| ask(wait, at_most));
+    let Some((stock, patched)) = cloud_hypervisors(opts, &peers, &mut t, &asks) else {
         return Ok(t);
     };
     let requests = opts.rounds(REQUESTS);
@@ -81,7 +74,7 @@ pub fn ch_boost(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, 
     let mut cells = vec![Cells::default(); WAITS.len()];
     let hogs = Hogs::start(2);
     for rep in 0..opts.reps() {
-        for ((wait, param), c) in WAITS.into_iter().zip(&mut cells) {
+        for ((wait, param, _), c) in WAITS.into_iter().zip(&mut cells) {
             let image = ImageFile::write("virtio-rng", 1, 64, &[requests, param])?;
             for (i, build) in [stock, &boosted].into_iter().enumerate() {
                 progress(&format!(
@@ -99,11 +92,12 @@ pub fn ch_boost(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, 
         }
     }
     drop(hogs);
-    for ((wait, _), c) in WAITS.into_iter().zip(&cells) {
+    for ((wait, _, _), c) in WAITS.into_iter().zip(&cells) {
         rows(&mut t, wait, c);
     }
-    t.peer_goal(boost_goal(&cells[0], "spinning", SPIN_GOAL));
-    t.peer_goal(boost_goal(&cells[1], "halting", HALT_GOAL));
+    for ((wait, _, at_most), c) in WAITS.into_iter().zip(&cells) {
+        t.peer_goal(boost_goal(c, wait, at_most));
+    }
     t.better("a shorter round trip");
     t.note(format!(
         "Stock: {}. Patched: {} with CH_VCPU_BOOST=1, built by \
@@ -182,15 +176,20 @@ fn rows(t: &mut Table, wait: &str, c: &Cells) {
     }
 }
 
+/// What the boost's goal for a `wait`ing vCPU asks.
+fn ask(wait: &str, at_most: f64) -> String {
+    format!(
+        "Cloud Hypervisor with vcpu-sched's delivery boost, a {wait} vCPU beside two CPU hogs: \
+         its virtio round trip at most {at_most:.2}x stock's"
+    )
+}
+
 /// Whether the patched build's mean round trip was at most `at_most`
 /// times stock's.
 fn boost_goal(c: &Cells, wait: &str, at_most: f64) -> String {
     let ratios = c.mean[1].ratio_to(&c.mean[0]);
     goal(
-        &format!(
-            "Cloud Hypervisor with vcpu-sched's delivery boost, a {wait} vCPU beside two CPU \
-             hogs: its virtio round trip at most {at_most:.2}x stock's"
-        ),
+        &ask(wait, at_most),
         &format!(
             "{:.1} µs against {:.1} µs, {} of stock",
             c.mean[1].median(),

@@ -145,15 +145,9 @@ pub fn ch_halt(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, E
         ],
     );
     let peers = Peers::find(opts);
-    let patched = opts.patched_cloud_hypervisor.map(CloudHypervisor::at);
-    let (Some(stock), Some(patched)) = (peers.cloud_hypervisor(), patched) else {
-        for budget in BUDGETS {
-            t.peer_goal(format!(
-                "Cloud Hypervisor with halt-poll's tuner at a budget of {budget}: not measured: \
-                 {}",
-                missing(peers.cloud_hypervisor().is_some())
-            ));
-        }
+    let asks =
+        BUDGETS.map(|b| format!("Cloud Hypervisor with halt-poll's tuner at a budget of {b}"));
+    let Some((stock, patched)) = cloud_hypervisors(opts, &peers, &mut t, &asks) else {
         return Ok(t);
     };
     let mut cells = vec![Cells::default(); WORKLOADS.len()];
@@ -218,12 +212,8 @@ pub fn ch_migrate(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table
         ],
     );
     let peers = Peers::find(opts);
-    let patched = opts.patched_cloud_hypervisor.map(CloudHypervisor::at);
-    let (Some(stock), Some(patched)) = (peers.cloud_hypervisor(), patched) else {
-        let why = missing(peers.cloud_hypervisor().is_some());
-        for asks in [MANUAL_ASKS, RING_ASKS] {
-            t.peer_goal(format!("Goal: {asks}. Not measured: {why}."));
-        }
+    let asks = [MANUAL_ASKS, RING_ASKS].map(String::from);
+    let Some((stock, patched)) = cloud_hypervisors(opts, &peers, &mut t, &asks) else {
         return Ok(t);
     };
     let limit = format!("patched, CH_DIRTY_LOG=ring, CH_DIRTY_LIMIT={DIRTY_LIMIT_MIB}");
@@ -510,6 +500,26 @@ pub fn fc_snapshot(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Tabl
         crate::peer_run::describe(patched.binary()),
     ));
     Ok(t)
+}
+
+/// The stock Cloud Hypervisor among `peers` and the patched build `opts`
+/// names; without both, each goal `asks` goes to `t` as not measured,
+/// saying how to get them.
+fn cloud_hypervisors<'p>(
+    opts: Options,
+    peers: &'p Peers,
+    t: &mut Table,
+    asks: &[String],
+) -> Option<(&'p CloudHypervisor, CloudHypervisor)> {
+    let patched = opts.patched_cloud_hypervisor.map(CloudHypervisor::at);
+    if let (Some(stock), Some(patched)) = (peers.cloud_hypervisor(), patched) {
+        return Some((stock, patched));
+    }
+    let why = missing(peers.cloud_hypervisor().is_some());
+    for ask in asks {
+        t.peer_goal(format!("Goal: {ask}. Not measured: {why}."));
+    }
+    None
 }
 
 /// What is missing, and how to get it.
