@@ -10,7 +10,7 @@
 use std::ffi::OsStr;
 use std::time::Duration;
 
-use super::{LogFile, cloud_hypervisors};
+use super::builds::{LogFile, cloud_hypervisors};
 use crate::peer::{ImageFile, Peers};
 use crate::peer_run::{PeerBinary, PeerError, PeerRun};
 use crate::runs::{Runs, goal};

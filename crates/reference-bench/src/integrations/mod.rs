@@ -19,11 +19,13 @@
 //! `--patched-firecracker`.
 
 mod boost;
+mod builds;
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub use boost::ch_boost;
+use builds::{LogFile, cloud_hypervisors};
 
 use crate::cloud_hypervisor::CloudHypervisor;
 use crate::firecracker::Firecracker;
@@ -502,39 +504,6 @@ pub fn fc_snapshot(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Tabl
     Ok(t)
 }
 
-/// The stock Cloud Hypervisor among `peers` and the patched build `opts`
-/// names; without both, each goal `asks` goes to `t` as not measured,
-/// saying how to get them.
-fn cloud_hypervisors<'p>(
-    opts: Options,
-    peers: &'p Peers,
-    t: &mut Table,
-    asks: &[String],
-) -> Option<(&'p CloudHypervisor, CloudHypervisor)> {
-    let patched = opts.patched_cloud_hypervisor.map(CloudHypervisor::at);
-    if let (Some(stock), Some(patched)) = (peers.cloud_hypervisor(), patched) {
-        return Some((stock, patched));
-    }
-    let why = missing(peers.cloud_hypervisor().is_some());
-    for ask in asks {
-        t.peer_goal(format!("Goal: {ask}. Not measured: {why}."));
-    }
-    None
-}
-
-/// What is missing, and how to get it.
-fn missing(have_stock: bool) -> String {
-    let build = "build the patched one with integrations/cloud-hypervisor/apply.sh and name it \
-                 with --patched-cloud-hypervisor";
-    match have_stock {
-        true => build.into(),
-        false => format!(
-            "no stock Cloud Hypervisor ({}); and {build}",
-            crate::cloud_hypervisor::HINT
-        ),
-    }
-}
-
 fn rows(t: &mut Table, workload: Workload, c: &Cells) {
     for (i, variant) in VARIANTS.into_iter().enumerate() {
         let vs_stock = |runs: &[Runs; 4]| match variant {
@@ -587,28 +556,6 @@ fn budget_goal(budget: f64, cells: &[Cells], i: usize) -> String {
         within.iter().all(|&w| w),
         &within,
     )
-}
-
-/// A log file in the temporary folder, removed when dropped.
-struct LogFile(PathBuf);
-
-impl LogFile {
-    fn new() -> Self {
-        Self(std::env::temp_dir().join(format!("reference-bench-ch-{}.log", std::process::id())))
-    }
-
-    /// What it holds, emptied.
-    fn take(&self) -> String {
-        let bytes = std::fs::read(&self.0).unwrap_or_default();
-        let _ = std::fs::remove_file(&self.0);
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
-}
-
-impl Drop for LogFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 #[cfg(test)]
