@@ -643,6 +643,7 @@ fn measure(
     let _hogs = (load.hogs > 0).then(|| Hogs::start(load.hogs));
     let mut baseline = Runs::new();
     let mut cells: Vec<Cells> = variants.iter().map(|_| Cells::default()).collect();
+    let mut probe_failed = None;
     for rep in 1..=load.reps {
         progress(&format!("migrate: {rate}, run {rep} without a move"));
         let alone = Vm::new(&unmoved(config))?.run(program(), Box::new(std::io::sink()))?;
@@ -658,9 +659,11 @@ fn measure(
             let probe = (v.postcopy != Postcopy::Off).then(WakeProbe::start);
             // --quick compares in its one run, and times that run.
             let moved = move_with(config, v, links, opts.quick);
-            let held = probe.and_then(Result::ok).map(|probe| probe.take());
-            cell.add(moved, held)?;
+            cell.add(moved, held_by(probe, &mut probe_failed))?;
         }
+    }
+    if let Some(why) = probe_failed {
+        t.note(probe_failed_note(load.group, &why));
     }
     let chosen = |(v, _): &(&Variant, _)| runs(opts, v);
     for (v, cell) in variants
@@ -887,6 +890,29 @@ fn held_beside(c: &Cells) -> String {
     format!(" (runs: {})", each.collect::<Vec<_>>().join(", "))
 }
 
+/// What `probe` (where one was started) saw the host hold of the CPUs; a
+/// probe that did not start keeps its reason in `failed` (the first).
+fn held_by(
+    probe: Option<Result<WakeProbe, String>>,
+    failed: &mut Option<String>,
+) -> Option<Lateness> {
+    match probe? {
+        Ok(probe) => Some(probe.take()),
+        Err(why) => {
+            failed.get_or_insert(why);
+            None
+        }
+    }
+}
+
+/// Why the post-copy goal of `group`'s runs lacks what the host held.
+fn probe_failed_note(group: &str, why: &str) -> String {
+    format!(
+        "{group}: wake_probe did not start beside its post-copy runs ({why}), so the post-copy \
+         goal leaves out what the host held of the CPUs in each run."
+    )
+}
+
 /// What "held" means in [`postcopy_goal`].
 fn held_note() -> String {
     format!(
@@ -988,5 +1014,22 @@ mod tests {
         // A run the probe missed: no pairing rather than a wrong one.
         cells.held.pop();
         assert_eq!(held_beside(&cells), "");
+    }
+
+    #[test]
+    fn a_probe_that_did_not_start_leaves_its_reason_for_the_note() {
+        let mut failed = None;
+        assert!(held_by(None, &mut failed).is_none() && failed.is_none());
+        for why in ["no real-time priority", "a later reason"] {
+            assert!(held_by(Some(Err(why.into())), &mut failed).is_none());
+        }
+        let why = failed.unwrap();
+        assert_eq!(why, "no real-time priority", "the first reason is kept");
+        let note = probe_failed_note("over the link", &why);
+        assert!(
+            note.starts_with("over the link: wake_probe did not start"),
+            "{note}"
+        );
+        assert!(note.contains("(no real-time priority)"), "{note}");
     }
 }
