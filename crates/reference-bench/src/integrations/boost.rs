@@ -7,7 +7,6 @@
 //! spinning for the interrupt (a vCPU with work to do, which the sched
 //! scenario's 1.3x goal is about) or halting.
 
-use std::ffi::OsStr;
 use std::time::Duration;
 
 use super::builds::{LogFile, cloud_hypervisors};
@@ -28,6 +27,8 @@ const HALT_GOAL: f64 = 1.1;
 /// How the vCPU waits for each interrupt (the guest's params[1]), and the
 /// goal for it.
 const WAITS: [(&str, u64, f64); 2] = [("spinning", 1, SPIN_GOAL), ("halting", 0, HALT_GOAL)];
+/// The two builds, as their rows name them.
+const BUILDS: [&str; 2] = ["stock", "patched, CH_VCPU_BOOST=1"];
 /// Each run's bound.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -38,7 +39,7 @@ struct Cells {
     mean: [Runs; 2],
     /// Longest round trip (µs).
     max: [Runs; 2],
-    /// Deliveries the patched build logged as boosted.
+    /// Boosts the patched build logged.
     boosted: Runs,
 }
 
@@ -63,23 +64,16 @@ pub fn ch_boost(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, 
     };
     let requests = opts.rounds(REQUESTS);
     let log = LogFile::new();
-    let boosted = patched
-        .clone()
-        .with_args([
-            OsStr::new("-v"),
-            OsStr::new("--log-file"),
-            log.0.as_os_str(),
-        ])
-        .with_env("CH_VCPU_BOOST", "1");
+    let boosted = log.onto(&patched).with_env("CH_VCPU_BOOST", "1");
     let mut cells = vec![Cells::default(); WAITS.len()];
     let hogs = Hogs::start(2);
     for rep in 0..opts.reps() {
         for ((wait, param, _), c) in WAITS.into_iter().zip(&mut cells) {
             let image = ImageFile::write("virtio-rng", 1, 64, &[requests, param])?;
             for (i, build) in [stock, &boosted].into_iter().enumerate() {
+                let name = BUILDS[i];
                 progress(&format!(
-                    "ch-boost: {wait}, build {} ({}/{})",
-                    i,
+                    "ch-boost: {wait}, {name} ({}/{})",
                     rep + 1,
                     opts.reps()
                 ));
@@ -155,10 +149,7 @@ fn logged_boosts(log: &str) -> f64 {
 }
 
 fn rows(t: &mut Table, wait: &str, c: &Cells) {
-    for (i, build) in ["stock", "patched, CH_VCPU_BOOST=1"]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, build) in BUILDS.into_iter().enumerate() {
         t.row(vec![
             Cell::text(wait),
             Cell::text(build),

@@ -1,6 +1,7 @@
 //! What the Cloud Hypervisor integrations share: both builds, or the goals
 //! saying how to get them, and the patched build's log.
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 
 use crate::Options;
@@ -43,11 +44,21 @@ fn missing(have_stock: bool) -> String {
 }
 
 /// A log file in the temporary folder, removed when dropped.
-pub(super) struct LogFile(pub(super) PathBuf);
+pub(super) struct LogFile(PathBuf);
 
 impl LogFile {
     pub(super) fn new() -> Self {
         Self(std::env::temp_dir().join(format!("reference-bench-ch-{}.log", std::process::id())))
+    }
+
+    /// `ch`, logging (`-v`) to this file.
+    pub(super) fn onto(&self, ch: &CloudHypervisor) -> CloudHypervisor {
+        let args = [
+            OsStr::new("-v"),
+            OsStr::new("--log-file"),
+            self.0.as_os_str(),
+        ];
+        ch.clone().with_args(args)
     }
 
     /// What it holds, emptied.

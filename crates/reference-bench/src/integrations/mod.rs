@@ -21,9 +21,6 @@
 mod boost;
 mod builds;
 
-use std::ffi::OsStr;
-use std::path::Path;
-
 pub use boost::ch_boost;
 use builds::{LogFile, cloud_hypervisors};
 
@@ -81,15 +78,9 @@ impl Variant {
         self,
         stock: &CloudHypervisor,
         patched: &CloudHypervisor,
-        log: &Path,
+        log: &LogFile,
     ) -> CloudHypervisor {
-        let logging = || {
-            let args = [OsStr::new("-v"), OsStr::new("--log-file"), log.as_os_str()];
-            patched
-                .clone()
-                .with_args(args)
-                .with_env("CH_HALT_POLL_LOG_MS", "10")
-        };
+        let logging = || log.onto(patched).with_env("CH_HALT_POLL_LOG_MS", "10");
         match self {
             Self::Stock => stock.clone(),
             Self::Metered => logging().with_env("CH_HALT_POLL_METER", "1"),
@@ -159,7 +150,7 @@ pub fn ch_halt(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table, E
             for (i, variant) in VARIANTS.into_iter().enumerate() {
                 let what = format!("{}, {}", workload.name(), variant.name());
                 progress(&format!("ch-halt: {what} ({}/{})", rep + 1, opts.reps()));
-                let binary = variant.binary(stock, &patched, &log.0);
+                let binary = variant.binary(stock, &patched, &log);
                 let sample = peer_run(PeerVmm::CloudHypervisor(&binary), workload, opts)?;
                 let share = match variant {
                     Variant::Stock => f64::NAN,
@@ -560,6 +551,8 @@ fn budget_goal(budget: f64, cells: &[Cells], i: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]
