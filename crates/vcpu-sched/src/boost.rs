@@ -245,6 +245,22 @@ impl<T: ThreadControl, E: SchedEvents> Booster<T, E> {
         }
     }
 
+    /// vCPU `vcpu` has no thread any more (hot-unplugged): ends its boost,
+    /// if any, and forgets its thread, so that no later boost reaches a
+    /// thread that reuses its id. Call it once that thread has stopped
+    /// running the vCPU: a boost racing with this call is left to that
+    /// thread's end.
+    ///
+    /// # Errors
+    /// The boosted thread could not be restored; it is forgotten all the same.
+    pub fn unregister(&self, vcpu: usize) -> io::Result<()> {
+        let ended = self.ran(vcpu);
+        if let Some(s) = self.shared.slots.get(vcpu) {
+            s.tid.store(0, SeqCst);
+        }
+        ended
+    }
+
     /// The thread control, for yielding.
     pub fn control(&self) -> &T {
         &self.shared.control
@@ -454,6 +470,12 @@ impl<T: ThreadControl, E: SchedEvents> Shared<T, E> {
     /// off its CPU between the two would count what the thread ran after).
     fn restore(&self, vcpu: usize, slot: &Slot) -> io::Result<()> {
         let tid = slot.tid.load(SeqCst);
+        if tid == 0 {
+            // Unregistered while boosted: no thread to restore (and a tid of
+            // 0 would name the calling thread).
+            slot.cpu_at_boost.store(0, SeqCst);
+            return Ok(());
+        }
         // Before the restore: a restorer kept off its CPU after it must not
         // widen the cap.
         let ended = (slot.cpu_at_boost.load(SeqCst) != 0).then(|| self.now_ns());
@@ -668,6 +690,35 @@ mod tests {
         b.ran(1).unwrap();
         assert_eq!(calls(&b), [("boost", 101), ("restore", 101)]);
         assert!(!b.is_boosted(1));
+    }
+
+    #[test]
+    fn an_unregistered_vcpu_s_boost_ends_and_no_later_boost_reaches_its_thread() {
+        let (b, ..) = booster(Fake::default());
+        assert!(b.boost(1).unwrap());
+        b.unregister(1).unwrap();
+        assert!(!b.is_boosted(1));
+        assert!(!b.boost(1).unwrap(), "no thread to boost");
+        b.register(1, 102);
+        assert!(b.boost(1).unwrap(), "plugged again");
+        assert_eq!(
+            calls(&b),
+            [("boost", 101), ("restore", 101), ("boost", 102)]
+        );
+    }
+
+    #[test]
+    fn a_boost_whose_vcpu_was_unregistered_meanwhile_restores_no_thread() {
+        // A delivery's boost raced with the unplug: its end must not restore
+        // tid 0, the calling thread.
+        let (b, ..) = booster(Fake::default());
+        let weak = Arc::downgrade(&b);
+        *b.control().during_boost.lock().unwrap() = Some(Box::new(move || {
+            weak.upgrade().unwrap().unregister(0).unwrap();
+        }));
+        assert!(!b.boost(0).unwrap(), "ended by the unplug");
+        assert_eq!(calls(&b), [("boost", 100)]);
+        assert!(!b.is_boosted(0));
     }
 
     #[test]

@@ -127,6 +127,14 @@ pub trait Boost {
     /// Says which host thread runs vCPU `vcpu` (the default ignores it: a
     /// booster that needs no thread ids).
     fn register(&self, _vcpu: usize, _tid: crate::Tid) {}
+    /// vCPU `vcpu` has no thread any more (hot-unplugged), once that thread
+    /// stopped running it: the default ends its boost.
+    ///
+    /// # Errors
+    /// The boosted thread could not be restored.
+    fn unregister(&self, vcpu: usize) -> io::Result<()> {
+        self.ran(vcpu)
+    }
 }
 
 macro_rules! forward_boost {
@@ -149,6 +157,9 @@ macro_rules! forward_boost {
             }
             fn register(&self, vcpu: usize, tid: crate::Tid) {
                 (**self).register(vcpu, tid)
+            }
+            fn unregister(&self, vcpu: usize) -> io::Result<()> {
+                (**self).unregister(vcpu)
             }
         }
     )*};
@@ -175,6 +186,9 @@ impl<T: crate::ThreadControl, E: crate::SchedEvents> Boost for crate::Booster<T,
     }
     fn register(&self, vcpu: usize, tid: crate::Tid) {
         crate::Booster::register(self, vcpu, tid);
+    }
+    fn unregister(&self, vcpu: usize) -> io::Result<()> {
+        crate::Booster::unregister(self, vcpu)
     }
 }
 

@@ -99,6 +99,21 @@ impl<P: BoostPolicy, B: Boost, G: GuestView> Scheduler<P, B, G> {
         Ok(())
     }
 
+    /// vCPU `vcpu`'s thread stopped running it for good (a hot-unplug):
+    /// closes its probe and tells the booster, which ends its boost. Until
+    /// [`register_thread`](Self::register_thread) gives it a thread again,
+    /// the vCPU is [`Unknown`](Delivery::Unknown) and never boosted, even
+    /// where a new thread reuses the old one's id.
+    ///
+    /// # Errors
+    /// The booster's: the boosted thread could not be restored.
+    pub fn unregister_thread(&self, vcpu: usize) -> io::Result<()> {
+        if let Some(slot) = self.threads.get(vcpu) {
+            slot.store(None);
+        }
+        self.booster.unregister(vcpu)
+    }
+
     /// A device thread raised an interrupt that KVM's in-kernel irqchip
     /// delivers to `target` (through an irqfd or `KVM_SIGNAL_MSI`; which
     /// vCPU, [`crate::IrqTargets`] tells): call it right after the write or
@@ -329,6 +344,25 @@ mod tests {
         assert_eq!(sched.state(1).run_state(), RunState::Halted);
         sched.woken(1);
         assert_eq!(sched.state(1).run_state(), RunState::InVmm);
+    }
+
+    #[test]
+    fn an_unregistered_vcpu_is_unboosted_unknown_and_not_boosted_again() {
+        let stats = Arc::new(SchedStats::default());
+        let sched = Scheduler::new(3, FifoOnDelivery, booster(stats.clone()), NoGuestView);
+        sched
+            .register_thread(0, crate::thread::current_tid())
+            .unwrap();
+        assert_eq!(sched.delivering(0), Delivery::Running);
+        sched.delivered(0);
+        assert!(sched.booster().is_boosted(0));
+        sched.unregister_thread(0).unwrap();
+        assert!(!sched.booster().is_boosted(0), "its boost ended");
+        assert!(!sched.booster().control().0.load(SeqCst), "restored");
+        assert_eq!(sched.delivering(0), Delivery::Unknown, "its probe closed");
+        sched.delivered(0);
+        assert!(!sched.booster().is_boosted(0), "no thread to boost");
+        assert_eq!(stats.boosts.load(SeqCst), 1);
     }
 
     #[test]
