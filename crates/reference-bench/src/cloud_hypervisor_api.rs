@@ -327,8 +327,6 @@ impl CloudHypervisor {
             .args(cloud_hypervisor::boot_args(image, vcpus, mem_mib))
             .arg("--api-socket")
             .arg(sockets.api("source"))
-            // Its migration thread calls getcwd, outside its filter.
-            .args(["--seccomp", "false"])
             // Its log at info level: the downtime it saw.
             .arg("-v");
         let mut source = Vmm::spawn(source)?;

@@ -271,7 +271,7 @@ pub fn ch_migrate(opts: Options, progress: &mut dyn FnMut(&str)) -> Result<Table
     t.note(format!(
         "Stock: {}. Patched: {}, built by integrations/cloud-hypervisor/apply.sh. Both move the \
          guest as the migrate scenario's Cloud Hypervisor pre-copy rows do (its limits, the \
-         Unix socket, this host's seccomp and nested-state workarounds); the guest checks \
+         Unix socket, seccomp on, this host's nested-state workaround); the guest checks \
          every page on the destination, so a moved run lost no write. CH_DIRTY_LIMIT={} \
          engages the patched build's dirty limit ({} MiB/s of writes per vCPU, each vCPU \
          pausing at most 50 ms at each full ring of one page) once two rounds each dirtied \

@@ -336,9 +336,9 @@ pub(super) fn notes(
          ({} s over the link); post-copy with memory_mode=postcopy on both sides. Total: from \
          send-migration until the destination's receive-migration returned; downtime: as its \
          source logged it; the guest's longest stall from the destination's reports, where the \
-         guest checked every page. This host needed its source's seccomp filter off (a getcwd \
-         outside it) and a patch that takes PVM's EINVAL for KVM_GET_NESTED_STATE as no \
-         nested state (../shared/peers/README.md).",
+         guest checked every page. Both processes keep their seccomp filters on. This host \
+         needed a patch that takes PVM's EINVAL for KVM_GET_NESTED_STATE as no nested state \
+         (../shared/peers/README.md).",
         DOWNTIME.as_millis(),
         MAX_PRECOPY.as_secs(),
         AFTER.as_millis(),
